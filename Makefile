@@ -1,0 +1,43 @@
+# make demo   set up .venv, build the demo dataset, train on it with 2 Horovod workers
+# make test   set up .venv, run the test suite
+#
+# Variables: PYTHON (a Python 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
+# CPU build; e.g. MXNET=mxnet-cu112==1.9.1 for CUDA 11 GPUs, best with its own VENV=.venv-gpu), WHEEL_CACHE
+# (where the Horovod wheel built against that MXNet is kept between set-ups).
+PYTHON ?= python3.11
+VENV ?= .venv
+MXNET ?= mxnet==1.9.1
+WHEEL_CACHE ?= $(HOME)/.cache/rn50-kit/wheels
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-$(subst =,-,$(MXNET))
+DEMO_DATA ?= data/demo
+DEMO_RUN ?= runs/demo
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py requirements.txt tools/install_horovod.sh Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c 'import sys; assert sys.version_info[:2] == (3, 11), "the kit needs Python 3.11, found " + sys.version.split()[0] + "; set PYTHON=/path/to/python3.11"'
+	$(BIN)/python -m pip install -q --upgrade pip==26.3 wheel==0.48.0 "setuptools==84.2.1" "cmake==3.31.10"
+	$(BIN)/python -m pip install -q "$(MXNET)" -r requirements.txt
+	tools/install_horovod.sh $(BIN)/python $(WHEEL_CACHE)
+	$(BIN)/python -m pip install -q --no-deps -e .
+	@$(BIN)/horovodrun --check-build > $(VENV)/horovod-check-build.txt
+	@grep -q '\[X\] MXNet' $(VENV)/horovod-check-build.txt && grep -q '\[X\] Gloo' $(VENV)/horovod-check-build.txt \
+		|| { cat $(VENV)/horovod-check-build.txt; echo "error: Horovod was built without MXNet or Gloo" >&2; exit 1; }
+	@echo "Horovod: MXNet and Gloo available"
+	@touch $@
+
+demo: setup
+	$(BIN)/python tools/make_demo_data.py $(DEMO_DATA)
+	$(BIN)/python runner -n 2 -b 32 -e 16 -l 0.8 --dtype float32 --data-backend dali-cpu --data-root $(DEMO_DATA) \
+		--num-layers 18 --num-classes 10 --image-shape 3,32,32 --data-val-resize 32 \
+		--min-random-area 0.5 --random-mirror 0 --warmup-epochs 2 --seed 1 --workspace $(DEMO_RUN)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) $(DEMO_DATA) $(DEMO_RUN)

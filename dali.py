@@ -1,0 +1,182 @@
+"""DALI pipelines reading ImageNet RecordIO, and our own DALI-to-MXNet iterator.
+
+DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliIterator` hands DALI's outputs to MXNet
+itself: on CPU through numpy, on GPU by copying straight into the NDArray's device memory.
+"""
+import ctypes
+import math
+import os
+
+import mxnet as mx
+from nvidia.dali import fn, pipeline_def, types
+
+READER_NAME = "Reader"
+
+
+def add_dali_args(parser):
+    group = parser.add_argument_group("DALI data backend", "used with --data-backend dali-gpu or dali-cpu")
+    group.add_argument("--dali-separ-val", action="store_true",
+                       help="every process validates on the whole validation set (no sharding)")
+    group.add_argument("--dali-threads", type=int, default=None,
+                       help="CPU threads per training pipeline (default: cores per process)")
+    group.add_argument("--dali-validation-threads", type=int, default=None,
+                       help="CPU threads per validation pipeline (default: cores per process)")
+    group.add_argument("--dali-prefetch-queue", type=int, default=5, help="DALI prefetch queue depth")
+    group.add_argument("--dali-nvjpeg-memory-padding", type=int, default=64,
+                       help="memory padding value for nvJPEG, in MB (dali-gpu only)")
+    group.add_argument("--dali-fuse-decoder", type=int, default=1, choices=[0, 1],
+                       help="fuse decoding and random cropping (0 = decode, then random-resized-crop)")
+    group.add_argument("--dali-dont-use-mmap", action="store_true",
+                       help="read the RecordIO with plain reads instead of mmap (better on network file systems)")
+    return group
+
+
+def _normalize(images, image_shape, mean, std, dtype, layout, mirror):
+    channels, height, width = image_shape
+    return fn.crop_mirror_normalize(
+        images, dtype=types.FLOAT16 if dtype == "float16" else types.FLOAT,
+        output_layout="HWC" if layout == "NHWC" else "CHW", crop=(height, width),
+        mean=list(mean), std=list(std), mirror=mirror, pad_output=channels == 4)
+
+
+@pipeline_def
+def train_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, std, dtype="float32",
+                   layout="NCHW", device="cpu", random_area=(0.08, 1.0), random_aspect_ratio=(0.75, 4 / 3),
+                   random_mirror=True, fuse_decoder=True, nvjpeg_padding_mb=64, dont_use_mmap=False):
+    jpegs, labels = fn.readers.mxnet(path=[rec_path], index_path=[idx_path], shard_id=shard_id,
+                                     num_shards=num_shards, random_shuffle=True, dont_use_mmap=dont_use_mmap,
+                                     name=READER_NAME)
+    decoder_device = "mixed" if device == "gpu" else "cpu"
+    padding = {"device_memory_padding": nvjpeg_padding_mb << 20,
+               "host_memory_padding": nvjpeg_padding_mb << 20} if device == "gpu" else {}
+    _, height, width = image_shape
+    if fuse_decoder:
+        images = fn.decoders.image_random_crop(jpegs, device=decoder_device, output_type=types.RGB,
+                                               random_area=list(random_area),
+                                               random_aspect_ratio=list(random_aspect_ratio), **padding)
+        images = fn.resize(images, resize_x=width, resize_y=height)
+    else:
+        images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **padding)
+        images = fn.random_resized_crop(images, size=(height, width), random_area=list(random_area),
+                                        random_aspect_ratio=list(random_aspect_ratio))
+    mirror = fn.random.coin_flip(probability=0.5) if random_mirror else 0
+    images = _normalize(images, image_shape, mean, std, dtype, layout, mirror)
+    return images, labels.gpu() if device == "gpu" else labels
+
+
+@pipeline_def
+def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, std, dtype="float32",
+                 layout="NCHW", device="cpu", resize_shorter=256, nvjpeg_padding_mb=64, dont_use_mmap=False):
+    # pad_last_batch + stick_to_shard: each shard's epoch ends on a batch boundary (the tail is padded with
+    # copies of its last sample, which DaliIterator trims), so every sample is seen exactly once.
+    jpegs, labels = fn.readers.mxnet(path=[rec_path], index_path=[idx_path], shard_id=shard_id,
+                                     num_shards=num_shards, random_shuffle=False, pad_last_batch=True,
+                                     stick_to_shard=True, dont_use_mmap=dont_use_mmap, name=READER_NAME)
+    decoder_device = "mixed" if device == "gpu" else "cpu"
+    padding = {"device_memory_padding": nvjpeg_padding_mb << 20,
+               "host_memory_padding": nvjpeg_padding_mb << 20} if device == "gpu" else {}
+    images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **padding)
+    images = fn.resize(images, resize_shorter=resize_shorter)
+    images = _normalize(images, image_shape, mean, std, dtype, layout, mirror=0)
+    return images, labels.gpu() if device == "gpu" else labels
+
+
+def shard_size(total, shard_id, num_shards):
+    """Samples in one shard, as DALI's readers split them: shard s reads [N*s//S, N*(s+1)//S)."""
+    return total * (shard_id + 1) // num_shards - total * shard_id // num_shards
+
+
+def _copy_to_ndarray(dali_tensor, ctx):
+    """One DALI batch (a dense TensorList) as an NDArray on ``ctx``."""
+    if ctx.device_type == "cpu":
+        array = dali_tensor.as_array()
+        return mx.nd.array(array, ctx=ctx, dtype=array.dtype)
+    # GPU: copy device to device into the NDArray's own buffer, as DALI's old MXNet plugin did.
+    tensor = dali_tensor.as_tensor()
+    out = mx.nd.empty(tensor.shape(), ctx=ctx, dtype=_DALI_TO_NUMPY[tensor.dtype])
+    mx.base._LIB.MXNDArrayWaitToWrite(out.handle)
+    pointer = ctypes.c_void_p()
+    mx.base._LIB.MXNDArrayGetData(out.handle, ctypes.byref(pointer))
+    tensor.copy_to_external(pointer)
+    return out
+
+
+_DALI_TO_NUMPY = {types.FLOAT: "float32", types.FLOAT16: "float16", types.INT32: "int32",
+                  types.UINT8: "uint8", types.INT64: "int64"}
+
+
+class DaliIterator:
+    """Iterates a built DALI pipeline as MXNet ``DataBatch``es for ``size`` samples per epoch.
+
+    The last batch of an epoch keeps its full shape (static shapes for hybridized nets); ``batch.pad``
+    says how many trailing samples are padding and must not be counted.
+    """
+
+    def __init__(self, pipeline, size, ctx):
+        self.pipeline = pipeline
+        self.size = size
+        self.batch_size = pipeline.max_batch_size
+        self.ctx = ctx
+        self._served = 0
+
+    def __len__(self):
+        return math.ceil(self.size / self.batch_size)
+
+    def __iter__(self):
+        self._served = 0
+        return self
+
+    def reset(self):
+        self._served = 0
+
+    def __next__(self):
+        if self._served >= self.size:
+            raise StopIteration
+        images, labels = self.pipeline.run()
+        data = _copy_to_ndarray(images, self.ctx)
+        label = _copy_to_ndarray(labels, self.ctx).reshape((-1,))
+        valid = min(self.batch_size, self.size - self._served)
+        self._served += valid
+        return mx.io.DataBatch(data=[data], label=[label], pad=self.batch_size - valid)
+
+
+def default_threads(local_size):
+    return max(1, (os.cpu_count() or 1) // max(1, local_size))
+
+
+def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
+    """Train and val iterators for this rank. ``args.batch_size`` is the global batch."""
+    device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
+    device_id = local_rank if device == "gpu" else None
+    local_batch = args.batch_size // num_workers
+    threads = args.dali_threads or default_threads(local_size)
+    val_threads = args.dali_validation_threads or default_threads(local_size)
+    seed = -1 if args.seed is None else args.seed + rank  # each rank augments differently
+    common = dict(image_shape=args.image_shape, mean=args.rgb_mean, std=args.rgb_std, dtype=args.dtype,
+                  layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding,
+                  dont_use_mmap=args.dali_dont_use_mmap)
+    train_iter = val_iter = None
+    if args.data_train:
+        pipe = train_pipeline(
+            rec_path=args.data_train, idx_path=args.data_train_idx, shard_id=rank, num_shards=num_workers,
+            random_area=(args.min_random_area, args.max_random_area),
+            random_aspect_ratio=(args.min_random_aspect_ratio, args.max_random_aspect_ratio),
+            random_mirror=bool(args.random_mirror), fuse_decoder=bool(args.dali_fuse_decoder),
+            batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
+            prefetch_queue_depth=args.dali_prefetch_queue, **common)
+        pipe.build()
+        total = pipe.reader_meta(READER_NAME)["epoch_size"]
+        num_examples = args.num_examples or total
+        # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
+        steps = math.ceil(num_examples / args.batch_size)
+        train_iter = DaliIterator(pipe, steps * local_batch, ctx)
+    if args.data_val:
+        shard_id, num_shards = (0, 1) if args.dali_separ_val else (rank, num_workers)
+        pipe = val_pipeline(
+            rec_path=args.data_val, idx_path=args.data_val_idx, shard_id=shard_id, num_shards=num_shards,
+            resize_shorter=args.data_val_resize, batch_size=local_batch, num_threads=val_threads,
+            device_id=device_id, seed=seed, prefetch_queue_depth=args.dali_prefetch_queue, **common)
+        pipe.build()
+        total = pipe.reader_meta(READER_NAME)["epoch_size"]
+        val_iter = DaliIterator(pipe, shard_size(total, shard_id, num_shards), ctx)
+    return train_iter, val_iter

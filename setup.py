@@ -1,0 +1,22 @@
+from setuptools import setup
+
+setup(
+    name="rn50-kit",
+    version="0.1.0",
+    description="ResNet training and benchmarking kit on MXNet Gluon, Horovod and NVIDIA DALI",
+    python_requires=">=3.11,<3.12",
+    py_modules=["models", "dali", "data", "fit", "report", "train"],
+    scripts=["runner"],
+    # MXNet is left out on purpose: the CPU build (mxnet) and the GPU builds (mxnet-cu112, ...) are
+    # different distributions of the same package; the Makefile installs the one asked for.
+    # Horovod is built from source against that MXNet by tools/install_horovod.sh.
+    install_requires=[
+        "numpy>=1.23,<1.24",
+        "opencv-python-headless>=4.8",
+        "nvidia-dali-cuda120>=2.0",
+        "scikit-learn>=1.3",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+    },
+)

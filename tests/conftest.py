@@ -1,0 +1,54 @@
+"""Shared fixtures: small real RecordIO datasets made once per test session."""
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+
+def venv_env():
+    """Environment for subprocesses: this Python's bin first (horovodrun), one thread per process."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def write_record_file(prefix, images, labels, quality=95):
+    """Pack BGR uint8 images with float labels into prefix.rec/.idx with MXNet's recordio."""
+    from mxnet import recordio
+    record = recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "w")
+    for i, (image, label) in enumerate(zip(images, labels)):
+        ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+        assert ok
+        header = recordio.IRHeader(0, float(label), i, 0)
+        record.write_idx(i, recordio.pack(header, jpeg.tobytes()))
+    record.close()
+    return prefix + ".rec", prefix + ".idx"
+
+
+@pytest.fixture(scope="session")
+def digits_data(tmp_path_factory):
+    """The demo dataset (real digit scans), built through tools/make_demo_data.py and im2rec."""
+    out = tmp_path_factory.mktemp("digits")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_demo_data.py"), str(out)],
+                   check=True, env=venv_env(), stdout=subprocess.DEVNULL)
+    return out
+
+
+@pytest.fixture(scope="session")
+def unique_label_rec(tmp_path_factory):
+    """A RecordIO whose labels are the record numbers, so each sample can be told apart."""
+    out = tmp_path_factory.mktemp("unique")
+    rng = np.random.RandomState(0)
+    count = 53  # prime: never a multiple of the batch or of the number of shards
+    images = [rng.randint(0, 255, size=(20 + i % 7, 24, 3), dtype=np.uint8) for i in range(count)]
+    rec, idx = write_record_file(str(out / "val"), images, range(count))
+    return rec, idx, count

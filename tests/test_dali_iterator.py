@@ -1,0 +1,40 @@
+"""Our DALI-to-MXNet iterator on real DALI CPU pipelines."""
+import collections
+
+import mxnet as mx
+import pytest
+
+import dali
+
+
+def val_labels(rec, idx, shard_id, num_shards, batch_size):
+    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=shard_id, num_shards=num_shards,
+                             image_shape=(3, 16, 16), mean=[0, 0, 0], std=[1, 1, 1], resize_shorter=16,
+                             batch_size=batch_size, num_threads=1, device_id=None, seed=1)
+    pipe.build()
+    total = pipe.reader_meta(dali.READER_NAME)["epoch_size"]
+    iterator = dali.DaliIterator(pipe, dali.shard_size(total, shard_id, num_shards), mx.cpu())
+    epochs = []
+    for _ in range(2):  # a second epoch must give the same samples again
+        labels = []
+        for batch in iterator:
+            assert batch.data[0].shape == (batch_size, 3, 16, 16)
+            valid = batch_size - batch.pad
+            labels += batch.label[0][:valid].asnumpy().astype(int).tolist()
+        epochs.append(labels)
+    return epochs
+
+
+@pytest.mark.parametrize("batch_size", [4, 7, 32])
+def test_validation_sees_every_sample_exactly_once_over_two_ranks(unique_label_rec, batch_size):
+    rec, idx, count = unique_label_rec
+    per_rank = [val_labels(rec, idx, rank, 2, batch_size) for rank in range(2)]
+    for epoch in range(2):
+        seen = collections.Counter(per_rank[0][epoch] + per_rank[1][epoch])
+        assert sorted(seen) == list(range(count))
+        assert set(seen.values()) == {1}
+
+
+def test_shard_size_matches_reader_split():
+    assert sum(dali.shard_size(53, s, 2) for s in range(2)) == 53
+    assert [dali.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
