@@ -1,47 +1,112 @@
-"""The training loop: distributed SGD, LR schedule, validation, checkpoints and the report."""
+"""The training loop: recipes, mixed precision with loss scaling, validation, checkpoints, resume, modes."""
 import logging
 import math
 import os
+import signal
 import time
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 
+import checkpoint
+import schedules
+from progress import JsonLog, Progress, format_seconds
 from report import Report
 
 log = logging.getLogger("rn50")
 
 
+class TrainingError(Exception):
+    """The run cannot go on (diverged, bad checkpoint): reported as one line."""
+
+
 def add_fit_args(parser):
-    group = parser.add_argument_group("Training")
-    group.add_argument("--mode", default="train_val", choices=["train_val", "train"], help="what to run")
+    group = parser.add_argument_group("Training", "hyper-parameters left unset come from --recipe")
+    group.add_argument("--mode", default="train_val", choices=["train_val", "train", "val", "pred"],
+                       help="train_val: train and validate each epoch; train: no validation; val: score a "
+                            "checkpoint --num-epochs times; pred: top-5 classes of --data-pred")
+    group.add_argument("--recipe", default="nvidia",
+                       help=f"hyper-parameter preset: {', '.join(schedules.RECIPES)}")
     group.add_argument("--seed", type=int, default=None, help="random seed (python, numpy, MXNet and DALI)")
-    group.add_argument("--kv-store", default="horovod", choices=["horovod"], help="gradient reduction")
-    group.add_argument("--dtype", default="float32", choices=["float32"], help="training precision")
+    group.add_argument("--kv-store", default="horovod", choices=["horovod", "device", "local"],
+                       help="horovod: one process per device; device/local: one process, all --gpus")
+    group.add_argument("--gpus", default=None, help="device mode: GPU ids, e.g. 0,1,2,3 (default: all)")
+    group.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                       help="model precision (float16: fp32 master weights and loss scaling; bfloat16: CPU)")
     group.add_argument("--batch-size", type=int, default=192, help="global batch size (all workers)")
-    group.add_argument("--num-epochs", type=int, default=90, help="number of epochs")
-    group.add_argument("--lr", type=float, default=0.256, help="learning rate (for the global batch)")
-    group.add_argument("--lr-schedule", default="cosine", choices=["cosine"], help="learning rate schedule")
-    group.add_argument("--warmup-epochs", type=float, default=5, help="linear warmup from 0, in epochs")
-    group.add_argument("--mom", type=float, default=0.875, help="SGD momentum")
-    group.add_argument("--wd", type=float, default=1 / 32768, help="weight decay")
-    group.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing factor")
+    group.add_argument("--num-epochs", type=int, default=None, help="epochs (recipe: 90)")
+    group.add_argument("--run-epochs", type=int, default=-1, help="stop after this many epochs in this run")
+    group.add_argument("--lr", type=float, default=None,
+                       help="absolute LR for the global batch (default: the recipe's LR per 256 x batch/256)")
+    group.add_argument("--lr-schedule", default=None, choices=schedules.SCHEDULES, help="LR schedule")
+    group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x], default=None,
+                       help="step schedule: epochs at which the LR is multiplied by --lr-factor")
+    group.add_argument("--lr-factor", type=float, default=None, help="step schedule: decay factor")
+    group.add_argument("--lr-power", type=float, default=2.0, help="poly schedule: exponent")
+    group.add_argument("--warmup-epochs", type=float, default=None, help="linear warmup from 0, in epochs")
+    group.add_argument("--optimizer", default=None, choices=["sgd", "nag"], help="sgd (momentum) or nag (Nesterov)")
+    group.add_argument("--mom", type=float, default=None, help="momentum")
+    group.add_argument("--wd", type=float, default=None, help="weight decay")
+    group.add_argument("--wd-bn-bias", action="store_true",
+                       help="also decay BatchNorm gamma/beta and biases (default: they get no weight decay)")
+    group.add_argument("--label-smoothing", type=float, default=None, help="label smoothing factor")
+    group.add_argument("--mixup", type=float, default=None, help="mixup Beta(a, a) parameter; 0 = off")
+    group.add_argument("--mixup-off-epochs", type=int, default=0, help="no mixup in the last N epochs")
+    group.add_argument("--ema-decay", type=float, default=0.0,
+                       help="keep an exponential moving average of the weights (e.g. 0.9999); 0 = off. "
+                            "Validation uses the EMA weights; they are saved beside each checkpoint")
+    group.add_argument("--loss-scale", default=None,
+                       help="'dynamic' (default for float16) or a fixed number (default 1 otherwise)")
+    group.add_argument("--max-bad-steps", type=int, default=50,
+                       help="stop when this many consecutive steps have a NaN/inf loss or gradient")
+    group.add_argument("--horovod-num-groups", type=int, default=0, help="grouped allreduce: number of groups")
+    group.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for allreduce")
     group.add_argument("--disp-batches", type=int, default=20, help="log every N iterations")
-    group.add_argument("--workspace", default="./", help="directory for checkpoints and the report")
+    group.add_argument("--benchmark-iters", type=int, default=None, help="cap iterations per epoch (benchmarks)")
+    group.add_argument("--no-metrics", action="store_true", help="skip accuracy computation (benchmarks)")
+    group.add_argument("--workspace", default="./", help="directory for checkpoints, logs and the report")
     group.add_argument("--model-prefix", default="model", help="checkpoint file prefix, inside --workspace")
-    group.add_argument("--report", default="report.json", help="JSON report file, inside --workspace")
+    group.add_argument("--save-frequency", type=int, default=1, help="checkpoint every N epochs (0: only the last)")
+    group.add_argument("--resume", default="auto",
+                       help="auto: continue from the latest complete checkpoint; none: start afresh; "
+                            "or a <prefix>-NNNN.params / .state.json path")
+    group.add_argument("--load", default=None, help="val/pred: parameters to score (default: latest checkpoint)")
+    group.add_argument("--report", default="report.json", help="JSON report (relative: inside --workspace)")
+    group.add_argument("--json-log", default="log.jsonl",
+                       help="JSON-lines log (relative: inside --workspace); empty to disable")
+    group.add_argument("--data-pred", default=None, help="pred: image file to classify")
+    group.add_argument("--class-names", default=None,
+                       help="pred: file with one class name per line (default: class folders from the .lst "
+                            "beside --data-train, else class indices)")
     return group
 
 
-def cosine_lr(base_lr, warmup_epochs, num_epochs):
-    """LR as a function of fractional epoch: linear warmup from 0, then a half cosine to 0."""
-    def schedule(epoch):
-        if epoch < warmup_epochs:
-            return base_lr * epoch / warmup_epochs
-        span = max(num_epochs - warmup_epochs, 1e-8)
-        progress = min((epoch - warmup_epochs) / span, 1.0)
-        return base_lr * 0.5 * (1 + math.cos(math.pi * progress))
-    return schedule
+def workspace_path(args, name):
+    return name if os.path.isabs(name) else os.path.join(args.workspace, name)
+
+
+def check_args(args):
+    """Raise ValueError for inconsistent hyper-parameters (after the recipe is applied)."""
+    if args.num_epochs <= 0:
+        raise ValueError(f"--num-epochs must be positive, got {args.num_epochs}")
+    if args.lr_schedule == "step":
+        late = [s for s in args.lr_steps if s >= args.num_epochs]
+        if late:
+            raise ValueError(f"--lr-steps {late} lie at or beyond the last epoch ({args.num_epochs}); "
+                             "give steps below --num-epochs")
+    if not 0 <= args.ema_decay < 1:
+        raise ValueError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
+    if args.loss_scale not in (None, "dynamic"):
+        try:
+            if float(args.loss_scale) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--loss-scale must be 'dynamic' or a positive number, got {args.loss_scale}")
+    if args.mode == "pred" and not args.data_pred:
+        raise ValueError("--mode pred needs an image: --data-pred IMAGE")
+    if args.data_pred and args.mode == "pred" and not os.path.isfile(args.data_pred):
+        raise ValueError(f"--data-pred {args.data_pred} does not exist")
 
 
 class Distributed:
@@ -49,8 +114,11 @@ class Distributed:
 
     def __init__(self, hvd):
         self.hvd = hvd
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        if hvd is None:  # device/local kv-store: one process
+            self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+        else:
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
 
     @property
     def is_primary(self):
@@ -58,13 +126,21 @@ class Distributed:
 
     def sum(self, values, name):
         """Sum a list of floats over all ranks."""
+        if self.hvd is None or self.size == 1:
+            return [float(v) for v in values]
         array = mx.nd.array(values, dtype="float64")
         return self.hvd.allreduce(array, op=self.hvd.Sum, name=name).asnumpy().tolist()
 
     def average_(self, params, name):
         """Average parameters in place over all ranks (BatchNorm running statistics)."""
+        if self.hvd is None or self.size == 1:
+            return
         for i, param in enumerate(params):
             self.hvd.allreduce_(param.data(), op=self.hvd.Average, name=f"{name}.{i}")
+
+    def broadcast_parameters(self, net):
+        if self.hvd is not None and self.size > 1:
+            self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
 
 
 def running_stats(net):
@@ -72,105 +148,483 @@ def running_stats(net):
             if name.endswith("running_mean") or name.endswith("running_var")]
 
 
-def evaluate(net, val_iter, ctx, dist, loss_fn):
+def no_decay(name):
+    """BatchNorm gamma/beta and biases: decaying them only hurts (Goyal et al. 2017; NVIDIA's README)."""
+    return name.endswith(("gamma", "beta", "bias"))
+
+
+def set_wd_groups(net, decay_all=False):
+    for name, param in net.collect_params().items():
+        param.wd_mult = 1.0 if decay_all or not no_decay(name) else 0.0
+
+
+class LossScaler:
+    """Loss scaling: multiply the loss before backward, divide the gradients in the update.
+
+    Dynamic (the default for float16, as MXNet AMP): on a non-finite gradient the step is skipped and the
+    scale halved; after ``growth_interval`` clean steps it doubles. Static scales only skip bad steps.
+    """
+
+    def __init__(self, scale=1.0, dynamic=False, growth_interval=2000, factor=2.0, min_scale=2.0 ** -14):
+        self.scale = float(scale)
+        self.dynamic = dynamic
+        self.growth_interval = growth_interval
+        self.factor = factor
+        self.min_scale = min_scale
+        self.clean_steps = 0
+        self.bad_steps = 0  # consecutive
+
+    def update(self, finite):
+        if finite:
+            self.bad_steps = 0
+            self.clean_steps += 1
+            if self.dynamic and self.clean_steps >= self.growth_interval:
+                self.scale *= self.factor
+                self.clean_steps = 0
+        else:
+            self.bad_steps += 1
+            self.clean_steps = 0
+            if self.dynamic:
+                self.scale = max(self.scale / self.factor, self.min_scale)
+
+    def state(self):
+        return {"scale": self.scale, "clean_steps": self.clean_steps, "bad_steps": self.bad_steps}
+
+    def load(self, state):
+        self.scale, self.clean_steps, self.bad_steps = state["scale"], state["clean_steps"], state["bad_steps"]
+
+
+def make_loss_scaler(args):
+    if args.loss_scale == "dynamic" or (args.loss_scale is None and args.dtype == "float16"):
+        return LossScaler(2.0 ** 16, dynamic=True)
+    return LossScaler(float(args.loss_scale or 1.0))
+
+
+def grads_finite(params):
+    grads = [g for p in params if p.grad_req != "null" for g in p.list_grad()]
+    return bool(mx.nd.multi_all_finite(*grads, num_arrays=len(grads), init_output=True).asscalar())
+
+
+def make_trainer(args, net, dist, kvstore):
+    """Multi-precision SGD/NAG; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
+    optimizer_params = {"learning_rate": 0.0, "wd": args.wd, "momentum": args.mom, "multi_precision": True}
+    params = net.collect_params()
+    if kvstore == "horovod":
+        hvd = dist.hvd
+        compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+        return hvd.DistributedTrainer(params, args.optimizer, optimizer_params, compression=compression,
+                                      num_groups=args.horovod_num_groups)
+    store = mx.kvstore.create(kvstore) if kvstore else None
+    return gluon.Trainer(params, args.optimizer, optimizer_params, kvstore=store, update_on_kvstore=False)
+
+
+def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size):
+    """One step over the per-device slices; returns (mean loss, outputs, applied).
+
+    The update is skipped when any gradient (after the allreduce, so every rank agrees) is NaN/inf: a bad
+    loss never reaches the weights.
+    """
+    with autograd.record():
+        outputs = [net(x).astype("float32") for x in datas]
+        losses = [loss_fn(out, t) for out, t in zip(outputs, targets)]
+        scaled = [loss * scaler.scale for loss in losses] if scaler.scale != 1 else losses
+    autograd.backward(scaled)
+    trainer.allreduce_grads()
+    finite = grads_finite(trainer._params)
+    if finite:
+        trainer.update(batch_size * scaler.scale)
+    scaler.update(finite)
+    loss = sum(loss.sum().asscalar() for loss in losses) / sum(loss.shape[0] for loss in losses)
+    return loss, outputs, finite
+
+
+def topk_hits(logits, label, valid):
+    """(top-1 hits, top-5 hits) over the first ``valid`` rows."""
+    logits, label = logits[:valid], label[:valid]
+    top5 = mx.nd.topk(logits, k=min(5, logits.shape[1]), ret_typ="indices")
+    hits = top5 == label.reshape((-1, 1)).astype(top5.dtype)
+    return hits[:, 0].sum().asscalar(), hits.sum().asscalar()
+
+
+def split(batch, ctxs, dtype):
+    """Slices of the batch, one per device, in the model's input dtype."""
+    data, label = batch.data[0], batch.label[0]
+    if dtype != "float32" and data.dtype != np.dtype(dtype if dtype != "bfloat16" else "float32"):
+        data = data.astype(dtype) if dtype != "bfloat16" else data
+    if len(ctxs) == 1:
+        return [data.as_in_context(ctxs[0])], [label.as_in_context(ctxs[0])]
+    return (gluon.utils.split_and_load(data, ctxs, even_split=False),
+            gluon.utils.split_and_load(label, ctxs, even_split=False))
+
+
+def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
     """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     correct1 = correct5 = loss_sum = count = 0.0
     durations = []
-    for batch in val_iter:
-        start = time.time()
-        data = batch.data[0].as_in_context(ctx)
-        label = batch.label[0].as_in_context(ctx)
-        valid = data.shape[0] - batch.pad
-        logits = net(data).astype("float32")[:valid]
-        label = label[:valid]
-        top5 = mx.nd.topk(logits, k=min(5, logits.shape[1]), ret_typ="indices")
-        hits = top5 == label.reshape((-1, 1)).astype(top5.dtype)
-        correct1 += hits[:, 0].sum().asscalar()
-        correct5 += hits.sum().asscalar()
-        loss_sum += loss_fn(logits, label).sum().asscalar()
-        count += valid
-        durations.append(time.time() - start)
+    tic = time.time()
+    for i, batch in enumerate(val_iter):
+        if max_iters is not None and i >= max_iters:
+            break
+        datas, labels = split(batch, ctxs, args.dtype)
+        remaining = batch.data[0].shape[0] - batch.pad
+        for data, label in zip(datas, labels):
+            valid = max(0, min(data.shape[0], remaining))
+            remaining -= data.shape[0]
+            logits = net(data).astype("float32")
+            if args.no_metrics:
+                logits.wait_to_read()
+            else:
+                c1, c5 = topk_hits(logits, label, valid)
+                correct1, correct5 = correct1 + c1, correct5 + c5
+                loss_sum += loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
+            count += valid
+        now = time.time()
+        durations.append(now - tic)
+        tic = now
     correct1, correct5, loss_sum, count = dist.sum([correct1, correct5, loss_sum, count], "val.counts")
-    count = max(count, 1)
-    return {"top1": correct1 / count, "top5": correct5 / count, "loss": loss_sum / count,
-            "durations": durations, "samples": count}
+    total = max(count, 1)
+    return {"top1": correct1 / total, "top5": correct5 / total, "loss": loss_sum / total,
+            "durations": durations, "samples": int(count), "correct1": correct1, "correct5": correct5}
 
 
-def save_checkpoint(net, prefix, epoch):
-    """Write `<prefix>-symbol.json` and `<prefix>-NNNN.params` atomically (temporary files, then rename)."""
-    directory, name = os.path.split(prefix)
-    tmp_prefix = os.path.join(directory, f".tmp-{name}")
-    net.export(tmp_prefix, epoch=epoch)
-    os.replace(f"{tmp_prefix}-{epoch:04d}.params", f"{prefix}-{epoch:04d}.params")
-    os.replace(f"{tmp_prefix}-symbol.json", f"{prefix}-symbol.json")
-    return f"{prefix}-{epoch:04d}.params"
+class StopFlag:
+    """SIGTERM/SIGUSR1 ask for a checkpoint at the next step boundary; all ranks agree (allreduced flag)."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+    def agreed(self, dist, name):
+        return dist.sum([1.0 if self.requested else 0.0], name)[0] > 0
 
 
-def fit(args, net, train_iter, val_iter, ctx, dist):
-    """Train ``net`` (initialised, hybridized) for ``args.num_epochs``; return the report."""
-    hvd = dist.hvd
-    # Rank 0's initial weights go to every rank, so all start (and, with averaged gradients, stay) equal.
-    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    optimizer_params = {"learning_rate": 0.0, "wd": args.wd, "momentum": args.mom, "multi_precision": True}
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", optimizer_params)
-    num_classes = args.num_classes
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
-    eval_loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    schedule = cosine_lr(args.lr, args.warmup_epochs, args.num_epochs)
-    steps_per_epoch = len(train_iter)
-    local_batch = args.batch_size // dist.size
-    eta = args.label_smoothing
-    report = Report(model=f"{args.arch}", ngpus=dist.size, cmd=args.cmd)
-    prefix = os.path.join(args.workspace, args.model_prefix)
-    start_time = time.time()
+class EMA:
+    """Exponential moving average of every parameter (BatchNorm statistics included), kept in float32."""
 
-    for epoch in range(args.num_epochs):
-        loss_total, loss_count, tic = 0.0, 0, time.time()
-        durations = []
-        for step, batch in enumerate(train_iter):
-            step_start = time.time()
-            trainer.set_learning_rate(schedule(epoch + step / steps_per_epoch))
-            data = batch.data[0].as_in_context(ctx)
-            label = batch.label[0].as_in_context(ctx)
-            target = label.one_hot(num_classes, on_value=1 - eta + eta / num_classes, off_value=eta / num_classes)
-            with autograd.record():
-                loss = loss_fn(net(data).astype("float32"), target)
-            loss.backward()
-            trainer.step(local_batch)
-            loss_total += loss.mean().asscalar()
-            loss_count += 1
-            durations.append(time.time() - step_start)
-            if dist.is_primary and args.disp_batches and (step + 1) % args.disp_batches == 0:
-                speed = args.batch_size * (step + 1) / (time.time() - tic)
-                left = (steps_per_epoch - step - 1) + (args.num_epochs - epoch - 1) * steps_per_epoch
-                log.info("Epoch[%d] Batch[%d/%d] %.1f img/s loss %.4f lr %.5f ETA %s", epoch, step + 1,
-                         steps_per_epoch, speed, loss_total / loss_count, trainer.learning_rate,
-                         format_seconds(left * args.batch_size / max(speed, 1e-9)))
-        train_loss = dist.sum([loss_total, loss_count], "train.loss")
-        report.add_epoch("train", loss=train_loss[0] / max(train_loss[1], 1), durations=durations,
-                         batch_size=args.batch_size)
+    def __init__(self, net, decay):
+        self.decay = decay
+        self.params = net.collect_params()
+        self.shadow = {name: p.data().astype("float32").copy() for name, p in self.params.items()}
+
+    def update(self):
+        for name, p in self.params.items():
+            value = p.data().astype("float32").as_in_context(self.shadow[name].context)
+            self.shadow[name][:] = self.decay * self.shadow[name] + (1 - self.decay) * value
+
+    def swap(self):
+        """Exchange the live weights and the averages (call twice to restore)."""
+        for name, p in self.params.items():
+            live = p.data().astype("float32").copy()
+            p.set_data(self.shadow[name].astype(p.dtype))
+            self.shadow[name] = live
+
+    def saveable(self):
+        return {name: v for name, v in self.shadow.items()}
+
+    def load(self, path):
+        loaded = mx.nd.load(path)
+        for name in self.shadow:
+            self.shadow[name] = loaded[name].as_in_context(self.shadow[name].context)
+
+
+def make_targets(label, num_classes, smoothing, mix, epoch_rng, data):
+    """Smoothed one-hot targets; with mixup, data and targets mixed with the reversed batch."""
+    target = label.one_hot(num_classes, on_value=1 - smoothing + smoothing / num_classes,
+                           off_value=smoothing / num_classes)
+    if mix:
+        coeffs = epoch_rng.beta(mix, mix, size=data.shape[0]).astype("float32")
+        c = mx.nd.array(coeffs, ctx=data.context)
+        shape = (-1,) + (1,) * (data.ndim - 1)
+        data = (c.reshape(shape) * data.astype("float32") + (1 - c.reshape(shape)) *
+                data[::-1].astype("float32")).astype(data.dtype)
+        target = c.reshape((-1, 1)) * target + (1 - c.reshape((-1, 1))) * target[::-1]
+    return data, target
+
+
+def restore(args, net, trainer, scaler, ema, state, ctxs):
+    checkpoint.load_params(net, state["paths"]["params"], ctxs[0])
+    trainer.load_states(state["paths"]["states"])
+    scaler.load(state["loss_scaler"])
+    if ema is not None and "ema" in state["paths"]:
+        ema.load(state["paths"]["ema"])
+
+
+def resume_state(args):
+    """The checkpoint state to continue from, or None to start afresh."""
+    if args.resume == "none":
+        return None
+    prefix = workspace_path(args, args.model_prefix)
+    if args.resume == "auto":
+        return checkpoint.find_latest(prefix)
+    path = args.resume
+    state = checkpoint.read_state(path) if path.endswith(checkpoint.STATE_SUFFIX) else \
+        checkpoint.state_for_params(path)
+    if state is None:
+        raise TrainingError(f"--resume {path}: not a complete checkpoint (need <prefix>-NNNN.params with "
+                            f"its .states and {checkpoint.STATE_SUFFIX} beside it)")
+    return state
+
+
+def fit(args, net, make_train_iter, val_iter, ctxs, dist):
+    """Train ``net`` (initialised, hybridized); return (report, stopped_by_signal)."""
+    prefix = workspace_path(args, args.model_prefix)
+    state = resume_state(args)
+    if state is not None and state.get("model") not in (None, args.model_name):
+        raise TrainingError(f"the checkpoint {state['state_path']} is a {state['model']}, this run a "
+                            f"{args.model_name}; use another --workspace/--model-prefix or --resume none")
+    set_wd_groups(net, decay_all=args.wd_bn_bias)
+    dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
+    trainer = make_trainer(args, net, dist, args.kv_store)
+    scaler = make_loss_scaler(args)
+    ema = EMA(net, args.ema_decay) if args.ema_decay else None
+    schedule = schedules.get_schedule(args.lr_schedule, args.lr, args.num_epochs, args.warmup_epochs,
+                                      args.lr_steps, args.lr_factor, args.lr_power)
+    report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=args.cmd)
+    start_epoch, start_step, best_top1, partial = 0, 0, -1.0, None
+    if state is not None:
+        restore(args, net, trainer, scaler, ema, state, ctxs)
+        start_epoch, start_step = state["epoch"], state["step"]
+        best_top1 = state["best_top1"]
+        report.metrics.update(state["metrics"])
+        report.total_duration = state.get("total_duration", 0.0)
+        partial = state.get("partial")
         if dist.is_primary:
-            log.info("Epoch[%d] train loss %.4f, %.1f img/s", epoch, train_loss[0] / max(train_loss[1], 1),
-                     args.batch_size * len(durations) / max(sum(durations), 1e-9))
+            log.info("Resuming from %s: epoch %d, step %d", state["state_path"], start_epoch, start_step)
+    json_log = JsonLog(workspace_path(args, args.json_log) if dist.is_primary and args.json_log else None)
+    json_log.write("params", args=vars(args), resumed_from=state and state["state_path"])
+    progress = Progress(dist.is_primary, args.disp_batches)
+    stop = StopFlag()
+    local_batch = args.batch_size // dist.size
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
+    end_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs, start_epoch + args.run_epochs)
+    run_start = time.time()
+    stopped = False
+
+    def save(epoch, step, acc, best=False):
+        ckpt_state = {"epoch": epoch, "step": step, "model": args.model_name, "best_top1": best_top1,
+                      "loss_scaler": scaler.state(), "metrics": report.metrics, "seed": args.seed,
+                      "total_duration": report.total_duration + time.time() - run_start, "partial": acc,
+                      "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))}}
+        path = checkpoint.save(prefix, net, trainer, ckpt_state, ema.saveable() if ema else None, best)
+        log.info("Saved checkpoint %s", path)
+
+    for epoch in range(start_epoch, end_epoch):
+        train_iter = make_train_iter(epoch)
+        steps = len(train_iter) if args.benchmark_iters is None else min(len(train_iter), args.benchmark_iters)
+        acc = partial or {"loss": 0.0, "steps": 0.0, "correct1": 0.0, "correct5": 0.0, "samples": 0.0}
+        partial = None
+        skip = start_step if epoch == start_epoch else 0
+        mix = args.mixup if epoch < args.num_epochs - args.mixup_off_epochs else 0.0
+        durations, tic, epoch_tic = [], time.time(), time.time()
+        for step, batch in enumerate(train_iter):
+            if step >= steps:
+                break
+            if step < skip:  # resumed inside an epoch: the reseeded reader replays the same batches
+                tic = time.time()
+                continue
+            lr = schedule(epoch + step / steps)
+            trainer.set_learning_rate(lr)
+            datas, labels = split(batch, ctxs, args.dtype)
+            # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
+            rng = np.random.RandomState(None if args.seed is None else
+                                        [args.seed, epoch, dist.rank, step])
+            pairs = [make_targets(label, args.num_classes, args.label_smoothing, mix, rng, data)
+                     for data, label in zip(datas, labels)]
+            loss, outputs, applied = train_step(net, trainer, scaler, loss_fn, [p[0] for p in pairs],
+                                                [p[1] for p in pairs], local_batch * len(ctxs)
+                                                if args.kv_store == "horovod" else args.batch_size)
+            if not applied:
+                log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
+                            epoch, step, scaler.scale)
+                if scaler.bad_steps >= args.max_bad_steps:
+                    raise TrainingError(f"{scaler.bad_steps} consecutive steps had NaN/inf loss or gradients "
+                                        f"(epoch {epoch}, step {step}); lower --lr or use float32")
+            elif ema is not None:
+                ema.update()
+            if applied:
+                acc["loss"] += loss
+                acc["steps"] += 1
+            if not args.no_metrics:
+                for out, label in zip(outputs, labels):
+                    valid = out.shape[0] - (batch.pad if len(ctxs) == 1 else 0)
+                    c1, c5 = topk_hits(out, label, valid)
+                    acc["correct1"] += c1
+                    acc["correct5"] += c5
+                    acc["samples"] += valid
+            now = time.time()
+            durations.append(now - tic)
+            tic = now
+            done = step + 1 - skip
+            speed = args.batch_size * done / max(now - epoch_tic, 1e-9)
+            left = (steps - step - 1) + (end_epoch - epoch - 1) * steps
+            progress.update(epoch, step + 1, steps, speed, acc["loss"] / max(acc["steps"], 1), lr,
+                            left * args.batch_size / max(speed, 1e-9))
+            json_log.write("iter", epoch=epoch, step=step, loss=loss, lr=lr, ips=args.batch_size / durations[-1],
+                           loss_scale=scaler.scale)
+            if stop.agreed(dist, f"stop.{epoch}.{step}") and step + 1 < steps:
+                progress.end_epoch()
+                dist.average_(running_stats(net), f"bn.stop.{epoch}")
+                if dist.is_primary:
+                    save(epoch, step + 1, acc)
+                stopped = True
+                break
+        if stopped:
+            break
+        progress.end_epoch()
+        sums = dist.sum([acc["loss"], acc["steps"], acc["correct1"], acc["correct5"], acc["samples"]],
+                        f"train.{epoch}")
+        train_loss = sums[0] / max(sums[1], 1)
+        values = {} if args.no_metrics else {"top1": sums[2] / max(sums[4], 1), "top5": sums[3] / max(sums[4], 1)}
+        report.add_epoch("train", durations=durations, batch_size=args.batch_size, **values, loss=train_loss)
+        report.add("train.lr", schedule(epoch + 1 - 1e-9))
         # Each rank keeps its own BatchNorm statistics: average them so validation and checkpoints
         # do not depend on the rank.
         dist.average_(running_stats(net), f"bn.{epoch}")
+        if dist.is_primary:
+            log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch, train_loss,
+                     "" if args.no_metrics else f" top1 {values['top1']:.4f}",
+                     args.batch_size * len(durations) / max(sum(durations), 1e-9),
+                     format_seconds(time.time() - epoch_tic))
+        epoch_record = {"train.loss": train_loss, **{f"train.{k}": v for k, v in values.items()}}
+        improved = False
         if val_iter is not None and args.mode == "train_val":
-            metrics = evaluate(net, val_iter, ctx, dist, eval_loss)
+            if ema is not None:
+                ema.swap()
+            metrics = evaluate(net, val_iter, ctxs, dist, args, args.benchmark_iters)
+            if ema is not None:
+                ema.swap()
             report.add_epoch("val", top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
                              durations=metrics["durations"], batch_size=args.batch_size)
+            improved = metrics["top1"] > best_top1
+            best_top1 = max(best_top1, metrics["top1"])
+            epoch_record.update({"val.top1": metrics["top1"], "val.top5": metrics["top5"],
+                                 "val.loss": metrics["loss"], "val.samples": metrics["samples"]})
             if dist.is_primary:
                 log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch,
                          metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
-        if dist.is_primary:
-            path = save_checkpoint(net, prefix, epoch + 1)
-            log.info("Saved checkpoint %s", path)
-    report.total_duration = time.time() - start_time
+        json_log.write("epoch", epoch=epoch, **epoch_record)
+        last = epoch + 1 == end_epoch
+        due = args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0
+        if dist.is_primary and (due or last or improved):
+            save(epoch + 1, 0, None, best=improved)
+        if stop.agreed(dist, f"stop.end.{epoch}") and not last:
+            if dist.is_primary and not (due or improved):
+                save(epoch + 1, 0, None)
+            stopped = True
+            break
+    report.total_duration += time.time() - run_start
     if dist.is_primary:
-        report.save(os.path.join(args.workspace, args.report))
+        report.save(workspace_path(args, args.report))
+        json_log.write("summary", total_duration=report.total_duration, stopped=stopped)
+    json_log.close()
+    return report, stopped
+
+
+def load_for_scoring(args, net, ctxs, dist):
+    """--load, else the latest checkpoint in --workspace; synthetic data may score fresh weights."""
+    path = args.load
+    if path is None:
+        state = checkpoint.find_latest(workspace_path(args, args.model_prefix))
+        path = state and state["paths"]["params"]
+    if path is None:
+        if args.data_backend == "synthetic" and args.mode == "val":
+            if dist.is_primary:
+                log.info("No checkpoint found: scoring freshly initialised weights (synthetic benchmark)")
+            return None
+        raise TrainingError(f"no checkpoint to score: give --load PATH.params or train first "
+                            f"(nothing matches {workspace_path(args, args.model_prefix)}-NNNN.params)")
+    if not os.path.isfile(path):
+        raise TrainingError(f"--load {path} does not exist")
+    checkpoint.load_params(net, path, ctxs[0])
+    if dist.is_primary:
+        log.info("Loaded %s", path)
+    return path
+
+
+def score(args, net, val_iter, ctxs, dist):
+    """--mode val: --num-epochs passes over the validation data; returns the report."""
+    if val_iter is None:
+        raise TrainingError("--mode val needs validation data (--data-val)")
+    load_for_scoring(args, net, ctxs, dist)
+    dist.broadcast_parameters(net)
+    report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=args.cmd)
+    start = time.time()
+    for epoch in range(args.num_epochs):
+        metrics = evaluate(net, val_iter, ctxs, dist, args, args.benchmark_iters)
+        values = {} if args.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
+        report.add_epoch("val", durations=metrics["durations"], batch_size=args.batch_size, **values)
+        if dist.is_primary:
+            log.info("Pass %d: %s%.1f img/s (%d samples)", epoch,
+                     "" if args.no_metrics else f"top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} ",
+                     report.metrics.get("val.total_ips", [0.0])[-1] if metrics["durations"] else 0.0,
+                     metrics["samples"])
+    report.total_duration = time.time() - start
+    if dist.is_primary:
+        report.save(workspace_path(args, args.report))
     return report
 
 
-def format_seconds(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+def class_names(args):
+    """Class names from --class-names, else the class folders in the .lst beside --data-train, else None."""
+    if args.class_names:
+        with open(args.class_names) as f:
+            return [line.strip() for line in f if line.strip()]
+    candidates = []
+    if args.data_train:
+        candidates.append(os.path.splitext(args.data_train)[0] + ".lst")
+        candidates.append(os.path.join(os.path.dirname(args.data_train), "train.lst"))
+    for lst in candidates:
+        if os.path.isfile(lst):
+            names = {}
+            with open(lst) as f:
+                for line in f:  # im2rec: index \t label \t relative/path
+                    parts = line.rstrip("\n").split("\t")
+                    if len(parts) >= 3:
+                        names[int(float(parts[1]))] = parts[-1].replace("\\", "/").split("/")[0]
+            return [names.get(i, str(i)) for i in range(max(names) + 1)] if names else None
+    return None
+
+
+def load_image(args, path):
+    """The validation transform: shorter side to --data-val-resize, centre crop, normalise, layout."""
+    import cv2
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    if image is None:
+        raise TrainingError(f"--data-pred {path} is not a readable image")
+    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    channels, height, width = args.image_shape
+    h, w = image.shape[:2]
+    scale = args.data_val_resize / min(h, w)
+    image = cv2.resize(image, (max(width, round(w * scale)), max(height, round(h * scale))),
+                       interpolation=cv2.INTER_LINEAR)
+    top, left = (image.shape[0] - height) // 2, (image.shape[1] - width) // 2
+    image = image[top:top + height, left:left + width].astype("float32")
+    image = (image - np.array(args.rgb_mean, "float32")) / np.array(args.rgb_std, "float32")
+    if channels == 4:
+        image = np.concatenate([image, np.zeros_like(image[..., :1])], axis=-1)
+    if args.input_layout == "NCHW":
+        image = image.transpose(2, 0, 1)
+    return image[None]
+
+
+def predict(args, net, ctxs):
+    """--mode pred: print the top-5 classes of --data-pred; returns [(probability, class index, name)]."""
+    load_for_scoring(args, net, ctxs, Distributed(None))
+    image = mx.nd.array(load_image(args, args.data_pred), ctx=ctxs[0])
+    dtype = args.dtype if args.dtype != "bfloat16" else "float32"
+    probs = net(image.astype(dtype)).astype("float32").softmax()[0].asnumpy()
+    names = class_names(args)
+    if names is None:
+        log.info("No class names (--class-names, or a .lst beside --data-train): printing class indices")
+    top = np.argsort(-probs)[:5]
+    result = []
+    for rank, index in enumerate(top, 1):
+        name = names[index] if names and index < len(names) else str(index)
+        print(f"{rank}. {100 * probs[index]:6.2f}% -> {name}")
+        result.append((float(probs[index]), int(index), name))
+    return result

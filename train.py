@@ -3,6 +3,7 @@
 Usually started by `runner`, once per worker under horovodrun; it also runs alone as one worker.
 """
 import argparse
+import copy
 import logging
 import os
 import random
@@ -12,15 +13,23 @@ import data
 import dali
 import fit
 import models
+import schedules
 
 
 class UsageError(Exception):
     """A problem with the user's input: reported as one line, without a traceback."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one `error:` line (the usage is in --help)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def get_args_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
     data.add_data_args(parser)
@@ -34,6 +43,15 @@ def setup_logging(rank):
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
+def apply_recipe(args):
+    """Fill the hyper-parameters not given on the command line from --recipe (idempotent)."""
+    try:
+        schedules.apply_recipe(args, vars(get_args_parser().parse_args([])))
+        fit.check_args(args)
+    except ValueError as error:
+        raise UsageError(str(error))
+
+
 def validate_args(args, num_workers):
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
@@ -41,6 +59,8 @@ def validate_args(args, num_workers):
         raise UsageError(f"--batch-size {args.batch_size} (global) does not divide across {num_workers} workers")
     if len(args.image_shape) != 3 or args.image_shape[0] not in (3, 4):
         raise UsageError(f"--image-shape must be C,H,W with C 3 or 4, got {args.image_shape}")
+    if args.mode == "pred":
+        return
     if args.data_backend != "synthetic":
         missing = data.check_data_files(args)
         if missing:
@@ -49,38 +69,82 @@ def validate_args(args, num_workers):
             raise UsageError(f"no data given (--data-train/--data-val); {data.PREPARE_HINT}")
 
 
+def contexts(args, local_rank):
+    import mxnet as mx
+    num_gpus = mx.context.num_gpus()
+    if args.kv_store == "horovod":
+        return [mx.gpu(local_rank) if num_gpus > 0 else mx.cpu()]
+    if num_gpus == 0:
+        return [mx.cpu()]
+    ids = [int(i) for i in args.gpus.split(",")] if args.gpus else list(range(num_gpus))
+    return [mx.gpu(i) for i in ids]
+
+
+def train_iterator_factory(args, dist, ctx, first):
+    """Training iterator per epoch. With --seed each epoch gets a fresh reader seeded by (seed, epoch), so a
+    run resumed at any epoch sees exactly the batches an uninterrupted run would."""
+    if args.seed is None:
+        return lambda epoch: first
+
+    def make(epoch):
+        epoch_args = copy.copy(args)
+        epoch_args.seed = args.seed + 100003 * epoch
+        epoch_args.data_val = None  # only the training pipeline is rebuilt
+        return data.get_data_iterators(epoch_args, dist.rank, dist.size, dist.local_rank, dist.local_size, ctx)[0]
+    return make
+
+
 def main(args):
     import mxnet as mx
-    import horovod.mxnet as hvd
 
-    hvd.init()  # one process per worker; works alone too (size 1)
+    hvd = None
+    if args.kv_store == "horovod":
+        import horovod.mxnet as hvd
+        hvd.init()  # one process per worker; works alone too (size 1)
     dist = fit.Distributed(hvd)
     setup_logging(dist.rank)
+    apply_recipe(args)
     validate_args(args, dist.size)
+    args.model_name = models.model_name(args.arch, args.num_layers)
     os.makedirs(args.workspace, exist_ok=True)
     if args.seed is not None:
         random.seed(args.seed)
         mx.random.seed(args.seed)
         import numpy as np
         np.random.seed(args.seed)
-    ctx = mx.gpu(dist.local_rank) if mx.context.num_gpus() > 0 else mx.cpu()
+    ctxs = contexts(args, dist.local_rank)
     if dist.is_primary:
         logging.info("Start with arguments %s", vars(args))
 
-    train_iter, val_iter = data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank,
-                                                   dist.local_size, ctx)
-    if train_iter is None:
-        raise UsageError(f"--mode {args.mode} needs training data (--data-train)")
     net = models.get_model_from_args(args)
-    net.initialize(mx.init.Xavier(), ctx=ctx)  # layers with their own initializer keep it
+    net.initialize(mx.init.Xavier(), ctx=ctxs)  # layers with their own initializer keep it
     net.hybridize(static_alloc=True, static_shape=True)
-
-    report = fit.fit(args, net, train_iter, val_iter, ctx, dist)
+    channels, height, width = args.image_shape
+    shape = (1, channels, height, width) if args.input_layout == "NCHW" else (1, height, width, channels)
+    for ctx in ctxs:  # finish deferred shapes, so checkpoints load into every parameter
+        net(mx.nd.zeros(shape, ctx=ctx, dtype=args.dtype if args.dtype != "bfloat16" else "float32"))
+    try:
+        if args.mode == "pred":
+            return fit.predict(args, net, ctxs)
+        train_iter, val_iter = data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank,
+                                                       dist.local_size, ctxs[0])
+        # (data.test_io hook goes here: --test-io iterates the data and returns)
+        if args.mode == "val":
+            report = fit.score(args, net, val_iter, ctxs, dist)
+        else:
+            if train_iter is None:
+                raise UsageError(f"--mode {args.mode} needs training data (--data-train)")
+            report, stopped = fit.fit(args, net, train_iterator_factory(args, dist, ctxs[0], train_iter),
+                                      val_iter, ctxs, dist)
+            if stopped and dist.is_primary:
+                print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
+    except (fit.TrainingError, ValueError) as error:
+        raise UsageError(str(error))
     if dist.is_primary:
         top1 = report.metrics.get("val.top1")
         if top1:
             print(f"Validation top-1: {top1[-1]:.4f}")
-        print(f"Report: {os.path.abspath(os.path.join(args.workspace, args.report))}")
+        print(f"Report: {os.path.abspath(fit.workspace_path(args, args.report))}")
     return report
 
 

@@ -1,0 +1,130 @@
+"""Checkpoints: the original kit's file names plus a state file, written so that a kill never breaks one.
+
+For each checkpoint, with tag NNNN (epochs completed) or NNNN-stepSSSSSS (stopped inside an epoch):
+  <prefix>-symbol.json, <prefix>-<tag>.params   net.export() format (arg:/aux: names), loadable without this kit
+  <prefix>-<tag>.states                         optimizer state (momentum, fp32 master weights)
+  <prefix>-<tag>-ema.params                     EMA weights, when --ema-decay is set
+  <prefix>-<tag>.state.json                     epoch, step, loss scale, best top-1, metric history, seeds
+  <prefix>-best.params                          the parameters with the best validation top-1
+Every file goes to a temporary name, is flushed to disk, then renamed. The state file is written last and
+names the others, so a checkpoint counts as complete only when its state file exists: a run killed at any
+moment leaves either a complete checkpoint or none under the final names (plus stray .tmp files).
+"""
+import glob
+import json
+import os
+import re
+import shutil
+
+import mxnet as mx
+
+STATE_SUFFIX = ".state.json"
+
+
+def _fsync(path):
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _commit(tmp, final):
+    _fsync(tmp)
+    os.replace(tmp, final)
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tag_for(epoch, step=0):
+    return f"{epoch:04d}" if step == 0 else f"{epoch:04d}-step{step:06d}"
+
+
+def save(prefix, net, trainer, state, ema=None, best=False):
+    """Write one checkpoint (rank 0 only); ``state`` is a JSON-able dict with at least epoch and step."""
+    directory, name = os.path.split(prefix)
+    tag = tag_for(state["epoch"], state["step"])
+    tmp_prefix = os.path.join(directory, f".tmp-{name}")
+    files = {"symbol": f"{name}-symbol.json", "params": f"{name}-{tag}.params", "states": f"{name}-{tag}.states"}
+    net.export(tmp_prefix, epoch=0)
+    _commit(f"{tmp_prefix}-0000.params", f"{prefix}-{tag}.params")
+    _commit(f"{tmp_prefix}-symbol.json", f"{prefix}-symbol.json")
+    trainer.save_states(f"{tmp_prefix}.states")
+    _commit(f"{tmp_prefix}.states", f"{prefix}-{tag}.states")
+    if ema is not None:
+        mx.nd.save(f"{tmp_prefix}-ema.params", ema)
+        _commit(f"{tmp_prefix}-ema.params", f"{prefix}-{tag}-ema.params")
+        files["ema"] = f"{name}-{tag}-ema.params"
+    if best:
+        shutil.copyfile(f"{prefix}-{tag}.params", f"{tmp_prefix}-best.params")
+        _commit(f"{tmp_prefix}-best.params", f"{prefix}-best.params")
+    state = dict(state, files=files)
+    with open(f"{tmp_prefix}{STATE_SUFFIX}", "w") as f:
+        json.dump(state, f, indent=1)
+    _commit(f"{tmp_prefix}{STATE_SUFFIX}", f"{prefix}-{tag}{STATE_SUFFIX}")
+    _fsync_dir(directory)
+    return f"{prefix}-{tag}.params"
+
+
+def read_state(path):
+    """The state dict of a complete checkpoint, with paths made absolute; None if incomplete or unreadable."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        directory = os.path.dirname(path)
+        state["paths"] = {k: os.path.join(directory, v) for k, v in state["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all(os.path.isfile(p) for p in state["paths"].values()):
+        return None
+    state["state_path"] = path
+    return state
+
+
+def find_latest(prefix):
+    """The newest complete checkpoint of ``prefix`` (most epochs, then most steps), or None."""
+    pattern = re.compile(re.escape(os.path.basename(prefix)) + r"-\d{4}(-step\d{6})?" + re.escape(STATE_SUFFIX) + "$")
+    states = [read_state(p) for p in glob.glob(glob.escape(prefix) + "-*" + STATE_SUFFIX)
+              if pattern.match(os.path.basename(p))]
+    states = [s for s in states if s is not None]
+    return max(states, key=lambda s: (s["epoch"], s["step"]), default=None)
+
+
+def state_for_params(params_path):
+    """The state beside a named ``<prefix>-<tag>.params`` file, or None (e.g. a -best or foreign file)."""
+    if params_path.endswith(".params"):
+        return read_state(params_path[:-len(".params")] + STATE_SUFFIX)
+    return None
+
+
+def _strip(name):
+    return name[4:] if name.startswith(("arg:", "aux:")) else name
+
+
+def load_params(net, path, ctx):
+    """Load a ``.params`` file (export or save_parameters format) into ``net``, which must be built the same way.
+
+    Raises ValueError naming the first mismatch: another architecture, depth or class count.
+    """
+    loaded = {_strip(k): v for k, v in mx.nd.load(path).items()}
+    params = net.collect_params()
+    missing = [k for k in params if k not in loaded]
+    extra = [k for k in loaded if k not in params]
+    if missing or extra:
+        raise ValueError(f"{path} does not fit this model ({len(missing)} parameters missing, e.g. "
+                         f"{(missing or ['-'])[0]}; {len(extra)} unexpected, e.g. {(extra or ['-'])[0]}); "
+                         "it was saved from another architecture: check --arch/--num-layers")
+    for name, param in params.items():
+        value = loaded[name]
+        if param.shape and 0 not in param.shape and tuple(param.shape) != tuple(value.shape):
+            raise ValueError(f"{path} does not fit this model: {name} has shape {value.shape}, the model "
+                             f"{param.shape}; check --arch/--num-layers/--num-classes")
+    for name, param in params.items():
+        value = loaded[name]
+        if param._data is None:
+            param.shape = value.shape
+            param.initialize(ctx=ctx, force_reinit=True)
+        param.set_data(value.astype(param.dtype))
