@@ -201,8 +201,7 @@ def make_loss_scaler(args):
 
 
 def grads_finite(params):
-    grads = [g for p in params if p.grad_req != "null" for g in p.list_grad()]
-    return bool(mx.nd.multi_all_finite(*grads, num_arrays=len(grads), init_output=True).asscalar())
+    return grads_finite_arrays([g for p in params if p.grad_req != "null" for g in p.list_grad()])
 
 
 def make_trainer(args, net, dist, kvstore):
@@ -218,12 +217,36 @@ def make_trainer(args, net, dist, kvstore):
     return gluon.Trainer(params, args.optimizer, optimizer_params, kvstore=store, update_on_kvstore=False)
 
 
-def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size):
+class StatsGuard:
+    """A copy of the BatchNorm running statistics from before the step: a forward pass over a NaN/inf batch
+    would otherwise poison them even though the weight update is skipped (small: 2 vectors per BN layer)."""
+
+    def __init__(self, net):
+        self.stats = [a for p in running_stats(net) for a in p.list_data()]
+        self.backup = [a.copy() for a in self.stats]
+
+    def keep(self):
+        for src, dst in zip(self.stats, self.backup):
+            src.copyto(dst)
+
+    def restore_if_bad(self):
+        if self.stats and not grads_finite_arrays(self.stats):
+            for src, dst in zip(self.backup, self.stats):
+                src.copyto(dst)
+
+
+def grads_finite_arrays(arrays):
+    return bool(mx.nd.multi_all_finite(*arrays, num_arrays=len(arrays), init_output=True).asscalar())
+
+
+def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None):
     """One step over the per-device slices; returns (mean loss, outputs, applied).
 
     The update is skipped when any gradient (after the allreduce, so every rank agrees) is NaN/inf: a bad
-    loss never reaches the weights.
+    loss never reaches the weights, nor (with ``guard``) the BatchNorm statistics.
     """
+    if guard is not None:
+        guard.keep()
     with autograd.record():
         outputs = [net(x).astype("float32") for x in datas]
         losses = [loss_fn(out, t) for out, t in zip(outputs, targets)]
@@ -233,6 +256,8 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size):
     finite = grads_finite(trainer._params)
     if finite:
         trainer.update(batch_size * scaler.scale)
+    elif guard is not None:
+        guard.restore_if_bad()
     scaler.update(finite)
     loss = sum(loss.sum().asscalar() for loss in losses) / sum(loss.shape[0] for loss in losses)
     return loss, outputs, finite
@@ -346,8 +371,15 @@ def make_targets(label, num_classes, smoothing, mix, epoch_rng, data):
     return data, target
 
 
+def load_params(net, path, ctx):
+    try:
+        checkpoint.load_params(net, path, ctx)
+    except ValueError as error:
+        raise TrainingError(str(error))
+
+
 def restore(args, net, trainer, scaler, ema, state, ctxs):
-    checkpoint.load_params(net, state["paths"]["params"], ctxs[0])
+    load_params(net, state["paths"]["params"], ctxs[0])
     trainer.load_states(state["paths"]["states"])
     scaler.load(state["loss_scaler"])
     if ema is not None and "ema" in state["paths"]:
@@ -399,6 +431,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
     json_log.write("params", args=vars(args), resumed_from=state and state["state_path"])
     progress = Progress(dist.is_primary, args.disp_batches)
     stop = StopFlag()
+    guard = StatsGuard(net)
     local_batch = args.batch_size // dist.size
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
     end_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs, start_epoch + args.run_epochs)
@@ -437,7 +470,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
                      for data, label in zip(datas, labels)]
             loss, outputs, applied = train_step(net, trainer, scaler, loss_fn, [p[0] for p in pairs],
                                                 [p[1] for p in pairs], local_batch * len(ctxs)
-                                                if args.kv_store == "horovod" else args.batch_size)
+                                                if args.kv_store == "horovod" else args.batch_size, guard)
             if not applied:
                 log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
                             epoch, step, scaler.scale)
@@ -540,7 +573,7 @@ def load_for_scoring(args, net, ctxs, dist):
                             f"(nothing matches {workspace_path(args, args.model_prefix)}-NNNN.params)")
     if not os.path.isfile(path):
         raise TrainingError(f"--load {path} does not exist")
-    checkpoint.load_params(net, path, ctxs[0])
+    load_params(net, path, ctxs[0])
     if dist.is_primary:
         log.info("Loaded %s", path)
     return path

@@ -138,7 +138,7 @@ def main(args):
                                       val_iter, ctxs, dist)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
-    except (fit.TrainingError, ValueError) as error:
+    except fit.TrainingError as error:
         raise UsageError(str(error))
     if dist.is_primary:
         top1 = report.metrics.get("val.top1")
