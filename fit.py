@@ -407,8 +407,8 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
     prefix = workspace_path(args, args.model_prefix)
     state = resume_state(args)
     if state is not None and state.get("model") not in (None, args.model_name):
-        raise TrainingError(f"the checkpoint {state['state_path']} is a {state['model']}, this run a "
-                            f"{args.model_name}; use another --workspace/--model-prefix or --resume none")
+        raise TrainingError(f"the checkpoint {state['state_path']} comes from another architecture "
+                            f"({state['model']}; this run: {args.model_name}); use another --workspace/--model-prefix or --resume none")
     set_wd_groups(net, decay_all=args.wd_bn_bias)
     dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     trainer = make_trainer(args, net, dist, args.kv_store)
