@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Plot a training report: top-1, top-5, loss and LR per epoch, train and val, as PNG files.
+
+    python tools/plot_report.py REPORT.json [--out DIR]
+
+Writes DIR/<report name>-{top1,top5,loss,lr}.png (DIR: beside the report) for every curve the report holds.
+"""
+import argparse
+import json
+import os
+import sys
+
+CURVES = [("top1", "top-1 accuracy"), ("top5", "top-5 accuracy"), ("loss", "loss"), ("lr", "learning rate")]
+
+
+def plot(report_path, out_dir=None):
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    with open(report_path) as f:
+        metrics = json.load(f)["metrics"]
+    out_dir = out_dir or os.path.dirname(os.path.abspath(report_path))
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(report_path))[0]
+    written = []
+    for key, label in CURVES:
+        series = {mode: metrics[f"{mode}.{key}"] for mode in ("train", "val") if metrics.get(f"{mode}.{key}")}
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for mode, values in series.items():
+            ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=mode)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        path = os.path.join(out_dir, f"{stem}-{key}.png")
+        fig.tight_layout()
+        fig.savefig(path + ".tmp.png", dpi=100)
+        plt.close(fig)
+        os.replace(path + ".tmp.png", path)
+        written.append(path)
+    return written
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", help="report JSON written by train.py --report")
+    parser.add_argument("--out", default=None, help="output directory (default: beside the report)")
+    args = parser.parse_args()
+    try:
+        written = plot(args.report, args.out)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"plot_report.py: error: cannot read {args.report}: {error}", file=sys.stderr)
+        sys.exit(2)
+    if not written:
+        print(f"plot_report.py: error: {args.report} holds no top1/top5/loss/lr curves", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(written))
+
+
+if __name__ == "__main__":
+    main()
