@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, venv_env
 
 
@@ -26,3 +28,109 @@ def test_data_root_without_train_rec(tmp_path):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert "train.rec" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# --- the command line runner builds, checked with --dry-run (nothing is launched) ---
+
+def dry_run(*args):
+    result = run_runner(*args, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    *env_lines, command = result.stdout.strip().splitlines()
+    env = dict(line.split("=", 1) for line in env_lines)
+    return env, command.split()
+
+
+def value_after(command, flag):
+    return command[len(command) - 1 - command[::-1].index(flag) + 1]
+
+
+def has_gpu():
+    return os.path.isdir("/proc/driver/nvidia/gpus")
+
+
+def test_batch_and_lr_scaling_and_horovodrun_prefix():
+    env, command = dry_run("-n", "2", "-b", "32", "-l", "0.5", "--data-backend", "synthetic", "--dtype", "float32")
+    assert os.path.basename(command[0]) == "horovodrun"
+    assert command[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    assert command[7].endswith("train.py")
+    assert value_after(command, "--batch-size") == "64"
+    assert abs(float(value_after(command, "--lr")) - 0.5 * 64 / 256) < 1e-12
+    assert value_after(command, "--num-epochs") == "90"
+    assert env["HOROVOD_FUSION_THRESHOLD"] == "67108864" and env["MXNET_UPDATE_ON_KVSTORE"] == "0"
+    assert "MXNET_USE_TENSORRT" not in env and "MXNET_HOROVOD_NUM_GROUPS" not in env  # not read upstream
+
+
+def test_unknown_flags_pass_through_after_runner_flags():
+    _, command = dry_run("-n", "1", "--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18",
+                         "--some-future-flag", "7", "-e", "3")
+    assert command[-4:] == ["--num-layers", "18", "--some-future-flag", "7"]
+    assert value_after(command, "--num-epochs") == "3"
+
+
+def test_multi_node_host_list_and_hostfile(tmp_path):
+    _, command = dry_run("-n", "16", "-b", "8", "-H", "node1:8,node2:8", "--data-backend", "synthetic",
+                         "--dtype", "float32")
+    assert command[1:6] == ["-np", "16", "-H", "node1:8,node2:8", "--gloo"]
+    assert value_after(command, "--batch-size") == "128"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=4\nnode2 slots=4\n")
+    _, command = dry_run("-n", "8", "--hostfile", str(hostfile), "--data-backend", "synthetic", "--dtype", "float32")
+    assert command[1:6] == ["-np", "8", "--hostfile", str(hostfile), "--gloo"]
+    result = run_runner("-n", "9", "--hostfile", str(hostfile), "--data-backend", "synthetic", "--dry-run")
+    assert result.returncode != 0 and "8 slots" in result.stderr
+
+
+def test_slurm_launcher_has_no_prefix_and_data_root_files():
+    _, command = dry_run("-n", "4", "--launcher", "slurm", "--data-backend", "synthetic", "--dtype", "float32")
+    assert command[0].endswith("python") and command[1].endswith("train.py")
+
+
+def test_val_mode_needs_only_val_data(tmp_path):
+    (tmp_path / "val.rec").write_bytes(b"")
+    (tmp_path / "val.idx").write_bytes(b"")
+    _, command = dry_run("-n", "1", "--data-root", str(tmp_path), "--mode", "val", "--dtype", "float32",
+                         "--data-backend", "dali-cpu")
+    assert "--data-train" not in command
+    assert value_after(command, "--data-val") == str(tmp_path / "val.rec")
+    assert value_after(command, "--mode") == "val"
+
+
+def one_line_error(result, *words):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+@pytest.mark.skipif(has_gpu(), reason="a GPU machine accepts float16")
+def test_float16_on_cpu_refused_at_once_without_mxnet():
+    env = venv_env()
+    env["PYTHONPROFILEIMPORTTIME"] = "1"  # lists every module imported: MXNet must not be among them
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "-b", "208", "--dtype",
+                             "float16"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert " mxnet" not in result.stderr and "horovod" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(errors) == 1 and errors[0].startswith("runner: error:")
+    assert "float16" in errors[0] and "float32" in errors[0] and "bfloat16" in errors[0]
+
+
+@pytest.mark.skipif(has_gpu(), reason="the CPU defaults apply without a GPU")
+def test_cpu_defaults_and_too_many_workers():
+    _, command = dry_run("-n", "1", "--data-backend", "synthetic")
+    assert value_after(command, "--dtype") == "float32"
+    cores = len(os.sched_getaffinity(0))
+    one_line_error(run_runner("-n", str(cores + 1), "--data-backend", "synthetic"), f"-n {cores + 1}", "CPU cores")
+    one_line_error(run_runner("--data-backend", "dali-gpu", "--dtype", "float32"), "dali-cpu")
+    env = venv_env()
+    env.pop("OMP_NUM_THREADS")  # a value already set wins; without one, runner shares the cores out
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "--data-backend",
+                             "synthetic", "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+    assert f"OMP_NUM_THREADS={cores}" in result.stdout.splitlines()
+
+
+def test_bad_numbers_are_one_line():
+    one_line_error(run_runner("-n", "0"), "-n must be at least 1")
+    one_line_error(run_runner("-b", "0", "--data-backend", "synthetic"), "-b must be at least 1")

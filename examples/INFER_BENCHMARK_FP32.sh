@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Part of the ResNet kit (successor of NVIDIA DeepLearningExamples MxNet/Classification/RN50v1.5).
+# Usage: examples/INFER_BENCHMARK_FP32.sh [benchmark.py/runner flags]   inference throughput and latency, float32, 1 GPU
+# Extra arguments go to the end of the command line, so they can override the settings here.
+set -euo pipefail
+KIT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python3 "$KIT/benchmark.py" -n 1 -b 1,2,4,32,64,96 --dtype float32 --only-inference -e 3 -w 1 -i 100 -o infer_benchmark_fp32.json "$@"

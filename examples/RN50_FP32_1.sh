@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Part of the ResNet kit (successor of NVIDIA DeepLearningExamples MxNet/Classification/RN50v1.5).
+# Usage: examples/RN50_FP32_1.sh [runner/train.py flags]   ResNet-50 v1.5, float32, 1 GPU(s), 96 images per GPU
+# Extra arguments go to the end of the command line, so they can override the settings here.
+set -euo pipefail
+KIT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$KIT/runner" -n 1 -b 96 --dtype float32 --model-prefix model "$@"

@@ -1,0 +1,100 @@
+"""benchmark.py: real sweeps through runner and horovodrun on the CPU, synthetic data, a tiny model."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, venv_env
+
+import benchmark
+
+TINY = ["--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32",
+        "--num-classes", "10"]
+
+
+def run_benchmark(*args, timeout=600):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmark.py"), *args], env=venv_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "result.json"
+    too_many = len(os.sched_getaffinity(0)) + 1  # refused by runner on a CPU machine: must not stop the sweep
+    result = run_benchmark("-n", f"1,2,{too_many}", "-b", "2,4", "-i", "4", "-e", "2", "-w", "1",
+                           "--mode", "train", "-o", str(out), *TINY)
+    return result, out, too_many
+
+
+def test_every_cell_has_positive_images_per_second(sweep):
+    result, out, too_many = sweep
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["model"] == "resnetv15" and data["ngpus"] == [1, 2, too_many] and data["bs"] == [2, 4]
+    assert data["metric_keys"][0] == "train.total_ips"
+    for n in ("1", "2"):
+        for bs in ("2", "4"):
+            cell = data["metrics"][n][bs]
+            assert cell["train.total_ips"] > 0, cell
+            assert 0 < cell["train.latency_50"] <= cell["train.latency_100"]
+            # images/s and latency come from the same iterations: global batch / mean latency
+            assert cell["train.total_ips"] == pytest.approx(int(n) * int(bs) / cell["train.latency_avg"], rel=0.25)
+
+
+def test_weak_scaling_and_tables(sweep):
+    result, out, _ = sweep
+    data = json.loads(out.read_text())
+    for bs in ("2", "4"):
+        assert data["weak_scaling"]["1"][bs] == pytest.approx(1.0)
+        expected = data["metrics"]["2"][bs]["train.total_ips"] / data["metrics"]["1"][bs]["train.total_ips"]
+        assert data["weak_scaling"]["2"][bs] == pytest.approx(expected)
+    assert "| workers | 2 | 4 |" in result.stdout and "Weak scaling" in result.stdout
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_refused_configuration_is_marked_not_fatal(sweep):
+    result, out, too_many = sweep
+    data = json.loads(out.read_text())
+    for bs in ("2", "4"):
+        assert "CPU cores" in data["metrics"][str(too_many)][bs]["failed"]
+    assert {(f["ngpus"], f["bs"]) for f in data["failed"]} == {(too_many, 2), (too_many, 4)}
+    assert f"skipping n={too_many}" in result.stderr
+
+
+def test_timeout_is_recorded_with_its_reason(tmp_path):
+    out = tmp_path / "t.json"
+    result = run_benchmark("-n", "1", "-b", "2", "-i", "4", "--mode", "train", "--timeout", "0.5", "-o", str(out),
+                           *TINY, timeout=120)
+    assert result.returncode == 1  # nothing succeeded
+    data = json.loads(out.read_text())
+    assert data["metrics"]["1"]["2"]["failed"].startswith("timed out after 0.5")
+    assert "Traceback" not in result.stderr.split("benchmark: [1/1]")[0]
+
+
+def test_only_inference_is_val_mode(tmp_path):
+    result = run_benchmark("-n", "1", "-b", "1,2", "--only-inference", "-o", str(tmp_path / "x.json"),
+                           "--dry-run", *TINY)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2
+    for line, bs in zip(lines, ("1", "2")):
+        words = line.split()
+        assert words[words.index("--mode") + 1] == "val" and words[words.index("-b") + 1] == bs
+        assert words[words.index("--num-examples") + 1] == str(100 * int(bs))
+
+
+def test_summary_is_harmonic_mean_after_warmup():
+    report = {"metrics": {"val.total_ips": [1000.0, 100.0, 300.0], "val.latency_avg": [9.0, 1.0, 2.0]}}
+    cell = benchmark.summarize(report, ["val.total_ips", "val.latency_avg"], epochs=3, warmup=1)
+    assert cell["val.total_ips"] == pytest.approx(2 / (1 / 100 + 1 / 300))  # 150, not the arithmetic 200
+    assert cell["val.latency_avg"] == pytest.approx(1.5)
+    with pytest.raises(ValueError):
+        benchmark.summarize(report, ["val.total_ips"], epochs=2, warmup=0)
+
+
+def test_speedup_against_a_baseline():
+    metrics = {"1": {"8": {"train.total_ips": 30.0}, "16": {"train.total_ips": 50.0}}}
+    baseline = {"metrics": {"1": {"8": {"train.total_ips": 20.0}}}}
+    assert benchmark.speedup(metrics, baseline, "train.total_ips") == {"1": {"8": pytest.approx(1.5)}}
