@@ -4,6 +4,7 @@ DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliIterator` hand
 itself: on CPU through numpy, on GPU by copying straight into the NDArray's device memory.
 """
 import ctypes
+import logging
 import math
 import os
 
@@ -11,6 +12,7 @@ import mxnet as mx
 from nvidia.dali import fn, pipeline_def, types
 
 READER_NAME = "Reader"
+log = logging.getLogger(__name__)
 
 
 def add_dali_args(parser):
@@ -147,6 +149,8 @@ def default_threads(local_size):
 def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     """Train and val iterators for this rank. ``args.batch_size`` is the global batch."""
     device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
+    if device == "gpu" and ctx.device_type != "gpu":
+        raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
     device_id = local_rank if device == "gpu" else None
     local_batch = args.batch_size // num_workers
     threads = args.dali_threads or default_threads(local_size)
@@ -167,6 +171,10 @@ def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
         pipe.build()
         total = pipe.reader_meta(READER_NAME)["epoch_size"]
         num_examples = args.num_examples or total
+        if num_examples < total and rank == 0:
+            log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
+                        "data (the reader continues where it stopped, so every record is still read in turn)",
+                        num_examples, total, args.data_train)
         # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
         steps = math.ceil(num_examples / args.batch_size)
         train_iter = DaliIterator(pipe, steps * local_batch, ctx)
