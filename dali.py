@@ -155,7 +155,7 @@ def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     local_batch = args.batch_size // num_workers
     threads = args.dali_threads or default_threads(local_size)
     val_threads = args.dali_validation_threads or default_threads(local_size)
-    seed = -1 if args.seed is None else args.seed + rank  # each rank augments differently
+    seed = None if args.seed is None else args.seed + rank  # each rank augments differently
     common = dict(image_shape=args.image_shape, mean=args.rgb_mean, std=args.rgb_std, dtype=args.dtype,
                   layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding,
                   dont_use_mmap=args.dali_dont_use_mmap)
