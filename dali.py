@@ -6,10 +6,11 @@ itself: on CPU through numpy, on GPU by copying straight into the NDArray's devi
 import ctypes
 import logging
 import math
-import os
 
 import mxnet as mx
 from nvidia.dali import fn, pipeline_def, types
+
+from data import default_threads
 
 READER_NAME = "Reader"
 log = logging.getLogger(__name__)
@@ -144,10 +145,6 @@ class DaliIterator:
         valid = min(self.batch_size, self.size - self._served)
         self._served += valid
         return mx.io.DataBatch(data=[data], label=[label], pad=self.batch_size - valid)
-
-
-def default_threads(local_size):
-    return max(1, (os.cpu_count() or 1) // max(1, local_size))
 
 
 def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):

@@ -183,6 +183,7 @@ def get_mxnet_iterators(args, rank, num_workers, local_size, ctx):
     if args.data_train:
         record_iter = mx.io.ImageRecordIter(
             path_imgrec=args.data_train, path_imgidx=args.data_train_idx, shuffle=True, seed=seed,
+            seed_aug=None if args.seed is None else seed,
             random_resized_crop=True, min_random_area=args.min_random_area, max_random_area=args.max_random_area,
             min_aspect_ratio=args.min_random_aspect_ratio, max_aspect_ratio=args.max_random_aspect_ratio,
             rand_mirror=bool(args.random_mirror), round_batch=True, **common)
