@@ -10,6 +10,7 @@ compares them with the first backend as the reference. A benchmark, not a test: 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -63,7 +64,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-shape", default="3,224,224")
     parser.add_argument("--mode", default="train", choices=["train", "val"], help="pipeline to time")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the data per backend")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the data per backend and round")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
@@ -79,25 +81,32 @@ def main():
             print(f"building {args.count} photos of 500x375 in {rec}", file=sys.stderr)
             make_photo_rec(rec[:-4], args.count)
     idx = os.path.splitext(rec)[0] + ".idx"
-    results = []
-    for backend in args.backends.split(","):
-        threads = str(args.threads)
-        argv = ["--data-backend", backend, f"--data-{args.mode}", rec, f"--data-{args.mode}-idx", idx,
-                "--batch-size", str(args.batch_size), "--image-shape", args.image_shape, "--test-io",
-                "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", threads,
-                "--dali-validation-threads", threads, "--data-mxnet-threads", threads, "--seed", "1"]
-        env = dict(os.environ, OMP_NUM_THREADS=threads)
-        child = subprocess.run([sys.executable, __file__, "--one", *argv], env=env, capture_output=True, text=True)
-        if child.returncode:
-            parser.exit(1, f"bench_io.py: error: backend {backend} failed:\n{child.stderr[-2000:]}\n")
-        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
-    print(f"{args.mode} pipeline, {args.threads} threads, batch {args.batch_size}, {rec}")
-    print(f"{'backend':<10} {'images/s':>10} {'vs ' + results[0]['backend']:>14}")
-    for result in results:
-        ratio = result["images_per_sec"] / results[0]["images_per_sec"]
-        print(f"{result['backend']:<10} {result['images_per_sec']:>10.1f} {ratio:>13.2f}x")
-    print(json.dumps({"mode": args.mode, "threads": args.threads, "results": results}))
-
+    backends = args.backends.split(",")
+    rounds = []  # backends alternate within each round, so a load change on a shared machine hits all of them
+    for _ in range(args.repeats):
+        rounds.append({})
+        for backend in backends:
+            threads = str(args.threads)
+            argv = ["--data-backend", backend, f"--data-{args.mode}", rec, f"--data-{args.mode}-idx", idx,
+                    "--batch-size", str(args.batch_size), "--image-shape", args.image_shape, "--test-io",
+                    "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", threads,
+                    "--dali-validation-threads", threads, "--data-mxnet-threads", threads, "--seed", "1"]
+            env = dict(os.environ, OMP_NUM_THREADS=threads)
+            child = subprocess.run([sys.executable, __file__, "--one", *argv], env=env, capture_output=True,
+                                   text=True)
+            if child.returncode:
+                parser.exit(1, f"bench_io.py: error: backend {backend} failed:\n{child.stderr[-2000:]}\n")
+            rounds[-1][backend] = json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
+    reference = backends[0]
+    print(f"{args.mode} pipeline, {args.threads} threads, batch {args.batch_size}, {args.repeats} rounds, {rec}")
+    print(f"{'backend':<10} {'images/s (median)':>18} {'ratio to ' + reference + ' (median of rounds)':>36}")
+    summary = {}
+    for backend in backends:
+        rate = statistics.median(r[backend] for r in rounds)
+        ratio = statistics.median(r[backend] / r[reference] for r in rounds)
+        summary[backend] = {"images_per_sec": rate, "ratio": ratio, "rounds": [r[backend] for r in rounds]}
+        print(f"{backend:<10} {rate:>18.1f} {ratio:>35.2f}x")
+    print(json.dumps({"mode": args.mode, "threads": args.threads, "results": summary}))
 
 if __name__ == "__main__":
     main()
