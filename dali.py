@@ -4,13 +4,16 @@ DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliIterator` hand
 itself: on CPU through numpy, on GPU by copying straight into the NDArray's device memory.
 """
 import ctypes
+import logging
 import math
-import os
 
 import mxnet as mx
 from nvidia.dali import fn, pipeline_def, types
 
+from data import default_threads
+
 READER_NAME = "Reader"
+log = logging.getLogger(__name__)
 
 
 def add_dali_args(parser):
@@ -31,11 +34,11 @@ def add_dali_args(parser):
     return group
 
 
-def _normalize(images, image_shape, mean, std, dtype, layout, mirror):
+def _normalize(images, image_shape, mean, std, dtype, layout, mirror, crop=True):
     channels, height, width = image_shape
     return fn.crop_mirror_normalize(
         images, dtype=types.FLOAT16 if dtype == "float16" else types.FLOAT,
-        output_layout="HWC" if layout == "NHWC" else "CHW", crop=(height, width),
+        output_layout="HWC" if layout == "NHWC" else "CHW", crop=(height, width) if crop else None,
         mean=list(mean), std=list(std), mirror=mirror, pad_output=channels == 4)
 
 
@@ -50,15 +53,18 @@ def train_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, 
     padding = {"device_memory_padding": nvjpeg_padding_mb << 20,
                "host_memory_padding": nvjpeg_padding_mb << 20} if device == "gpu" else {}
     _, height, width = image_shape
+    # Training resizes bilinearly without an antialiasing filter (as ImageRecordIter does): on CPU the filter
+    # costs about a third of the pipeline's throughput, and a random crop is an augmentation anyway.
+    # Validation keeps DALI's antialiased resize: it is what accuracy is measured on.
     if fuse_decoder:
         images = fn.decoders.image_random_crop(jpegs, device=decoder_device, output_type=types.RGB,
                                                random_area=list(random_area),
                                                random_aspect_ratio=list(random_aspect_ratio), **padding)
-        images = fn.resize(images, resize_x=width, resize_y=height)
+        images = fn.resize(images, resize_x=width, resize_y=height, antialias=False)
     else:
         images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **padding)
         images = fn.random_resized_crop(images, size=(height, width), random_area=list(random_area),
-                                        random_aspect_ratio=list(random_aspect_ratio))
+                                        random_aspect_ratio=list(random_aspect_ratio), antialias=False)
     mirror = fn.random.coin_flip(probability=0.5) if random_mirror else 0
     images = _normalize(images, image_shape, mean, std, dtype, layout, mirror)
     return images, labels.gpu() if device == "gpu" else labels
@@ -76,8 +82,11 @@ def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, st
     padding = {"device_memory_padding": nvjpeg_padding_mb << 20,
                "host_memory_padding": nvjpeg_padding_mb << 20} if device == "gpu" else {}
     images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **padding)
-    images = fn.resize(images, resize_shorter=resize_shorter)
-    images = _normalize(images, image_shape, mean, std, dtype, layout, mirror=0)
+    # Resize the shorter side, centre crop: fused, so only the cropped pixels are resampled (about 1.5x
+    # faster on CPU than resizing the whole image, same output).
+    _, height, width = image_shape
+    images = fn.resize_crop_mirror(images, resize_shorter=resize_shorter, crop=(height, width))
+    images = _normalize(images, image_shape, mean, std, dtype, layout, mirror=0, crop=False)
     return images, labels.gpu() if device == "gpu" else labels
 
 
@@ -87,14 +96,12 @@ def shard_size(total, shard_id, num_shards):
 
 
 def _copy_to_ndarray(dali_tensor, ctx):
-    """One DALI batch (a dense TensorList) as an NDArray on ``ctx``."""
-    if ctx.device_type == "cpu":
-        array = dali_tensor.as_array()
-        return mx.nd.array(array, ctx=ctx, dtype=array.dtype)
-    # GPU: copy device to device into the NDArray's own buffer, as DALI's old MXNet plugin did.
+    """One DALI batch (a dense TensorList) as a new NDArray on ``ctx``, in one copy into the NDArray's own
+    buffer, as DALI's old MXNet plugin did: host to host for dali-cpu, device to device for dali-gpu (no
+    round trip through the host). The copy is synchronous, so DALI may reuse its buffer afterwards."""
     tensor = dali_tensor.as_tensor()
-    out = mx.nd.empty(tensor.shape(), ctx=ctx, dtype=_DALI_TO_NUMPY[tensor.dtype])
-    mx.base._LIB.MXNDArrayWaitToWrite(out.handle)
+    out = mx.nd.empty(tuple(tensor.shape()), ctx=ctx, dtype=_DALI_TO_NUMPY[tensor.dtype])
+    mx.base._LIB.MXNDArrayWaitToWrite(out.handle)  # MXNet must not touch the buffer while we write it
     pointer = ctypes.c_void_p()
     mx.base._LIB.MXNDArrayGetData(out.handle, ctypes.byref(pointer))
     tensor.copy_to_external(pointer)
@@ -140,18 +147,16 @@ class DaliIterator:
         return mx.io.DataBatch(data=[data], label=[label], pad=self.batch_size - valid)
 
 
-def default_threads(local_size):
-    return max(1, (os.cpu_count() or 1) // max(1, local_size))
-
-
 def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     """Train and val iterators for this rank. ``args.batch_size`` is the global batch."""
     device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
+    if device == "gpu" and ctx.device_type != "gpu":
+        raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
     device_id = local_rank if device == "gpu" else None
     local_batch = args.batch_size // num_workers
     threads = args.dali_threads or default_threads(local_size)
     val_threads = args.dali_validation_threads or default_threads(local_size)
-    seed = -1 if args.seed is None else args.seed + rank  # each rank augments differently
+    seed = None if args.seed is None else args.seed + rank  # each rank augments differently
     common = dict(image_shape=args.image_shape, mean=args.rgb_mean, std=args.rgb_std, dtype=args.dtype,
                   layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding,
                   dont_use_mmap=args.dali_dont_use_mmap)
@@ -167,6 +172,10 @@ def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
         pipe.build()
         total = pipe.reader_meta(READER_NAME)["epoch_size"]
         num_examples = args.num_examples or total
+        if num_examples < total and rank == 0:
+            log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
+                        "data (the reader continues where it stopped, so every record is still read in turn)",
+                        num_examples, total, args.data_train)
         # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
         steps = math.ceil(num_examples / args.batch_size)
         train_iter = DaliIterator(pipe, steps * local_batch, ctx)

@@ -1,8 +1,12 @@
-"""Data flags shared by every backend, the non-DALI backends, and the backend dispatch."""
+"""Data flags shared by every backend, the non-DALI backends, the backend dispatch and --test-io."""
+import logging
 import math
 import os
+import time
 
 import mxnet as mx
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ["dali-gpu", "dali-cpu", "mxnet", "synthetic"]
 PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
@@ -35,6 +39,11 @@ def add_data_args(parser):
                        help="training samples per epoch (default: the number of records in --data-train)")
     group.add_argument("--data-val-resize", type=int, default=256,
                        help="validation: resize the shorter side to this, then centre-crop the image shape")
+    group.add_argument("--data-mxnet-threads", type=int, default=None,
+                       help="decoding threads of the mxnet backend (default: cores per process)")
+    group.add_argument("--test-io", action="store_true", help="only iterate the data and print images/s")
+    group.add_argument("--test-io-mode", default="train", choices=["train", "val"],
+                       help="which iterator --test-io times")
     return group
 
 
@@ -65,23 +74,158 @@ def check_data_files(args):
             return f"{flag} is required with the {args.data_backend} backend; {PREPARE_HINT}"
         if not os.path.isfile(path):
             return f"{flag} {path} does not exist; {PREPARE_HINT}"
+    if args.data_backend == "dali-gpu" and mx.context.num_gpus() == 0:
+        return ("--data-backend dali-gpu needs a GPU and a GPU build of MXNet, none found; "
+                "use --data-backend dali-cpu (or mxnet)")
+    if args.test_io and args.data_backend != "synthetic" and not getattr(args, f"data_{args.test_io_mode}"):
+        return f"--test-io-mode {args.test_io_mode} needs --data-{args.test_io_mode}; {PREPARE_HINT}"
     return None
 
 
-class SyntheticIterator:
-    """Random images made once on the device, for compute-only benchmarks.
+def default_threads(local_size):
+    """CPU threads for one process's data pipeline: the cores shared by the processes of a node."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_size))
 
-    Validation reuses the training batch, so its accuracy measures fitting rather than chance
-    (the original kit validated on a second random batch, which can only score chance).
+
+def to_layout(data, channels, dtype, layout):
+    """A float32 NCHW batch from a non-DALI source as the network wants it: 4th zero channel, layout, dtype."""
+    if channels == 4:
+        data = mx.nd.concat(data, mx.nd.zeros_like(data.slice_axis(axis=1, begin=0, end=1)), dim=1)
+    if layout == "NHWC":
+        data = data.transpose((0, 2, 3, 1))
+    return data.astype(dtype, copy=False)
+
+
+def out_dtype(dtype):
+    """The pipelines hand float16 to float16 nets; float32 and bfloat16 (cast inside AMP) get float32."""
+    return "float16" if dtype == "float16" else "float32"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# mxnet backend: MXNet's own ImageRecordIter, for users without DALI.
+
+def mxnet_shard_size(total, part_index, num_parts):
+    """Records in one part, as ImageRecordIter's indexed RecordIO split cuts them (dmlc-core
+    IndexedRecordIOSplitter): parts of ceil(total / num_parts) records, the last one shorter."""
+    step = math.ceil(total / num_parts)
+    return max(0, min(step, total - part_index * step))
+
+
+def count_index_entries(idx_path):
+    with open(idx_path) as index:
+        return sum(1 for line in index if line.strip())
+
+
+class RecordIterator:
+    """Wraps an ``mx.io.ImageRecordIter`` in the contract fit.py relies on: ``len()``, one epoch per ``for``,
+    full-shape batches with ``pad`` on ``ctx`` in the network's dtype and layout.
+
+    ImageRecordIter reports ``pad`` = 0 even with ``round_batch=False`` (the tail of its last batch is stale
+    memory), so the valid count is computed from the shard size here. Training epochs have a fixed number
+    of steps (equal on every rank, as the allreduce needs): the record iterator is continued across epochs
+    and restarted when it runs out, so no record is skipped.
+    """
+
+    def __init__(self, record_iter, size, batch_size, ctx, channels, dtype, layout, wrap):
+        self.record_iter = record_iter
+        self.size = size
+        self.batch_size = batch_size
+        self.ctx = ctx
+        self.channels, self.dtype, self.layout = channels, dtype, layout
+        self.wrap = wrap
+        self._served = 0
+
+    def __len__(self):
+        return math.ceil(self.size / self.batch_size)
+
+    def __iter__(self):
+        self._served = 0
+        if not self.wrap:
+            self.record_iter.reset()
+        return self
+
+    def reset(self):
+        self.__iter__()
+
+    def _next_record_batch(self):
+        try:
+            return self.record_iter.next()
+        except StopIteration:
+            if not self.wrap:
+                raise
+            self.record_iter.reset()
+            return self.record_iter.next()
+
+    def __next__(self):
+        if self._served >= self.size:
+            raise StopIteration
+        batch = self._next_record_batch()
+        valid = min(self.batch_size, self.size - self._served)
+        self._served += valid
+        data = to_layout(batch.data[0], self.channels, self.dtype, self.layout).as_in_context(self.ctx)
+        label = batch.label[0].reshape((-1,))
+        if valid < self.batch_size:  # the stale tail may hold NaNs: give it a harmless label
+            label = mx.nd.concat(label[:valid], mx.nd.zeros((self.batch_size - valid,)), dim=0)
+        return mx.io.DataBatch(data=[data], label=[label.as_in_context(self.ctx)], pad=self.batch_size - valid)
+
+
+def get_mxnet_iterators(args, rank, num_workers, local_size, ctx):
+    local_batch = args.batch_size // num_workers
+    channels, height, width = args.image_shape
+    threads = args.data_mxnet_threads or default_threads(local_size)
+    seed = 0 if args.seed is None else args.seed + rank
+    common = dict(data_shape=(3, height, width), batch_size=local_batch, label_width=1,
+                  mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
+                  std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2],
+                  preprocess_threads=threads, num_parts=num_workers, part_index=rank)
+    out = dict(channels=channels, dtype=out_dtype(args.dtype), layout=args.input_layout, ctx=ctx)
+    train_iter = val_iter = None
+    if args.data_train:
+        record_iter = mx.io.ImageRecordIter(
+            path_imgrec=args.data_train, path_imgidx=args.data_train_idx, shuffle=True, seed=seed,
+            seed_aug=None if args.seed is None else seed,
+            random_resized_crop=True, min_random_area=args.min_random_area, max_random_area=args.max_random_area,
+            min_aspect_ratio=args.min_random_aspect_ratio, max_aspect_ratio=args.max_random_aspect_ratio,
+            rand_mirror=bool(args.random_mirror), round_batch=True, **common)
+        total = count_index_entries(args.data_train_idx)
+        steps = math.ceil((args.num_examples or total) / args.batch_size)
+        train_iter = RecordIterator(record_iter, steps * local_batch, local_batch, wrap=True, **out)
+    if args.data_val:
+        record_iter = mx.io.ImageRecordIter(
+            path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False, resize=args.data_val_resize,
+            rand_crop=False, rand_mirror=False, round_batch=False, **common)
+        size = mxnet_shard_size(count_index_entries(args.data_val_idx), rank, num_workers)
+        val_iter = RecordIterator(record_iter, size, local_batch, wrap=False, **out)
+    return train_iter, val_iter
+
+
+# ---------------------------------------------------------------------------------------------------------
+# synthetic backend
+
+class SyntheticIterator:
+    """Random images made once on the device, for compute-only benchmarks, with learnable labels.
+
+    Each label is a fixed random linear rule applied to the image (argmax over classes of ``W . features``,
+    the features being the per-channel means of the four image quadrants), so a network can learn it and
+    validation, on fresh images of the same distribution labelled by the same rule, measures learning.
+    (The original kit validated random labels on a second random batch: chance accuracy by construction.)
+    ``pool`` distinct batches are made and served in turn, to bound device memory.
     """
 
     def __init__(self, batch_size, image_shape, num_classes, num_batches, ctx, dtype="float32",
-                 layout="NCHW", seed=0):
-        shape = (batch_size, *image_shape) if layout == "NCHW" else \
-            (batch_size, image_shape[1], image_shape[2], image_shape[0])
-        mx.random.seed(seed, ctx=ctx)
-        self.data = mx.nd.random.uniform(-1, 1, shape=shape, ctx=ctx).astype(dtype)
-        self.label = mx.nd.random.randint(0, num_classes, shape=(batch_size,), ctx=ctx).astype("float32")
+                 layout="NCHW", rule_seed=0, image_seed=1, pool=4):
+        channels, height, width = image_shape
+        mx.random.seed(rule_seed, ctx=ctx)  # the rule is shared by train and val: same seed
+        rule = mx.nd.random.normal(shape=(4 * channels, num_classes), ctx=ctx)
+        mx.random.seed(image_seed, ctx=ctx)
+        self.batches = []
+        for _ in range(min(pool, num_batches)):
+            data = mx.nd.random.uniform(-1, 1, shape=(batch_size, channels, height, width), ctx=ctx)
+            label = mx.nd.argmax(mx.nd.dot(quadrant_means(data), rule), axis=1)
+            if layout == "NHWC":
+                data = data.transpose((0, 2, 3, 1))
+            self.batches.append((data.astype(dtype), label.astype("float32")))
+        mx.nd.waitall()
         self.num_batches = num_batches
         self.size = num_batches * batch_size
         self._index = 0
@@ -99,8 +243,27 @@ class SyntheticIterator:
     def __next__(self):
         if self._index >= self.num_batches:
             raise StopIteration
+        data, label = self.batches[self._index % len(self.batches)]
         self._index += 1
-        return mx.io.DataBatch(data=[self.data], label=[self.label], pad=0)
+        return mx.io.DataBatch(data=[data], label=[label], pad=0)
+
+
+def quadrant_means(data):
+    """(N, C, H, W) -> (N, 4*C): each channel's mean over the four quadrants, standardised so the rule's
+    classes are balanced whatever the image size (the raw means shrink as 1/sqrt(H*W))."""
+    pooled = mx.nd.contrib.AdaptiveAvgPooling2D(data, output_size=2).reshape((data.shape[0], -1))
+    return pooled * math.sqrt(data.shape[2] * data.shape[3] / 4 * 3)  # uniform(-1,1) variance is 1/3
+
+
+def get_synthetic_iterators(args, rank, num_workers, ctx):
+    local_batch = args.batch_size // num_workers
+    steps = math.ceil((args.num_examples or 32 * args.batch_size) / args.batch_size)
+    seed = 0 if args.seed is None else args.seed
+    common = dict(batch_size=local_batch, image_shape=args.image_shape, num_classes=args.num_classes, ctx=ctx,
+                  dtype=out_dtype(args.dtype), layout=args.input_layout, rule_seed=seed)
+    train = SyntheticIterator(num_batches=steps, image_seed=seed * 1000 + 2 * rank + 1, **common)
+    val = SyntheticIterator(num_batches=max(1, steps // 4), image_seed=seed * 1000 + 2 * rank + 2, **common)
+    return train, val
 
 
 def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
@@ -108,12 +271,48 @@ def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     if args.data_backend in ("dali-gpu", "dali-cpu"):
         import dali  # DALI is imported only when used
         return dali.get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx)
+    if args.data_backend == "mxnet":
+        return get_mxnet_iterators(args, rank, num_workers, local_size, ctx)
     if args.data_backend == "synthetic":
-        local_batch = args.batch_size // num_workers
-        num_examples = args.num_examples or 32 * args.batch_size
-        steps = math.ceil(num_examples / args.batch_size)
-        seed = 0 if args.seed is None else args.seed
-        train = SyntheticIterator(local_batch, args.image_shape, args.num_classes, steps, ctx, args.dtype,
-                                  args.input_layout, seed)
-        return train, train
-    raise NotImplementedError(f"--data-backend {args.data_backend} is not available yet")
+        return get_synthetic_iterators(args, rank, num_workers, ctx)
+    raise ValueError(f"unknown --data-backend {args.data_backend}; choose from {', '.join(BACKENDS)}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --test-io
+
+def test_io(args, train_iter, val_iter, dist=None, epochs=1, out=print):
+    """Iterate the chosen iterator only (no network) for ``epochs`` epochs and report images/s.
+
+    Every batch is waited for, so a GPU pipeline is timed to the end of its copy. The first batch (pipeline
+    start-up, prefetch fill) is excluded from the rate. With ``dist`` the images of all ranks are summed.
+    Returns {"images": ..., "seconds": ..., "images_per_sec": ...} for this rank's share.
+    """
+    iterator = train_iter if args.test_io_mode == "train" else val_iter
+    if iterator is None:
+        raise ValueError(f"--test-io-mode {args.test_io_mode} needs --data-{args.test_io_mode}")
+    primary = dist is None or dist.is_primary
+    images, start, steps = 0, None, len(iterator) * epochs
+    step = 0
+    for _ in range(epochs):
+        for batch in iterator:
+            batch.data[0].wait_to_read()
+            batch.label[0].wait_to_read()
+            step += 1
+            if start is None:
+                start = time.time()  # timing starts after the first batch
+                continue
+            images += batch.data[0].shape[0] - batch.pad
+            if primary and args.disp_batches and step % args.disp_batches == 0:
+                rate = images / max(time.time() - start, 1e-9)
+                eta = (steps - step) * batch.data[0].shape[0] / max(rate, 1e-9)
+                out(f"test-io {args.test_io_mode} [{step}/{steps}] {rate:.1f} img/s (this rank), ETA {eta:.0f} s")
+    seconds = time.time() - start if start is not None else 0.0
+    total = images
+    if dist is not None:
+        total = dist.sum([images], "test_io.images")[0]
+    rate = total / max(seconds, 1e-9)
+    if primary:
+        out(f"test-io {args.test_io_mode} backend {args.data_backend}: {int(total)} images in {seconds:.2f} s, "
+            f"{rate:.1f} images/s")
+    return {"images": total, "seconds": seconds, "images_per_sec": rate}

@@ -128,7 +128,8 @@ def main(args):
             return fit.predict(args, net, ctxs)
         train_iter, val_iter = data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank,
                                                        dist.local_size, ctxs[0])
-        # (data.test_io hook goes here: --test-io iterates the data and returns)
+        if args.test_io:  # time the data pipeline alone
+            return data.test_io(args, train_iter, val_iter, dist)
         if args.mode == "val":
             report = fit.score(args, net, val_iter, ctxs, dist)
         else:

@@ -16,6 +16,22 @@ OUT=$2
 for split in train val; do
     [ -d "$RAW/$split" ] || { echo "error: $RAW/$split is missing; expected $RAW/$split/<class>/<image>" >&2; exit 1; }
 done
+# im2rec numbers the class folders of each split on its own (sorted names -> 0..N-1): if val/ lacks a class
+# or has an extra one, every later validation label would silently mean another class.
+# Only folders holding images count (im2rec skips empty ones), compared in im2rec's (code point) order.
+classes() {
+    find "$1" -mindepth 2 -type f \( -iname '*.jpg' -o -iname '*.jpeg' -o -iname '*.png' \) -printf '%P\n' \
+        | sed 's|/[^/]*$||' | LC_ALL=C sort -u
+}
+TRAIN_CLASSES=$(classes "$RAW/train")
+VAL_CLASSES=$(classes "$RAW/val")
+[ -n "$TRAIN_CLASSES" ] || { echo "error: $RAW/train has no class folders with images" >&2; exit 1; }
+if [ "$TRAIN_CLASSES" != "$VAL_CLASSES" ]; then
+    echo "error: the class folders with images in $RAW/train and $RAW/val differ, so their labels would" \
+         "not match (put the validation images in the same class folders, see README); first differences:" >&2
+    diff <(echo "$TRAIN_CLASSES") <(echo "$VAL_CLASSES") | grep '^[<>]' | head -5 >&2 || true
+    exit 1
+fi
 PYTHON=${PYTHON:-python}
 IM2REC=$("$PYTHON" -c 'import os, mxnet; print(os.path.join(os.path.dirname(mxnet.__file__), "tools", "im2rec.py"))') \
     || { echo "error: MXNet is not importable by $PYTHON; run 'make setup' and use .venv/bin/python" >&2; exit 1; }

@@ -1,0 +1,160 @@
+"""DALI pipelines against independent references: OpenCV + numpy for validation, geometry for augmentation."""
+import os
+
+import cv2
+import mxnet as mx
+import numpy as np
+import pytest
+import sklearn.datasets
+
+import dali
+from conftest import write_record_file
+
+PHOTOS = [cv2.imread(os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", name))
+          for name in ("china.jpg", "flower.jpg")]  # real 427x640 photographs (BGR)
+MEAN, STD = [123.68, 116.779, 103.939], [58.393, 57.12, 57.375]
+
+
+@pytest.fixture(scope="module")
+def photo_rec(tmp_path_factory):
+    """13 real-photo crops of assorted sizes and aspect ratios (portrait and landscape), labels 0..12."""
+    rng = np.random.RandomState(0)
+    images = []
+    for k in range(13):
+        photo = PHOTOS[k % 2]
+        h, w = rng.randint(150, 427), rng.randint(150, 640)
+        y, x = rng.randint(0, 428 - h), rng.randint(0, 641 - w)
+        images.append(np.ascontiguousarray(photo[y:y + h, x:x + w]))
+    rec, idx = write_record_file(str(tmp_path_factory.mktemp("photos") / "photos"), images, range(13), quality=90)
+    return rec, idx, images
+
+
+def reference_val(jpeg_bgr, resize_shorter, crop, shift=0):
+    """Resize the shorter side (area filter: antialiased like DALI's), centre crop, normalize, CHW.
+    ``shift`` moves the crop down by that many pixels (to measure what a one-pixel error costs)."""
+    rgb = jpeg_bgr[:, :, ::-1].astype(np.float32)
+    h, w = rgb.shape[:2]
+    scale = resize_shorter / min(h, w)
+    nh, nw = int(h * scale + 0.5), int(w * scale + 0.5)
+    resized = cv2.resize(rgb, (nw, nh), interpolation=cv2.INTER_AREA)
+    y0, x0 = (nh - crop + 1) // 2 + shift, (nw - crop + 1) // 2  # DALI rounds the centre offset half up
+    out = (resized[y0:y0 + crop, x0:x0 + crop] - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    return out.transpose(2, 0, 1)
+
+
+def run_val(rec, idx, dtype, layout, channels, batch_size=4):
+    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(channels, 112, 112),
+                             mean=MEAN, std=STD, dtype=dtype, layout=layout, resize_shorter=128,
+                             batch_size=batch_size, num_threads=1, device_id=None, seed=1)
+    pipe.build()
+    iterator = dali.DaliIterator(pipe, 13, mx.cpu())
+    outputs = {}
+    for batch in iterator:
+        images = batch.data[0].asnumpy()
+        for i, label in enumerate(batch.label[0].asnumpy()[:batch_size - batch.pad].astype(int)):
+            outputs[label] = images[i]
+    return outputs
+
+
+@pytest.mark.parametrize("dtype,layout,channels", [("float32", "NCHW", 3), ("float16", "NHWC", 4)])
+def test_val_pipeline_matches_opencv(photo_rec, dtype, layout, channels):
+    rec, idx, images = photo_rec
+    outputs = run_val(rec, idx, dtype, layout, channels)
+    assert sorted(outputs) == list(range(13))
+    for label, image in enumerate(images):
+        out = outputs[label]
+        assert out.dtype == np.dtype(dtype)
+        if layout == "NHWC":
+            out = out.transpose(2, 0, 1)
+        if channels == 4:
+            assert not out[3].any()  # the padded channel is zero
+            out = out[:3]
+        decoded = cv2.imdecode(cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])[1], cv2.IMREAD_COLOR)
+        error = mean_abs_error(out, reference_val(decoded, 128, 112))
+        shifted = mean_abs_error(out, reference_val(decoded, 128, 112, shift=1))
+        # Decoders and resampling filters differ a little; a crop one pixel off already costs 3x more.
+        assert error < 4 and error < 0.6 * shifted, (label, image.shape, error, shifted)
+
+
+def mean_abs_error(out, expected):
+    """In 0..255 pixel units."""
+    return float((np.abs(out.astype(np.float32) - expected) * np.array(STD)[:, None, None]).mean())
+
+
+def coordinate_image(size=200):
+    """R encodes x, G encodes y (0..255 across the image), so a crop's box can be read back from its pixels."""
+    ramp = np.linspace(0, 255, size, dtype=np.float32)
+    image = np.zeros((size, size, 3), np.float32)
+    image[:, :, 2] = ramp[None, :]   # R (BGR order)
+    image[:, :, 1] = ramp[:, None]   # G
+    image[:, :, 0] = 128
+    return np.round(image).astype(np.uint8)
+
+
+def crop_boxes(batches, size=200, out=32):
+    """For each output image: (area fraction, aspect ratio, flipped) of its source crop, from the ramps."""
+    results = []
+    inner = (2, out - 3)  # avoid the edge columns, where the resampling filter clamps
+    scale = (size - 1) / 255 * out / (inner[1] - inner[0])
+    for images in batches:
+        for image in images:
+            red, green = image[0].mean(axis=0), image[1].mean(axis=1)
+            width = abs(red[inner[1]] - red[inner[0]]) * scale
+            height = abs(green[inner[1]] - green[inner[0]]) * scale
+            results.append((width * height / size ** 2, width / height, red[inner[1]] < red[inner[0]]))
+    return np.array(results)
+
+
+def run_train(rec, idx, area, mirror, fuse, batches=4, batch_size=64):
+    pipe = dali.train_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(3, 32, 32),
+                               mean=[0, 0, 0], std=[1, 1, 1], random_area=area, random_mirror=mirror,
+                               fuse_decoder=fuse, batch_size=batch_size, num_threads=1, device_id=None, seed=7)
+    pipe.build()
+    return [pipe.run()[0].as_array() for _ in range(batches)]
+
+
+@pytest.fixture(scope="module")
+def coordinate_rec(tmp_path_factory):
+    image = coordinate_image()
+    path = str(tmp_path_factory.mktemp("coords") / "coords")
+    from mxnet import recordio
+    writer = recordio.MXIndexedRecordIO(path + ".idx", path + ".rec", "w")
+    jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 100,
+                                        cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444])[1]
+    for i in range(8):
+        writer.write_idx(i, recordio.pack(recordio.IRHeader(0, 0, i, 0), jpeg.tobytes()))
+    writer.close()
+    return path + ".rec", path + ".idx"
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_train_crops_follow_configured_ranges(coordinate_rec, fuse):
+    boxes = crop_boxes(run_train(*coordinate_rec, area=(0.08, 1.0), mirror=True, fuse=fuse))
+    area, aspect, flipped = boxes[:, 0], boxes[:, 1], boxes[:, 2]
+    assert area.min() > 0.08 * 0.85 and area.max() < 1.03, (area.min(), area.max())
+    assert aspect.min() > 0.75 * 0.92 and aspect.max() < 4 / 3 * 1.08, (aspect.min(), aspect.max())
+    assert area.min() < 0.2 and area.max() > 0.8  # the whole range is used, not one fixed crop
+    assert aspect.min() < 0.85 and aspect.max() > 1.2
+    assert 0.35 < flipped.mean() < 0.65  # 256 samples: about half flipped
+
+
+def test_train_crop_flags_are_honoured(coordinate_rec):
+    boxes = crop_boxes(run_train(*coordinate_rec, area=(0.5, 1.0), mirror=False, fuse=True, batches=2))
+    assert boxes[:, 0].min() > 0.5 * 0.9
+    assert not boxes[:, 2].any()  # --random-mirror 0: never flipped
+
+
+@pytest.mark.skipif(mx.context.num_gpus() == 0, reason="needs a GPU and a GPU build of MXNet")
+def test_gpu_pipeline_matches_cpu_pipeline(photo_rec):
+    rec, idx, _ = photo_rec
+    cpu = run_val(rec, idx, "float32", "NCHW", 3)
+    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(3, 112, 112),
+                             mean=MEAN, std=STD, resize_shorter=128, device="gpu", batch_size=4, num_threads=1,
+                             device_id=0, seed=1)
+    pipe.build()
+    for batch in dali.DaliIterator(pipe, 13, mx.gpu(0)):
+        assert batch.data[0].context == mx.gpu(0)
+        images = batch.data[0].asnumpy()
+        for i, label in enumerate(batch.label[0].asnumpy()[:4 - batch.pad].astype(int)):
+            # nvJPEG and libjpeg-turbo differ in IDCT and chroma upsampling: compare loosely.
+            assert np.abs(images[i] - cpu[label]).mean() * 58 < 4

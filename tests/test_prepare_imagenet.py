@@ -1,0 +1,87 @@
+"""tools/prepare_imagenet.sh on a small class-folder tree; the pipelines read its output with the right labels."""
+import os
+import shutil
+import subprocess
+import sys
+
+import cv2
+import mxnet as mx
+import numpy as np
+import pytest
+
+import data
+import train
+from conftest import ROOT, venv_env
+
+SCRIPT = os.path.join(ROOT, "tools", "prepare_imagenet.sh")
+# Sorted folder names give labels 0, 1, 2; each class is one dominant colour (RGB channel = label).
+CLASSES = {"n01440764": (0, 0, 220), "n01443537": (0, 220, 0), "n01484850": (220, 0, 0)}  # BGR
+
+
+def make_tree(root, per_class):
+    rng = np.random.RandomState(0)
+    for split, count in per_class.items():
+        for name, bgr in CLASSES.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                shape = (rng.randint(40, 70), rng.randint(40, 70), 3)
+                image = np.clip(np.array(bgr) + rng.randint(0, 30, size=shape), 0, 255).astype(np.uint8)
+                cv2.imwrite(str(folder / f"{name}_{i}.JPEG"), image)
+
+
+def prepare(raw, out):
+    env = dict(venv_env(), PYTHON=sys.executable)
+    return subprocess.run([SCRIPT, str(raw), str(out)], capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prep")
+    make_tree(root / "raw", {"train": 4, "val": 3})
+    result = prepare(root / "raw", root / "out")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.mark.parametrize("backend", ["dali-cpu", "mxnet"])
+def test_pipelines_read_prepared_records_with_right_labels(prepared, backend):
+    out = prepared / "out"
+    args = train.get_args_parser().parse_args([
+        "--data-backend", backend, "--data-train", str(out / "train.rec"), "--data-train-idx", str(out / "train.idx"),
+        "--data-val", str(out / "val.rec"), "--data-val-idx", str(out / "val.idx"), "--batch-size", "4",
+        "--image-shape", "3,32,32", "--data-val-resize", "36", "--rgb-mean", "0,0,0", "--rgb-std", "1,1,1",
+        "--dali-threads", "1", "--dali-validation-threads", "1", "--data-mxnet-threads", "1", "--seed", "1"])
+    train_iter, val_iter = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())
+    for iterator, expected in ((val_iter, 9), (train_iter, 12)):
+        seen = 0
+        for batch in iterator:
+            valid = 4 - batch.pad
+            images = batch.data[0].asnumpy()[:valid]
+            labels = batch.label[0].asnumpy()[:valid].astype(int)
+            np.testing.assert_array_equal(images.mean(axis=(2, 3)).argmax(axis=1), labels)
+            seen += valid
+        assert seen == expected
+
+
+def test_rerun_is_safe_and_keeps_outputs(prepared):
+    out = prepared / "out"
+    before = {name: os.path.getmtime(out / name) for name in ("train.rec", "val.rec", "val.idx")}
+    result = prepare(prepared / "raw", out)
+    assert result.returncode == 0, result.stderr
+    assert "train.rec (12 records), val.rec (9 records)" in result.stdout
+    assert before == {name: os.path.getmtime(out / name) for name in before}
+
+
+def test_wrong_arguments_print_usage(tmp_path):
+    result = subprocess.run([SCRIPT, str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_missing_validation_class_is_refused(tmp_path):
+    make_tree(tmp_path / "raw", {"train": 1, "val": 1})
+    shutil.rmtree(tmp_path / "raw" / "val" / "n01443537")
+    result = prepare(tmp_path / "raw", tmp_path / "out")
+    assert result.returncode == 1
+    assert "error: the class folders" in result.stderr and "n01443537" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,362 @@
+"""Check an image-classification RecordIO (.rec + .idx): read every record through the index, decode every image.
+
+    python tools/check_dataset.py PATH.rec [--idx PATH.idx] [--num-classes N] [--fix OUT.rec] [--jobs J]
+
+Errors (exit status 1): index lines that do not parse, index entries pointing past the end of the file or to a
+place where no record starts, records cut short by the end of the file, empty payloads, labels that are not
+one integer class in [0, N), images that are truncated or do not decode.
+Warnings: images that are not JPEG (PNG, ...), CMYK or grayscale JPEGs, unusual sizes (shorter side below
+--min-side, longer side above --max-side, or aspect ratio above --max-aspect).
+`--fix OUT.rec` writes OUT.rec/OUT.idx without the records in error, non-JPEG and CMYK images re-encoded as RGB
+JPEG (quality --quality), every other record copied byte for byte. Only OpenCV and numpy are needed.
+"""
+import argparse
+import collections
+import math
+import mmap
+import multiprocessing
+import os
+import struct
+import sys
+import time
+
+import cv2
+import numpy as np
+
+MAGIC = 0xCED7230A
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+IR_HEADER = struct.Struct("<IfQQ")  # flag (number of extra labels), label, id, id2: mxnet.recordio.IRHeader
+LENGTH_MASK = (1 << 29) - 1
+MAX_LISTED = 20  # records listed per kind of problem; the count is always complete
+
+
+class RecordError(Exception):
+    """The bytes at an index entry are not a readable record."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RecordIO reading and writing (the format of dmlc-core's RecordIOWriter, which MXNet and DALI read)
+
+def read_record(buffer, offset):
+    """Return (payload, end) of the record starting at ``offset``; records whose payload contains the magic
+    word are stored in parts (cflag 1 = first, 2 = middle, 3 = last) joined by that word."""
+    size = len(buffer)
+    parts, pos, first = [], offset, True
+    while True:
+        if pos + 8 > size:
+            raise RecordError(f"record header at byte {pos} is cut off by the end of the file ({size} bytes)")
+        magic, lrec = struct.unpack_from("<II", buffer, pos)
+        if magic != MAGIC:
+            raise RecordError(f"no record starts at byte {pos} (bad magic number)")
+        cflag, length = lrec >> 29, lrec & LENGTH_MASK
+        if first and cflag not in (0, 1):
+            raise RecordError(f"byte {pos} is the middle of a multi-part record, not its start")
+        start, end = pos + 8, pos + 8 + length
+        if end > size:
+            raise RecordError(f"record truncated: it needs {end - offset} bytes from byte {offset}, "
+                              f"the file ends after {size - offset}")
+        parts.append(buffer[start:end])
+        pos = start + ((length + 3) & ~3)
+        if cflag in (0, 3):
+            return b"".join(parts), pos
+        parts.append(MAGIC_BYTES)
+        first = False
+
+
+def encode_record(payload):
+    """The on-disk bytes of one record, split where the payload holds the magic word, as dmlc-core does."""
+    out, start = [], 0
+    for i in range(0, len(payload) - len(payload) % 4, 4):
+        if payload[i:i + 4] == MAGIC_BYTES:
+            out += [MAGIC_BYTES, struct.pack("<I", ((1 if start == 0 else 2) << 29) | (i - start)), payload[start:i]]
+            start = i + 4
+    rest = len(payload) - start
+    out += [MAGIC_BYTES, struct.pack("<I", ((3 if start else 0) << 29) | rest), payload[start:]]
+    out.append(b"\0" * (-len(payload) % 4))
+    return b"".join(out)
+
+
+def read_index(idx_path):
+    """[(line number, key, offset)] and [(line number, problem)] for lines that do not parse."""
+    entries, problems = [], []
+    with open(idx_path, "rb") as index:
+        for number, line in enumerate(index, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                if len(fields) != 2:
+                    raise ValueError
+                entries.append((number, int(fields[0]), int(fields[1])))
+            except ValueError:
+                problems.append((number, f"index line {number} is not 'KEY<TAB>OFFSET': {line[:60]!r}"))
+    return entries, problems
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one record
+
+def image_format(data):
+    if data[:3] == b"\xff\xd8\xff":
+        return "JPEG"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "PNG"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF"
+    if data[:2] == b"BM":
+        return "BMP"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[:4] in (b"II*\0", b"MM\0*"):
+        return "TIFF"
+    return "unknown"
+
+
+def jpeg_components(data):
+    """Colour components in the JPEG's frame header (1 grayscale, 3 YCbCr/RGB, 4 CMYK/YCCK), or None."""
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        length = struct.unpack_from(">H", data, pos + 2)[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn: P, Y, X, Nf
+            return data[pos + 9] if pos + 9 < len(data) else None
+        pos += 2 + length
+    return None
+
+
+def check_payload(payload, num_classes, limits):
+    """Inspect one record's payload: (errors, warnings, info). Each problem is (kind, detail)."""
+    errors, warnings = [], []
+    info = {"label": None, "size": None, "format": None, "reencode": False}
+    if len(payload) < IR_HEADER.size:
+        errors.append(("empty payload", f"{len(payload)} bytes, less than the {IR_HEADER.size}-byte label header"))
+        return errors, warnings, info
+    flag, label, _, _ = IR_HEADER.unpack_from(payload)
+    image = payload[IR_HEADER.size + 4 * flag:]
+    if flag:
+        errors.append(("bad label", f"{flag} labels in the header; a classification record has one"))
+    elif not math.isfinite(label) or label != int(label):
+        errors.append(("bad label", f"label {label!r} is not an integer class"))
+    elif label < 0 or (num_classes and label >= num_classes):
+        errors.append(("bad label", f"label {int(label)} is out of range [0, {num_classes or 'inf'})"))
+    else:
+        info["label"] = int(label)
+    if not image:
+        errors.append(("empty payload", "the record has a label but no image bytes"))
+        return errors, warnings, info
+    kind = info["format"] = image_format(image)
+    if kind == "JPEG":
+        # libjpeg decodes a truncated JPEG with only a warning, so look for the end-of-image marker.
+        if image.rfind(b"\xff\xd9", max(0, len(image) - 4096)) < 0:
+            errors.append(("truncated image", f"JPEG of {len(image)} bytes has no end-of-image marker"))
+            return errors, warnings, info
+        components = jpeg_components(image)
+        if components == 4:
+            warnings.append(("CMYK JPEG", "4-component (CMYK/YCCK) JPEG; re-encode it as RGB (--fix)"))
+            info["reencode"] = True
+        elif components == 1:
+            warnings.append(("grayscale JPEG", "1-component JPEG (decoded as gray RGB)"))
+    else:
+        warnings.append(("not a JPEG", f"{kind} image; re-encode it as JPEG (--fix)"))
+        info["reencode"] = True
+    decoded = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
+    if decoded is None or decoded.size == 0:
+        errors.append(("undecodable image", f"{kind} data of {len(image)} bytes does not decode"))
+        info["reencode"] = False
+        return errors, warnings, info
+    height, width = decoded.shape[:2]
+    info["size"] = (width, height)
+    short, long_ = min(width, height), max(width, height)
+    if short < limits[0] or long_ > limits[1] or long_ / short > limits[2]:
+        warnings.append(("unusual size", f"{width}x{height}"))
+    return errors, warnings, info
+
+
+# ---------------------------------------------------------------------------------------------------------
+# parallel check over the index
+
+_worker = {}
+
+
+def _init_worker(rec_path, num_classes, limits):
+    handle = open(rec_path, "rb")
+    size = os.fstat(handle.fileno()).st_size
+    _worker["buffer"] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    _worker["args"] = (num_classes, limits)
+
+
+def _check_entry(entry):
+    number, key, offset = entry
+    buffer = _worker["buffer"]
+    if offset < 0 or offset >= len(buffer):
+        problem = ("dangling index entry", f"offset {offset} is past the end of the file ({len(buffer)} bytes)")
+        return number, key, offset, [problem], [], {"label": None, "size": None, "format": None}, None
+    try:
+        payload, end = read_record(buffer, offset)
+    except RecordError as error:
+        return number, key, offset, [("unreadable record", str(error))], [], {"label": None}, None
+    errors, warnings, info = check_payload(payload, *_worker["args"])
+    return number, key, offset, errors, warnings, info, end
+
+
+class Progress:
+    """A one-line progress report on stderr (records/s and ETA), for files large enough to need one."""
+
+    def __init__(self, total, enabled):
+        self.total, self.enabled = total, enabled
+        self.start = self.last = time.time()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, done):
+        now = time.time()
+        if not self.enabled or (now - self.last < (0.5 if self.tty else 10)) and done < self.total:
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        eta = (self.total - done) / max(rate, 1e-9)
+        width = 30
+        bar = "#" * int(width * done / max(self.total, 1))
+        line = (f"[{bar:<{width}}] {done}/{self.total} records, {rate:.0f} records/s, "
+                f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+        print(("\r" + line) if self.tty else line, end="" if self.tty and done < self.total else "\n",
+              file=sys.stderr, flush=True)
+
+
+def check(rec_path, idx_path, num_classes=0, limits=(32, 8192, 8.0), jobs=None, progress=None):
+    """Check every record; return a dict with the per-entry results and the summary counts."""
+    entries, index_problems = read_index(idx_path)
+    results = []
+    jobs = jobs or os.cpu_count() or 1
+    show = Progress(len(entries), progress if progress is not None else len(entries) >= 5000)
+    init = (rec_path, num_classes, limits)
+    if jobs == 1 or len(entries) < 200:
+        _init_worker(*init)
+        for i, entry in enumerate(entries, 1):
+            results.append(_check_entry(entry))
+            show.update(i)
+    else:
+        with multiprocessing.get_context("fork").Pool(jobs, _init_worker, init) as pool:
+            for i, result in enumerate(pool.imap(_check_entry, entries, chunksize=64), 1):
+                results.append(result)
+                show.update(i)
+    return {"entries": results, "index_problems": index_problems}
+
+
+def summarize(report, out=print):
+    """Print the problems by kind and the dataset summary; return the number of errors."""
+    errors = collections.defaultdict(list)
+    warnings = collections.defaultdict(list)
+    for number, message in report["index_problems"]:
+        errors["bad index line"].append(f"index line {number}: {message}")
+    labels, widths, heights, formats = collections.Counter(), [], [], collections.Counter()
+    bad_records = 0
+    for number, key, offset, errs, warns, info, _ in report["entries"]:
+        where = f"record {key} (index line {number}, byte {offset})"
+        for kind, detail in errs:
+            errors[kind].append(f"{where}: {detail}")
+        for kind, detail in warns:
+            warnings[kind].append(f"{where}: {detail}")
+        bad_records += bool(errs)
+        if not errs:
+            labels[info["label"]] += 1
+            widths.append(info["size"][0])
+            heights.append(info["size"][1])
+            formats[info["format"]] += 1
+    for title, problems in (("error", errors), ("warning", warnings)):
+        for kind, lines in sorted(problems.items()):
+            out(f"{title}: {kind}: {len(lines)} record(s)")
+            for line in lines[:MAX_LISTED]:
+                out(f"  {line}")
+            if len(lines) > MAX_LISTED:
+                out(f"  ... and {len(lines) - MAX_LISTED} more")
+    total = len(report["entries"])
+    out(f"records: {total} in the index, {total - bad_records} readable, {bad_records} with errors, "
+        f"{sum(len(v) for v in warnings.values())} warning(s)")
+    if labels:
+        counts = sorted(labels.items())
+        out(f"classes: {len(labels)} (labels {counts[0][0]}..{counts[-1][0]})")
+        if len(counts) <= 30:
+            out("per class: " + ", ".join(f"{label}: {count}" for label, count in counts))
+        else:
+            values = np.array([count for _, count in counts])
+            smallest, largest = min(counts, key=lambda c: c[1]), max(counts, key=lambda c: c[1])
+            out(f"per class: min {smallest[1]} (class {smallest[0]}), median {int(np.median(values))}, "
+                f"max {largest[1]} (class {largest[0]})")
+        out(f"image sizes: width {min(widths)}..{max(widths)}, height {min(heights)}..{max(heights)}")
+        out("formats: " + ", ".join(f"{kind}: {count}" for kind, count in formats.most_common()))
+    num_errors = sum(len(v) for v in errors.values())
+    out(f"{'FAILED' if num_errors else 'OK'}: {num_errors} error(s)")
+    return num_errors
+
+
+def write_fixed(report, rec_path, out_rec, quality=95):
+    """Write out_rec and its .idx: records in error dropped, non-JPEG and CMYK images re-encoded as RGB JPEG.
+    Written under temporary names and renamed, so a failure leaves no half-written dataset."""
+    out_idx = os.path.splitext(out_rec)[0] + ".idx"
+    kept = reencoded = 0
+    with open(rec_path, "rb") as handle:
+        buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if os.path.getsize(rec_path) else b""
+        with open(out_rec + ".tmp", "wb") as rec_out, open(out_idx + ".tmp", "w") as idx_out:
+            for _, _, offset, errs, _, info, end in report["entries"]:
+                if errs:
+                    continue
+                if info["reencode"]:
+                    payload, _ = read_record(buffer, offset)
+                    flag = IR_HEADER.unpack_from(payload)[0]
+                    header = payload[:IR_HEADER.size + 4 * flag]
+                    image = cv2.imdecode(np.frombuffer(payload, np.uint8, offset=len(header)), cv2.IMREAD_COLOR)
+                    ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+                    raw = encode_record(header + jpeg.tobytes())
+                    reencoded += 1
+                else:
+                    raw = buffer[offset:end]
+                idx_out.write(f"{kept}\t{rec_out.tell()}\n")
+                rec_out.write(raw)
+                kept += 1
+    os.replace(out_rec + ".tmp", out_rec)
+    os.replace(out_idx + ".tmp", out_idx)
+    return kept, reencoded, out_idx
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rec", help="the RecordIO file (.rec)")
+    parser.add_argument("--idx", help="its index (default: the .rec path with .idx)")
+    parser.add_argument("--num-classes", type=int, default=0, help="labels must be below this (0: no bound)")
+    parser.add_argument("--fix", metavar="OUT.rec", help="write a repaired copy (and OUT.idx)")
+    parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoded images")
+    parser.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
+    parser.add_argument("--min-side", type=int, default=32, help="warn below this shorter side")
+    parser.add_argument("--max-side", type=int, default=8192, help="warn above this longer side")
+    parser.add_argument("--max-aspect", type=float, default=8.0, help="warn above this aspect ratio")
+    parser.add_argument("--progress", type=int, choices=[0, 1], default=None,
+                        help="progress line on stderr (default: for 5,000 records or more)")
+    args = parser.parse_args(argv)
+    idx = args.idx or os.path.splitext(args.rec)[0] + ".idx"
+    for flag, path in (("PATH.rec", args.rec), ("--idx", idx)):
+        if not os.path.isfile(path):
+            parser.exit(2, f"check_dataset.py: error: {flag} {path} does not exist; give an existing "
+                           f"RecordIO and its index (tools/prepare_imagenet.sh makes both)\n")
+    if args.fix and os.path.abspath(args.fix) in (os.path.abspath(args.rec), os.path.abspath(idx)):
+        parser.exit(2, "check_dataset.py: error: --fix must name a new file, not the input; "
+                       "choose another OUT.rec\n")
+    report = check(args.rec, idx, args.num_classes, (args.min_side, args.max_side, args.max_aspect), args.jobs,
+                   None if args.progress is None else bool(args.progress))
+    num_errors = summarize(report)
+    if args.fix:
+        kept, reencoded, out_idx = write_fixed(report, args.rec, args.fix, args.quality)
+        print(f"fixed copy: {args.fix} and {out_idx}: {kept} records ({reencoded} re-encoded as JPEG, "
+              f"{len(report['entries']) - kept} dropped)")
+    return 1 if num_errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
