@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import time
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -77,7 +78,9 @@ class BatchNormAddReLU(nn.BatchNorm):
         if self.fused:
             return F.BatchNormAddRelu(x, addend, gamma, beta, running_mean, running_var, name="fwd",
                                       **self._kwargs)
-        return F.relu(super().hybrid_forward(F, x, gamma, beta, running_mean, running_var) + addend)
+        # Activation, not F.relu: oneDNN runs Activation in bfloat16, `relu` falls back to a slow kernel
+        return F.Activation(super().hybrid_forward(F, x, gamma, beta, running_mean, running_var) + addend,
+                            act_type="relu")
 
 
 class Builder:
@@ -199,6 +202,7 @@ class ResNet(nn.HybridBlock):
         if groups > 1 and kind == "basic":
             raise ValueError(f"ResNeXt needs bottleneck blocks (depth 50, 101 or 152), got depth {depth}")
         self.dtype = dtype
+        self.layout = builder.layout
         with self.name_scope():
             self.features = nn.HybridSequential(prefix="")
             if input_layout != builder.layout:
@@ -295,21 +299,32 @@ def load_parameters(net, path, ctx):
             missing = sorted(set(params.keys()) - set(saved))[:3]
             extra = sorted(set(saved) - set(params.keys()))[:3]
             raise ValueError(f"{path} does not fit {net.__class__.__name__}: missing {missing}, unexpected {extra}")
+    # NHWC convolutions keep weights as (O, kh, kw, I): convert when the file and the network differ.
+    # The stem's weight (64, C, 7, 7) or (64, 7, 7, C) tells the file's layout without ambiguity.
+    stem = saved.get("conv0_weight")
+    saved_layout = "NHWC" if stem is not None and stem.shape[1] == stem.shape[2] == 7 else "NCHW"
+    net_layout = getattr(net, "layout", "NCHW")
     for name, value in saved.items():
         param = params[name]
+        if value.ndim == 4 and saved_layout != net_layout:
+            value = value.transpose((0, 2, 3, 1) if net_layout == "NHWC" else (0, 3, 1, 2))
         if param.shape and tuple(param.shape) != value.shape:
-            value = _adapt_stem(name, value, param.shape, path)
+            value = _adapt_stem(name, value, param.shape, path, net_layout)
         param._load_init(value.astype(param.dtype), ctx, cast_dtype=True, dtype_source="current")
 
 
-def _adapt_stem(name, value, shape, path):
-    if name == "conv0_weight" and len(shape) == 4 and value.shape[0] == shape[0] and value.shape[2:] == shape[2:]:
-        channel_axis = 1 if value.shape[1] in (3, 4) and shape[1] in (3, 4) else 3
-        if channel_axis == 1:
-            padded = mx.nd.zeros(shape, dtype=value.dtype)
-            keep = min(shape[1], value.shape[1])
-            padded[:, :keep] = value[:, :keep]
-            return padded
+def _adapt_stem(name, value, shape, path, layout):
+    """Zero-pad (or cut) the stem's input channels: a 3-channel checkpoint in a 4-channel network and back."""
+    axis = 3 if layout == "NHWC" else 1
+    same_elsewhere = all(value.shape[i] == shape[i] for i in range(4) if i != axis)
+    if name == "conv0_weight" and same_elsewhere and {value.shape[axis], shape[axis]} <= {3, 4}:
+        keep = min(shape[axis], value.shape[axis])
+        kept = value.slice_axis(axis=axis, begin=0, end=keep)
+        if keep == shape[axis]:
+            return kept
+        pad_shape = list(shape)
+        pad_shape[axis] = shape[axis] - keep
+        return mx.nd.concat(kept, mx.nd.zeros(pad_shape, dtype=value.dtype), dim=axis)
     raise ValueError(f"{path}: parameter {name} has shape {value.shape}, the network needs {tuple(shape)}")
 
 
@@ -319,13 +334,33 @@ def load_checkpoint(prefix, epoch, ctx=None):
     for path in (symbol_file, params_file):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no checkpoint file {path}")
-    return mx.gluon.SymbolBlock.imports(symbol_file, ["data"], params_file, ctx=ctx or mx.cpu())
+    with warnings.catch_warnings():  # "Cannot decide type for data": the input's type is only known at run time
+        warnings.simplefilter("ignore", UserWarning)
+        return mx.gluon.SymbolBlock.imports(symbol_file, ["data"], params_file, ctx=ctx or mx.cpu())
 
 
 def export(net, prefix, epoch=0):
     """Write `<prefix>-symbol.json` and `<prefix>-NNNN.params` (the net must be hybridized and have run)."""
     net.export(prefix, epoch=epoch)
     return f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
+
+
+def optimize_for_inference(net, data_shape, ctx=None):
+    """An inference-only view of an initialised network with oneDNN's graph fusions (conv+BN+ReLU, conv+add).
+
+    It shares ``net``'s parameters (``net`` itself is not changed and still trains); it uses the BatchNorm
+    running statistics. On builds without oneDNN the plain hybridized graph is returned.
+    """
+    ctx = ctx or mx.cpu()
+    data = mx.sym.var("data")
+    view = mx.gluon.SymbolBlock(_Float32Logits(net)(data), data, params=net.collect_params())
+    sample = mx.nd.zeros(data_shape, ctx=ctx)
+    if mx.runtime.Features().is_enabled("MKLDNN"):
+        view.optimize_for(sample, backend="MKLDNN", static_alloc=True, static_shape=True)
+    else:
+        view.hybridize(static_alloc=True, static_shape=True)
+    view(sample).wait_to_read()
+    return view
 
 
 def to_bfloat16(net, data_shape, ctx=None):
@@ -338,8 +373,10 @@ def to_bfloat16(net, data_shape, ctx=None):
     ctx = ctx or mx.cpu()
     net.hybridize(static_alloc=True, static_shape=True)
     net(mx.nd.zeros(data_shape, ctx=ctx))
-    converted = amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=ctx, cast_optional_params=True)
-    return _Float32Logits(converted)
+    converted = _Float32Logits(amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=ctx,
+                                                        cast_optional_params=True))
+    converted.hybridize(static_alloc=True, static_shape=True)
+    return converted
 
 
 class _Float32Logits(nn.HybridBlock):
