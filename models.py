@@ -289,27 +289,26 @@ def load_parameters(net, path, ctx):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no parameter file {path}")
     saved = {key.split(":", 1)[-1]: value for key, value in mx.nd.load(path).items()}
-    params = net.collect_params()
-    if set(saved) != set(params.keys()):
+    params = dict(net.collect_params().items())
+    if set(saved) != set(params):
         # save_parameters() files use structural names (features.1.weight); those load the Gluon way.
         structural = net._collect_params_with_prefix()
-        if set(saved) == set(structural):
-            params = {name: structural[name] for name in saved}
-        else:
-            missing = sorted(set(params.keys()) - set(saved))[:3]
-            extra = sorted(set(saved) - set(params.keys()))[:3]
+        if set(saved) != set(structural):
+            missing = sorted(set(params) - set(saved))[:3]
+            extra = sorted(set(saved) - set(params))[:3]
             raise ValueError(f"{path} does not fit {net.__class__.__name__}: missing {missing}, unexpected {extra}")
+        params = structural
     # NHWC convolutions keep weights as (O, kh, kw, I): convert when the file and the network differ.
     # The stem's weight (64, C, 7, 7) or (64, 7, 7, C) tells the file's layout without ambiguity.
-    stem = saved.get("conv0_weight")
-    saved_layout = "NHWC" if stem is not None and stem.shape[1] == stem.shape[2] == 7 else "NCHW"
+    stem = [value for key, value in saved.items() if params[key].name == "conv0_weight"]
+    saved_layout = "NHWC" if stem and stem[0].shape[1] == stem[0].shape[2] == 7 else "NCHW"
     net_layout = getattr(net, "layout", "NCHW")
-    for name, value in saved.items():
-        param = params[name]
+    for key, value in saved.items():
+        param = params[key]
         if value.ndim == 4 and saved_layout != net_layout:
             value = value.transpose((0, 2, 3, 1) if net_layout == "NHWC" else (0, 3, 1, 2))
         if param.shape and tuple(param.shape) != value.shape:
-            value = _adapt_stem(name, value, param.shape, path, net_layout)
+            value = _adapt_stem(param.name, value, param.shape, path, net_layout)
         param._load_init(value.astype(param.dtype), ctx, cast_dtype=True, dtype_source="current")
 
 
