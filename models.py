@@ -456,7 +456,11 @@ def get_model_from_args(args):
 
 def trainable_parameters(net):
     """Number of trainable values (BatchNorm running statistics excluded); shapes must be known."""
-    return sum(int(np.prod(p.shape)) for p in net.collect_params().values() if p.grad_req != "null")
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    unknown = [p.name for p in params if not p.shape or 0 in p.shape]
+    if unknown:
+        raise ValueError(f"shapes not known yet for {unknown[:3]}: run one forward pass first")
+    return sum(int(np.prod(p.shape)) for p in params)
 
 
 def count_macs(net, image_shape=(3, 224, 224)):

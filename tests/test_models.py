@@ -49,8 +49,7 @@ def small_net(name="resnet18_v1.5", seed=0, **kwargs):
 @pytest.mark.parametrize("name", [f"resnet{d}_v{v}" for d in (18, 34, 50, 101, 152) for v in ("1", "1.5")]
                          + ["resnext101_32x4d", "resnext101_32x4d_v1"])
 def test_trainable_parameters_equal_published(name):
-    net = models.get_model(name)
-    net.initialize()  # every layer knows its input channels: no forward needed
+    net = models.get_model(name)  # every layer knows its input channels: shapes known without initialising
     assert models.trainable_parameters(net) == PUBLISHED[name.split("_v")[0]]
 
 
