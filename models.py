@@ -352,7 +352,9 @@ def optimize_for_inference(net, data_shape, ctx=None):
     """
     ctx = ctx or mx.cpu()
     data = mx.sym.var("data")
-    view = mx.gluon.SymbolBlock(_Float32Logits(net)(data), data, params=net.collect_params())
+    with warnings.catch_warnings():  # "Cannot decide type for data": known only at run time
+        warnings.simplefilter("ignore", UserWarning)
+        view = mx.gluon.SymbolBlock(_Float32Logits(net)(data), data, params=net.collect_params())
     sample = mx.nd.zeros(data_shape, ctx=ctx)
     if mx.runtime.Features().is_enabled("MKLDNN"):
         view.optimize_for(sample, backend="MKLDNN", static_alloc=True, static_shape=True)
