@@ -374,8 +374,10 @@ def to_bfloat16(net, data_shape, ctx=None):
     ctx = ctx or mx.cpu()
     net.hybridize(static_alloc=True, static_shape=True)
     net(mx.nd.zeros(data_shape, ctx=ctx))
-    converted = _Float32Logits(amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=ctx,
-                                                        cast_optional_params=True))
+    with warnings.catch_warnings():  # "Cannot decide type for data": known only at run time
+        warnings.simplefilter("ignore", UserWarning)
+        converted = _Float32Logits(amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=ctx,
+                                                            cast_optional_params=True))
     converted.hybridize(static_alloc=True, static_shape=True)
     return converted
 
