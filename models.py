@@ -1,12 +1,29 @@
-"""ResNet v1 / v1.5 family as Gluon HybridBlocks.
+"""The ResNet family as Gluon HybridBlocks: ResNet v1 / v1.5 (depth 18-152) and ResNeXt.
 
 v1 puts the stride of a downsampling bottleneck on its first 1x1 convolution, v1.5 on the 3x3 one
-(NVIDIA's "ResNet50 v1.5"). Basic blocks (depth 18/34) are the same in both versions.
+(NVIDIA's "ResNet50 v1.5"). Basic blocks (depth 18/34) are the same in both versions. ResNeXt uses
+v1.5 stride placement unless its name ends in `_v1`.
+
+Parameter names are fixed (`conv0_weight`, `stage1_unit1_bn3_gamma`, `fc1_weight`, ...), independent of how
+many networks the process built, of the precision and of BN+ReLU fusion: exported files of a float16 and a
+float32 model, fused or not, are interchangeable.
+
+`python models.py` lists the models; `python models.py --summary` prints parameters, GMACs and images/s.
 """
 import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+import warnings
 
 import mxnet as mx
+import numpy as np
 from mxnet.gluon import nn
+
+log = logging.getLogger("rn50")
 
 # depth -> (block kind, units per stage, channels: stem output then each stage's output)
 RESNET_SPEC = {
@@ -16,136 +33,515 @@ RESNET_SPEC = {
     101: ("bottleneck", [3, 4, 23, 3], [64, 256, 512, 1024, 2048]),
     152: ("bottleneck", [3, 8, 36, 3], [64, 256, 512, 1024, 2048]),
 }
-ARCH_VERSIONS = {"resnetv1": "1", "resnetv15": "1.5"}
+# The original kit's --arch values: (family, version)
+ARCHS = {"resnetv1": ("resnet", "1"), "resnetv15": ("resnet", "1.5"),
+         "resnextv1": ("resnext", "1"), "resnextv15": ("resnext", "1.5")}
+DTYPES = ("float32", "float16", "bfloat16")
+LAYOUTS = ("NCHW", "NHWC")
+RESNEXT_WIDTH = 4  # channels per group in the first stage (the "4d" of 32x4d)
+_NAME_RE = re.compile(r"^resnet(\d+)_v(1|1\.5)$|^resnext(\d+)_(\d+)x(\d+)d(?:_v(1|1\.5))?$")
+
+
+def fused_bn_relu_available():
+    """Upstream MXNet (1.6+) has `nn.BatchNormReLU` (the `contrib.BatchNormWithReLU` op); older builds do not."""
+    return hasattr(nn, "BatchNormReLU") and hasattr(mx.sym.contrib, "BatchNormWithReLU")
+
+
+def fused_bn_add_relu_available():
+    """`BatchNormAddRelu` exists only in NVIDIA's container builds of MXNet, never upstream."""
+    return hasattr(mx.sym, "BatchNormAddRelu")
 
 
 def he_normal():
-    # He et al. 2015: N(0, 2/fan_in); MXNet spells it Xavier(gaussian, in, magnitude=2).
+    # He et al. 2015: N(0, 2/fan_in). MXNet's Xavier takes fan_in from the weight shape, (C_in/groups)*k*k,
+    # which is already right for grouped convolutions (the original kit's extra sqrt(groups) is not needed).
     return mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)
 
 
-class Builder:
-    """Holds the choices every layer shares, so blocks never read flags."""
+class Transpose(nn.HybridBlock):
+    def __init__(self, axes, **kwargs):
+        super().__init__(**kwargs)
+        self.axes = axes
 
-    def __init__(self, bn_eps=1e-5, bn_mom=0.9, zero_init_last_gamma=True):
+    def hybrid_forward(self, F, x):
+        return F.transpose(x, axes=self.axes)
+
+
+class BatchNormAddReLU(nn.BatchNorm):
+    """relu(bn(x) + addend): one op in NVIDIA's builds, three ops elsewhere, same numbers."""
+
+    def __init__(self, fused=False, **kwargs):
+        super().__init__(**kwargs)
+        self.fused = fused
+
+    def hybrid_forward(self, F, x, addend, gamma, beta, running_mean, running_var):
+        if self.fused:
+            return F.BatchNormAddRelu(x, addend, gamma, beta, running_mean, running_var, name="fwd",
+                                      **self._kwargs)
+        # Activation, not F.relu: oneDNN runs Activation in bfloat16, `relu` falls back to a slow kernel
+        return F.Activation(super().hybrid_forward(F, x, gamma, beta, running_mean, running_var) + addend,
+                            act_type="relu")
+
+
+class Builder:
+    """Holds the choices every layer shares (layout, BN settings, fusion), so blocks never read flags."""
+
+    def __init__(self, layout="NCHW", bn_eps=1e-5, bn_mom=0.9, zero_init_last_gamma=True,
+                 fuse_bn_relu=False, fuse_bn_add_relu=False):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         self.bn_eps = bn_eps
         self.bn_mom = bn_mom
         self.zero_init_last_gamma = zero_init_last_gamma
+        self.fuse_bn_relu = fuse_bn_relu and fused_bn_relu_available()
+        self.fuse_bn_add_relu = fuse_bn_add_relu and fused_bn_add_relu_available()
 
-    def conv(self, channels, kernel, stride=1, in_channels=0):
-        return nn.Conv2D(channels, kernel, strides=stride, padding=kernel // 2, use_bias=False,
-                         in_channels=in_channels, weight_initializer=he_normal())
+    @property
+    def channel_axis(self):
+        return 3 if self.layout == "NHWC" else 1
 
-    def batchnorm(self, last=False):
+    def conv(self, channels, kernel, stride=1, in_channels=0, groups=1, prefix=None):
+        return nn.Conv2D(channels, kernel, strides=stride, padding=kernel // 2, groups=groups, use_bias=False,
+                         layout=self.layout, in_channels=in_channels, weight_initializer=he_normal(),
+                         prefix=prefix)
+
+    def _bn_kwargs(self, last, in_channels):
         # Zero gamma on the last BN of a residual branch: every block starts as the identity (Goyal et al.).
         gamma = "zeros" if last and self.zero_init_last_gamma else "ones"
-        return nn.BatchNorm(momentum=self.bn_mom, epsilon=self.bn_eps, gamma_initializer=gamma)
+        return dict(axis=self.channel_axis, momentum=self.bn_mom, epsilon=self.bn_eps,
+                    gamma_initializer=gamma, in_channels=in_channels)
+
+    def batchnorm(self, in_channels, last=False, prefix=None):
+        return nn.BatchNorm(prefix=prefix, **self._bn_kwargs(last, in_channels))
+
+    def batchnorm_relu(self, in_channels, prefix):
+        """BN then ReLU, as one block; the parameters are named `<prefix>gamma` etc. either way."""
+        if self.fuse_bn_relu:
+            return [nn.BatchNormReLU(prefix=prefix, **self._bn_kwargs(False, in_channels))]
+        return [self.batchnorm(in_channels, prefix=prefix), nn.Activation("relu")]
+
+    def batchnorm_add_relu(self, in_channels, prefix):
+        return BatchNormAddReLU(fused=self.fuse_bn_add_relu, prefix=prefix, **self._bn_kwargs(True, in_channels))
+
+    def max_pool(self):
+        return nn.MaxPool2D(3, 2, 1, layout=self.layout)
+
+    def global_avg_pool(self):
+        return nn.GlobalAvgPool2D(layout=self.layout)
 
 
 class BasicBlock(nn.HybridBlock):
+    """Two 3x3 convolutions (ResNet-18/34); the version does not matter here."""
+
     def __init__(self, builder, channels, stride, in_channels, **kwargs):
         super().__init__(**kwargs)
-        self.body = nn.HybridSequential()
-        self.body.add(builder.conv(channels, 3, stride, in_channels), builder.batchnorm(), nn.Activation("relu"),
-                      builder.conv(channels, 3, 1, channels), builder.batchnorm(last=True))
-        self.downsample = None
-        if stride != 1 or channels != in_channels:
-            self.downsample = nn.HybridSequential()
-            self.downsample.add(builder.conv(channels, 1, stride, in_channels), builder.batchnorm())
+        with self.name_scope():
+            self.body = nn.HybridSequential(prefix="")
+            self.body.add(builder.conv(channels, 3, stride, in_channels, prefix="conv1_"),
+                          *builder.batchnorm_relu(channels, "bn1_"),
+                          builder.conv(channels, 3, 1, channels, prefix="conv2_"))
+            self.bn_add_relu = builder.batchnorm_add_relu(channels, "bn2_")
+            self.downsample = _shortcut(builder, channels, stride, in_channels)
 
     def hybrid_forward(self, F, x):
         residual = x if self.downsample is None else self.downsample(x)
-        return F.relu(self.body(x) + residual)
+        return self.bn_add_relu(self.body(x), residual)
 
 
 class Bottleneck(nn.HybridBlock):
-    def __init__(self, builder, channels, stride, in_channels, version="1.5", **kwargs):
+    """1x1 -> 3x3 -> 1x1; the stride sits on the first 1x1 (v1) or on the 3x3 (v1.5)."""
+
+    def __init__(self, builder, channels, stride, in_channels, version="1.5", groups=1, width=None, **kwargs):
         super().__init__(**kwargs)
-        mid = channels // 4
+        width = width or channels // 4
         stride_1x1, stride_3x3 = (stride, 1) if version == "1" else (1, stride)
-        self.body = nn.HybridSequential()
-        self.body.add(builder.conv(mid, 1, stride_1x1, in_channels), builder.batchnorm(), nn.Activation("relu"),
-                      builder.conv(mid, 3, stride_3x3, mid), builder.batchnorm(), nn.Activation("relu"),
-                      builder.conv(channels, 1, 1, mid), builder.batchnorm(last=True))
-        self.downsample = None
-        if stride != 1 or channels != in_channels:
-            self.downsample = nn.HybridSequential()
-            self.downsample.add(builder.conv(channels, 1, stride, in_channels), builder.batchnorm())
+        with self.name_scope():
+            self.body = nn.HybridSequential(prefix="")
+            self.body.add(builder.conv(width, 1, stride_1x1, in_channels, prefix="conv1_"),
+                          *builder.batchnorm_relu(width, "bn1_"),
+                          builder.conv(width, 3, stride_3x3, width, groups=groups, prefix="conv2_"),
+                          *builder.batchnorm_relu(width, "bn2_"),
+                          builder.conv(channels, 1, 1, width, prefix="conv3_"))
+            self.bn_add_relu = builder.batchnorm_add_relu(channels, "bn3_")
+            self.downsample = _shortcut(builder, channels, stride, in_channels)
 
     def hybrid_forward(self, F, x):
         residual = x if self.downsample is None else self.downsample(x)
-        return F.relu(self.body(x) + residual)
+        return self.bn_add_relu(self.body(x), residual)
+
+
+def _shortcut(builder, channels, stride, in_channels):
+    """Projection shortcut (1x1 convolution with the block's stride, then BN) where the shape changes."""
+    if stride == 1 and channels == in_channels:
+        return None
+    shortcut = nn.HybridSequential(prefix="")
+    shortcut.add(builder.conv(channels, 1, stride, in_channels, prefix="conv1sc_"),
+                 builder.batchnorm(channels, prefix="bnsc_"))
+    return shortcut
 
 
 class ResNet(nn.HybridBlock):
-    def __init__(self, depth=50, version="1.5", num_classes=1000, builder=None, **kwargs):
+    """Stem, four stages, global pooling and the classifier.
+
+    `input_layout` is the layout of the batches fed in; the network computes in `builder.layout`, with one
+    transpose at the input where they differ. `dtype` is the precision of the computation: float16 casts the
+    input (BatchNorm parameters stay float32), float16 and bfloat16 cast the logits back to float32.
+    """
+
+    def __init__(self, depth=50, version="1.5", num_classes=1000, builder=None, groups=1, group_width=0,
+                 in_channels=3, input_layout="NCHW", dtype="float32", **kwargs):
+        kwargs.setdefault("prefix", "")  # fixed parameter names, see the module docstring
         super().__init__(**kwargs)
         if depth not in RESNET_SPEC:
             raise ValueError(f"ResNet depth {depth} is not one of {sorted(RESNET_SPEC)}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         builder = builder or Builder()
         kind, units, channels = RESNET_SPEC[depth]
-        self.features = nn.HybridSequential()
-        self.features.add(builder.conv(channels[0], 7, 2), builder.batchnorm(), nn.Activation("relu"),
-                          nn.MaxPool2D(3, 2, 1))
-        in_channels = channels[0]
-        for stage, (num_units, out_channels) in enumerate(zip(units, channels[1:])):
-            for unit in range(num_units):
-                stride = 2 if stage > 0 and unit == 0 else 1
-                if kind == "basic":
-                    block = BasicBlock(builder, out_channels, stride, in_channels)
-                else:
-                    block = Bottleneck(builder, out_channels, stride, in_channels, version)
-                self.features.add(block)
-                in_channels = out_channels
-        self.features.add(nn.GlobalAvgPool2D(), nn.Flatten())
-        self.output = nn.Dense(num_classes, in_units=in_channels, weight_initializer=he_normal())
+        if groups > 1 and kind == "basic":
+            raise ValueError(f"ResNeXt needs bottleneck blocks (depth 50, 101 or 152), got depth {depth}")
+        self.dtype = dtype
+        self.layout = builder.layout
+        with self.name_scope():
+            self.features = nn.HybridSequential(prefix="")
+            if input_layout != builder.layout:
+                self.features.add(Transpose((0, 2, 3, 1) if builder.layout == "NHWC" else (0, 3, 1, 2)))
+            self.features.add(builder.conv(channels[0], 7, 2, in_channels, prefix="conv0_"),
+                              *builder.batchnorm_relu(channels[0], "bn0_"), builder.max_pool())
+            in_ch = channels[0]
+            for stage, (num_units, out_ch) in enumerate(zip(units, channels[1:])):
+                # ResNeXt CxWd: C groups of W channels in the first stage, doubling with every stage.
+                width = groups * group_width * 2 ** stage if groups > 1 else None
+                for unit in range(num_units):
+                    stride = 2 if stage > 0 and unit == 0 else 1
+                    prefix = f"stage{stage + 1}_unit{unit + 1}_"
+                    if kind == "basic":
+                        block = BasicBlock(builder, out_ch, stride, in_ch, prefix=prefix)
+                    else:
+                        block = Bottleneck(builder, out_ch, stride, in_ch, version, groups, width, prefix=prefix)
+                    self.features.add(block)
+                    in_ch = out_ch
+            self.features.add(builder.global_avg_pool(), nn.Flatten())
+            self.output = nn.Dense(num_classes, in_units=in_ch, weight_initializer=he_normal(), prefix="fc1_")
 
     def hybrid_forward(self, F, x):
-        return self.output(self.features(x))
+        if self.dtype == "float16":
+            x = F.cast(x, dtype="float16")
+        logits = self.output(self.features(x))
+        if self.dtype != "float32":
+            logits = F.cast(logits, dtype="float32")
+        return logits
+
+
+def parse_name(name):
+    """``resnet50_v1.5`` -> dict(depth=50, version='1.5', groups=1, group_width=0); ValueError if unknown."""
+    match = _NAME_RE.match(name)
+    if not match:
+        raise ValueError(f"unknown model '{name}'; choose one of: {', '.join(list_models())}")
+    if match.group(1):
+        depth, version, groups, width = int(match.group(1)), match.group(2), 1, 0
+    else:
+        depth, groups, width = int(match.group(3)), int(match.group(4)), int(match.group(5))
+        version = match.group(6) or "1.5"
+    if depth not in RESNET_SPEC or (groups > 1 and RESNET_SPEC[depth][0] == "basic") or groups < 1 or width < 1 \
+            and groups > 1:
+        raise ValueError(f"unknown model '{name}'; choose one of: {', '.join(list_models())}")
+    return dict(depth=depth, version=version, groups=groups, group_width=width)
 
 
 def list_models():
     names = []
     for depth in sorted(RESNET_SPEC):
         names += [f"resnet{depth}_v1", f"resnet{depth}_v1.5"]
-    return names
+    return names + ["resnext50_32x4d", "resnext101_32x4d", "resnext101_32x4d_v1"]
 
 
-def get_model(name, num_classes=1000, bn_eps=1e-5, bn_mom=0.9, zero_init_last_gamma=True):
-    """Build an uninitialised network by name, e.g. ``resnet50_v1.5``."""
-    if name not in list_models():
-        raise ValueError(f"unknown model '{name}'; choose one of: {', '.join(list_models())}")
-    depth, version = name[len("resnet"):].split("_v")
-    builder = Builder(bn_eps=bn_eps, bn_mom=bn_mom, zero_init_last_gamma=zero_init_last_gamma)
-    return ResNet(int(depth), version, num_classes, builder)
+def get_model(name, num_classes=1000, bn_eps=1e-5, bn_mom=0.9, zero_init_last_gamma=True, layout="NCHW",
+              input_layout="NCHW", in_channels=3, dtype="float32", fuse_bn_relu=False, fuse_bn_add_relu=False,
+              pretrained=None, ctx=None):
+    """Build a network by name, e.g. ``resnet50_v1.5`` or ``resnext101_32x4d``.
+
+    Uninitialised unless ``pretrained`` names a params file (or a ``<prefix>-NNNN.params`` checkpoint written by
+    ``net.export``), which is then loaded, cast to ``dtype``, on ``ctx``. For float16 the network is cast
+    (BatchNorm parameters stay float32); bfloat16 keeps float32 parameters for MXNet's AMP (see ``to_bfloat16``).
+    """
+    spec = parse_name(name)
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be positive, got {num_classes}")
+    builder = Builder(layout=layout, bn_eps=bn_eps, bn_mom=bn_mom, zero_init_last_gamma=zero_init_last_gamma,
+                      fuse_bn_relu=fuse_bn_relu, fuse_bn_add_relu=fuse_bn_add_relu)
+    net = ResNet(spec["depth"], spec["version"], num_classes, builder, groups=spec["groups"],
+                 group_width=spec["group_width"], in_channels=in_channels, input_layout=input_layout, dtype=dtype)
+    if dtype == "float16":
+        net.cast("float16")  # nn.BatchNorm.cast keeps its parameters float32
+    if pretrained:
+        load_parameters(net, pretrained, ctx or mx.cpu())
+    return net
 
 
-def model_name(arch, num_layers):
-    """Map the original kit's ``--arch/--num-layers`` to a model name."""
-    return f"resnet{num_layers}_v{ARCH_VERSIONS[arch]}"
+def load_parameters(net, path, ctx):
+    """Load a params file written by ``export`` (``arg:``/``aux:`` keys) or ``save_parameters`` into ``net``.
+
+    The saved dtype may differ from the network's (float16 <-> float32): values are cast to the network's.
+    A 3-channel stem is zero-padded for a 4-channel network (the fourth input channel is the zero padding).
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no parameter file {path}")
+    saved = {key.split(":", 1)[-1]: value for key, value in mx.nd.load(path).items()}
+    params = dict(net.collect_params().items())
+    if set(saved) != set(params):
+        # save_parameters() files use structural names (features.1.weight); those load the Gluon way.
+        structural = net._collect_params_with_prefix()
+        if set(saved) != set(structural):
+            missing = sorted(set(params) - set(saved))[:3]
+            extra = sorted(set(saved) - set(params))[:3]
+            raise ValueError(f"{path} does not fit {net.__class__.__name__}: missing {missing}, unexpected {extra}")
+        params = structural
+    # NHWC convolutions keep weights as (O, kh, kw, I): convert when the file and the network differ.
+    # The stem's weight (64, C, 7, 7) or (64, 7, 7, C) tells the file's layout without ambiguity.
+    stem = [value for key, value in saved.items() if params[key].name == "conv0_weight"]
+    saved_layout = "NHWC" if stem and stem[0].shape[1] == stem[0].shape[2] == 7 else "NCHW"
+    net_layout = getattr(net, "layout", "NCHW")
+    for key, value in saved.items():
+        param = params[key]
+        if value.ndim == 4 and saved_layout != net_layout:
+            value = value.transpose((0, 2, 3, 1) if net_layout == "NHWC" else (0, 3, 1, 2))
+        if param.shape and tuple(param.shape) != value.shape:
+            value = _adapt_stem(param.name, value, param.shape, path, net_layout)
+        param._load_init(value.astype(param.dtype), ctx, cast_dtype=True, dtype_source="current")
+
+
+def _adapt_stem(name, value, shape, path, layout):
+    """Zero-pad (or cut) the stem's input channels: a 3-channel checkpoint in a 4-channel network and back."""
+    axis = 3 if layout == "NHWC" else 1
+    same_elsewhere = all(value.shape[i] == shape[i] for i in range(4) if i != axis)
+    if name == "conv0_weight" and same_elsewhere and {value.shape[axis], shape[axis]} <= {3, 4}:
+        keep = min(shape[axis], value.shape[axis])
+        kept = value.slice_axis(axis=axis, begin=0, end=keep)
+        if keep == shape[axis]:
+            return kept
+        pad_shape = list(shape)
+        pad_shape[axis] = shape[axis] - keep
+        return mx.nd.concat(kept, mx.nd.zeros(pad_shape, dtype=value.dtype), dim=axis)
+    raise ValueError(f"{path}: parameter {name} has shape {value.shape}, the network needs {tuple(shape)}")
+
+
+def load_checkpoint(prefix, epoch, ctx=None):
+    """Load `<prefix>-symbol.json` + `<prefix>-NNNN.params` (as written by ``export``) as a SymbolBlock."""
+    symbol_file, params_file = f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
+    for path in (symbol_file, params_file):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no checkpoint file {path}")
+    with warnings.catch_warnings():  # "Cannot decide type for data": the input's type is only known at run time
+        warnings.simplefilter("ignore", UserWarning)
+        return mx.gluon.SymbolBlock.imports(symbol_file, ["data"], params_file, ctx=ctx or mx.cpu())
+
+
+def export(net, prefix, epoch=0):
+    """Write `<prefix>-symbol.json` and `<prefix>-NNNN.params` (the net must be hybridized and have run)."""
+    net.export(prefix, epoch=epoch)
+    return f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
+
+
+def optimize_for_inference(net, data_shape, ctx=None):
+    """An inference-only view of an initialised network with oneDNN's graph fusions (conv+BN+ReLU, conv+add).
+
+    It shares ``net``'s parameters (``net`` itself is not changed and still trains); it uses the BatchNorm
+    running statistics. On builds without oneDNN the plain hybridized graph is returned.
+    """
+    ctx = ctx or mx.cpu()
+    data = mx.sym.var("data")
+    with warnings.catch_warnings():  # "Cannot decide type for data": known only at run time
+        warnings.simplefilter("ignore", UserWarning)
+        view = mx.gluon.SymbolBlock(_Float32Logits(net)(data), data, params=net.collect_params())
+    sample = mx.nd.zeros(data_shape, ctx=ctx)
+    if mx.runtime.Features().is_enabled("MKLDNN"):
+        view.optimize_for(sample, backend="MKLDNN", static_alloc=True, static_shape=True)
+    else:
+        view.hybridize(static_alloc=True, static_shape=True)
+    view(sample).wait_to_read()
+    return view
+
+
+def to_bfloat16(net, data_shape, ctx=None):
+    """A bfloat16 inference copy of a hybridized, initialised float32 network (MXNet AMP graph conversion).
+
+    Convolutions and the classifier run in bfloat16 on oneDNN; the input stays float32 and the logits are
+    returned as float32.
+    """
+    from mxnet.contrib import amp
+    ctx = ctx or mx.cpu()
+    net.hybridize(static_alloc=True, static_shape=True)
+    net(mx.nd.zeros(data_shape, ctx=ctx))
+    with warnings.catch_warnings():  # "Cannot decide type for data": known only at run time
+        warnings.simplefilter("ignore", UserWarning)
+        converted = _Float32Logits(amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=ctx,
+                                                            cast_optional_params=True))
+    converted.hybridize(static_alloc=True, static_shape=True)
+    return converted
+
+
+class _Float32Logits(nn.HybridBlock):
+    def __init__(self, block, **kwargs):
+        super().__init__(prefix="", **kwargs)
+        self.block = block
+
+    def hybrid_forward(self, F, x):
+        return F.cast(self.block(x), dtype="float32")
+
+
+def model_name(arch, num_layers, num_groups=32):
+    """Map the original kit's ``--arch/--num-layers/--num-groups`` to a model name."""
+    family, version = ARCHS[arch]
+    if family == "resnet":
+        return f"resnet{num_layers}_v{version}"
+    suffix = "_v1" if version == "1" else ""
+    return f"resnext{num_layers}_{num_groups}x{RESNEXT_WIDTH}d{suffix}"
 
 
 def add_model_args(parser):
     group = parser.add_argument_group("Model")
-    group.add_argument("--arch", default="resnetv15", choices=sorted(ARCH_VERSIONS),
-                       help="model architecture")
+    group.add_argument("--arch", default="resnetv15", choices=sorted(ARCHS), help="model architecture")
     group.add_argument("--num-layers", type=int, default=50, choices=sorted(RESNET_SPEC),
                        help="number of layers in the network")
+    group.add_argument("--num-groups", type=int, default=32, help="ResNeXt cardinality (groups of 4 channels)")
+    group.add_argument("--model", default=None, help="a model by name instead of --arch/--num-layers/--num-groups "
+                       "(python models.py lists them)")
     group.add_argument("--num-classes", type=int, default=1000, help="number of classes")
     group.add_argument("--batchnorm-eps", type=float, default=1e-5, help="BatchNorm epsilon")
     group.add_argument("--batchnorm-mom", type=float, default=0.9, help="BatchNorm momentum")
     group.add_argument("--no-zero-init-last-gamma", dest="zero_init_last_gamma", action="store_false",
                        help="initialise the last BatchNorm gamma of each residual block to 1 instead of 0")
+    group.add_argument("--conv-layout", default="NCHW", choices=LAYOUTS,
+                       help="layout the network computes in (NHWC: float16 on GPU); one transpose at the input "
+                       "when it differs from --input-layout")
+    group.add_argument("--batchnorm-layout", default=None, choices=LAYOUTS,
+                       help="accepted for the original kit's command lines; must equal --conv-layout")
+    group.add_argument("--pooling-layout", default=None, choices=LAYOUTS,
+                       help="accepted for the original kit's command lines; must equal --conv-layout")
+    group.add_argument("--fuse-bn-relu", type=int, default=0, choices=[0, 1],
+                       help="fused BatchNorm+ReLU where this MXNet has it (nn.BatchNormReLU), plain ops otherwise")
+    group.add_argument("--fuse-bn-add-relu", type=int, default=0, choices=[0, 1],
+                       help="fused BatchNorm+add+ReLU where this MXNet has it (NVIDIA builds), plain ops otherwise")
     return group
 
 
+def model_kwargs_from_args(args):
+    """The keyword arguments of ``get_model`` for parsed flags (ValueError, with the flag, on bad combinations)."""
+    for flag in ("batchnorm_layout", "pooling_layout"):
+        value = getattr(args, flag, None)
+        if value is not None and value != args.conv_layout:
+            raise ValueError(f"--{flag.replace('_', '-')} {value} differs from --conv-layout {args.conv_layout}: "
+                             "the network computes in one layout; set them equal")
+    image_shape = getattr(args, "image_shape", None) or [3]
+    return dict(num_classes=args.num_classes, bn_eps=args.batchnorm_eps, bn_mom=args.batchnorm_mom,
+                zero_init_last_gamma=args.zero_init_last_gamma, layout=args.conv_layout,
+                input_layout=getattr(args, "input_layout", "NCHW"), in_channels=image_shape[0],
+                dtype=getattr(args, "dtype", "float32"), fuse_bn_relu=bool(args.fuse_bn_relu),
+                fuse_bn_add_relu=bool(args.fuse_bn_add_relu))
+
+
 def get_model_from_args(args):
-    return get_model(model_name(args.arch, args.num_layers), num_classes=args.num_classes,
-                     bn_eps=args.batchnorm_eps, bn_mom=args.batchnorm_mom,
-                     zero_init_last_gamma=args.zero_init_last_gamma)
+    """The network the flags ask for, uninitialised; its logits are float32 whatever ``--dtype`` is.
+
+    float16: parameters float16 except BatchNorm's. bfloat16: parameters float32, for MXNet AMP
+    (``amp.init(target_dtype='bfloat16')`` before the first forward) or ``to_bfloat16`` for inference.
+    """
+    name = args.model or model_name(args.arch, args.num_layers, args.num_groups)
+    if (args.fuse_bn_relu and not fused_bn_relu_available()) or \
+            (args.fuse_bn_add_relu and not fused_bn_add_relu_available()):
+        log.info("fused BatchNorm ops asked for but not in this MXNet build: using the plain ops")
+    return get_model(name, **model_kwargs_from_args(args))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cost and summary
+
+def trainable_parameters(net):
+    """Number of trainable values (BatchNorm running statistics excluded); shapes must be known."""
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    unknown = [p.name for p in params if not p.shape or 0 in p.shape]
+    if unknown:
+        raise ValueError(f"shapes not known yet for {unknown[:3]}: run one forward pass first")
+    return sum(int(np.prod(p.shape)) for p in params)
+
+
+def count_macs(net, image_shape=(3, 224, 224)):
+    """Multiply-accumulates of one forward pass for one image, from the symbol's inferred shapes.
+
+    Counts convolutions and fully connected layers (everything else is < 1 % of a ResNet).
+    """
+    sym = net(mx.sym.var("data"))
+    internals = sym.get_internals()
+    _, out_shapes, _ = internals.infer_shape(data=(1,) + tuple(image_shape))
+    shapes = dict(zip(internals.list_outputs(), out_shapes))
+    nodes = json.loads(sym.tojson())["nodes"]
+    macs = 0
+    for node in nodes:
+        if node["op"] not in ("Convolution", "FullyConnected"):
+            continue
+        out = shapes[node["name"] + "_output"]
+        weight = shapes[nodes[node["inputs"][1][0]]["name"]]  # a variable: listed under its own name
+        # each output value sums over weight.shape[1:] products: (C_in / groups) * kh * kw, or C_in for FC
+        macs += int(np.prod(out)) * int(np.prod(weight[1:]))
+    return macs
+
+
+def measure_forward(net, batch_size, image_shape=(3, 224, 224), iters=3, warmup=1, ctx=None):
+    """Forward images/s of an initialised, hybridized network on random input."""
+    ctx = ctx or mx.cpu()
+    data = mx.nd.random.uniform(shape=(batch_size,) + tuple(image_shape), ctx=ctx)
+    for _ in range(warmup):
+        net(data).wait_to_read()
+    start = time.perf_counter()
+    for _ in range(iters):
+        net(data).wait_to_read()
+    return batch_size * iters / (time.perf_counter() - start)
+
+
+def summary(names, batch_sizes=(1, 32), iters=3, out=sys.stdout):
+    """Print (and return) parameters, GMACs per 224x224 image and forward images/s for each model."""
+    header = f"{'model':<22}{'params':>14}{'GMACs':>8}" + "".join(f"{f'img/s bs{b}':>13}" for b in batch_sizes)
+    print(header, file=out, flush=True)
+    rows = []
+    for name in names:
+        net = get_model(name)
+        net.initialize()
+        params = trainable_parameters(net)
+        macs = count_macs(net)
+        net.hybridize(static_alloc=True, static_shape=True)
+        speeds = [measure_forward(net, b, iters=iters) for b in batch_sizes]
+        rows.append({"model": name, "params": params, "gmacs": macs / 1e9,
+                     "images_per_s": dict(zip(batch_sizes, speeds))})
+        print(f"{name:<22}{params:>14,}{macs / 1e9:>8.2f}" + "".join(f"{s:>13.1f}" for s in speeds),
+              file=out, flush=True)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="List the models, or print their summary table")
+    parser.add_argument("--summary", action="store_true",
+                        help="parameters, GMACs per 224x224 image and forward images/s (batch 1 and 32)")
+    parser.add_argument("--models", default=None, help="comma-separated model names (default: all)")
+    parser.add_argument("--iters", type=int, default=3, help="timed forward passes per batch size")
+    parser.add_argument("--batch-sizes", default="1,32", help="comma-separated batch sizes to time")
+    args = parser.parse_args(argv)
+    names = args.models.split(",") if args.models else list_models()
+    unknown = [n for n in names if n not in list_models()]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from: {', '.join(list_models())}")
+    if not args.summary:
+        print("\n".join(names))
+        return
+    try:
+        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+    except ValueError:
+        parser.error(f"--batch-sizes must be integers separated by commas, got {args.batch_sizes!r}")
+    print(f"# forward images/s on this machine ({os.cpu_count()} CPUs), float32, {args.iters} timed batches",
+          flush=True)
+    summary(names, batch_sizes, args.iters)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="List the available models")
-    parser.parse_args()
-    print("\n".join(list_models()))
+    main()

@@ -18,5 +18,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8"],
+        # ONNX export (tools/export_onnx.py): MXNet's exporter imports onnx.mapping, removed in onnx 1.16
+        "onnx": ["onnx==1.15.0", "onnxruntime==1.31.1"],
     },
 )

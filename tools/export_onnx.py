@@ -1,0 +1,86 @@
+"""Export a checkpoint (`<prefix>-symbol.json` + `<prefix>-NNNN.params`) to ONNX and check it with onnxruntime.
+
+    python tools/export_onnx.py runs/demo/model 15 --image-shape 3,32,32
+
+writes `<prefix>-NNNN.onnx` (batch dimension left free), then runs a random batch through MXNet and
+onnxruntime and fails unless the logits agree within --rtol (relative to the largest logit). Needs the
+`onnx` extra: `pip install -e .[onnx]` (onnx 1.15: MXNet's exporter imports `onnx.mapping`, gone in 1.16).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def export_onnx(prefix, epoch, image_shape, onnx_file=None):
+    """Write the ONNX file for a checkpoint; the symbol must compute in float32 (float16 files: re-export)."""
+    import mxnet as mx
+    onnx_file = onnx_file or f"{prefix}-{epoch:04d}.onnx"
+    tmp = onnx_file + ".tmp"
+    mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params",
+                         in_shapes=[(1,) + tuple(image_shape)], in_types=[np.float32], onnx_file_path=tmp,
+                         dynamic=True, dynamic_input_shapes=[(None,) + tuple(image_shape)])
+    _drop_initializer_inputs(tmp)
+    os.replace(tmp, onnx_file)
+    return onnx_file
+
+
+def _drop_initializer_inputs(path):
+    """MXNet's exporter also lists the weights as graph inputs; without that, onnxruntime can fold constants."""
+    import onnx
+    model = onnx.load(path)
+    weights = {init.name for init in model.graph.initializer}
+    inputs = [inp for inp in model.graph.input if inp.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    onnx.save(model, path)
+
+
+def compare_with_onnxruntime(prefix, epoch, onnx_file, image_shape, batch_size=2, seed=0):
+    """Largest |MXNet - onnxruntime| logit difference over the largest |logit|, on one random batch."""
+    import mxnet as mx
+    import onnxruntime
+    import models
+    data = np.random.RandomState(seed).uniform(-2, 2, size=(batch_size,) + tuple(image_shape)).astype(np.float32)
+    net = models.load_checkpoint(prefix, epoch)
+    expected = net(mx.nd.array(data)).asnumpy().astype(np.float64)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only
+    session = onnxruntime.InferenceSession(onnx_file, options, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: data})[0].astype(np.float64)
+    return float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-12))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("prefix", help="checkpoint prefix: <prefix>-symbol.json and <prefix>-NNNN.params")
+    parser.add_argument("epoch", type=int, help="checkpoint epoch (the NNNN)")
+    parser.add_argument("--image-shape", default="3,224,224", help="C,H,W of the network input")
+    parser.add_argument("--output", default=None, help="ONNX file (default <prefix>-NNNN.onnx)")
+    parser.add_argument("--rtol", type=float, default=1e-4, help="largest accepted relative logit difference")
+    args = parser.parse_args(argv)
+    try:
+        image_shape = tuple(int(v) for v in args.image_shape.split(","))
+    except ValueError:
+        parser.error(f"--image-shape must be C,H,W integers, got {args.image_shape!r}")
+    for path in (f"{args.prefix}-symbol.json", f"{args.prefix}-{args.epoch:04d}.params"):
+        if not os.path.isfile(path):
+            parser.error(f"no checkpoint file {path}; give the prefix and epoch that train.py saved")
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        parser.error("onnx and onnxruntime are not installed: pip install -e .[onnx]")
+    onnx_file = export_onnx(args.prefix, args.epoch, image_shape, args.output)
+    difference = compare_with_onnxruntime(args.prefix, args.epoch, onnx_file, image_shape)
+    print(f"{onnx_file}: onnxruntime vs MXNet logits, relative difference {difference:.2e}")
+    if difference > args.rtol:
+        print(f"error: the ONNX model differs from MXNet by {difference:.2e} > --rtol {args.rtol}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
