@@ -121,8 +121,12 @@ def main(args):
     net.hybridize(static_alloc=True, static_shape=True)
     channels, height, width = args.image_shape
     shape = (1, channels, height, width) if args.input_layout == "NCHW" else (1, height, width, channels)
-    for ctx in ctxs:  # finish deferred shapes, so checkpoints load into every parameter
-        net(mx.nd.zeros(shape, ctx=ctx, dtype=args.dtype if args.dtype != "bfloat16" else "float32"))
+    # Finish deferred shapes (so checkpoints load into every parameter) by shape inference, not a forward
+    # pass: an inference-mode forward lets oneDNN reorder the weights into its own layout, which Horovod's
+    # broadcast and allreduce cannot read on CPU.
+    net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=args.dtype if args.dtype != "bfloat16" else "float32"))
+    for param in net.collect_params().values():
+        param._finish_deferred_init()
     try:
         if args.mode == "pred":
             return fit.predict(args, net, ctxs)
