@@ -8,6 +8,7 @@ import logging
 import math
 
 import mxnet as mx
+import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
 from data import default_threads
@@ -95,16 +96,21 @@ def shard_size(total, shard_id, num_shards):
     return total * (shard_id + 1) // num_shards - total * shard_id // num_shards
 
 
-def _copy_to_ndarray(dali_tensor, ctx):
-    """One DALI batch (a dense TensorList) as a new NDArray on ``ctx``, in one copy into the NDArray's own
-    buffer, as DALI's old MXNet plugin did: host to host for dali-cpu, device to device for dali-gpu (no
-    round trip through the host). The copy is synchronous, so DALI may reuse its buffer afterwards."""
-    tensor = dali_tensor.as_tensor()
-    out = mx.nd.empty(tuple(tensor.shape()), ctx=ctx, dtype=_DALI_TO_NUMPY[tensor.dtype])
-    mx.base._LIB.MXNDArrayWaitToWrite(out.handle)  # MXNet must not touch the buffer while we write it
+def _copy_into(dali_tensor, out):
+    """Copy one DALI batch (a dense TensorList) into the NDArray ``out``, in one copy into its own buffer, as
+    DALI's old MXNet plugin did: host to host for dali-cpu, device to device for dali-gpu (no round trip
+    through the host). The copy is synchronous, so DALI may reuse its buffer afterwards."""
+    mx.base._LIB.MXNDArrayWaitToWrite(out.handle)  # waits until MXNet's pending reads of ``out`` are done
     pointer = ctypes.c_void_p()
     mx.base._LIB.MXNDArrayGetData(out.handle, ctypes.byref(pointer))
-    tensor.copy_to_external(pointer)
+    dali_tensor.copy_to_external(pointer)
+
+
+def _matching(out, tensor, ctx):
+    """``out`` if it fits ``tensor``, else a new NDArray that does."""
+    shape, dtype = tuple(tensor.shape()), _DALI_TO_NUMPY[tensor.dtype]
+    if out is None or out.shape != shape or out.dtype != np.dtype(dtype):
+        out = mx.nd.empty(shape, ctx=ctx, dtype=dtype)
     return out
 
 
@@ -117,14 +123,19 @@ class DaliIterator:
 
     The last batch of an epoch keeps its full shape (static shapes for hybridized nets); ``batch.pad``
     says how many trailing samples are padding and must not be counted.
+    Batches are copied into ``buffers`` sets of NDArrays used in turn, as DALI's old plugin and MXNet's own
+    iterators do (a fresh 40 MB array per batch costs a third of the CPU pipeline's speed in page faults):
+    a batch stays valid until ``buffers`` more are drawn; copy it to keep it longer.
     """
 
-    def __init__(self, pipeline, size, ctx):
+    def __init__(self, pipeline, size, ctx, buffers=2):
         self.pipeline = pipeline
         self.size = size
         self.batch_size = pipeline.max_batch_size
         self.ctx = ctx
         self._served = 0
+        self._slots = [[None, None] for _ in range(max(1, buffers))]
+        self._next_slot = 0
 
     def __len__(self):
         return math.ceil(self.size / self.batch_size)
@@ -140,11 +151,15 @@ class DaliIterator:
         if self._served >= self.size:
             raise StopIteration
         images, labels = self.pipeline.run()
-        data = _copy_to_ndarray(images, self.ctx)
-        label = _copy_to_ndarray(labels, self.ctx).reshape((-1,))
+        slot = self._slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self._slots)
+        for i, tensor_list in enumerate((images, labels)):
+            tensor = tensor_list.as_tensor()
+            slot[i] = _matching(slot[i], tensor, self.ctx)
+            _copy_into(tensor, slot[i])
         valid = min(self.batch_size, self.size - self._served)
         self._served += valid
-        return mx.io.DataBatch(data=[data], label=[label], pad=self.batch_size - valid)
+        return mx.io.DataBatch(data=[slot[0]], label=[slot[1].reshape((-1,))], pad=self.batch_size - valid)
 
 
 def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
