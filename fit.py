@@ -239,11 +239,15 @@ def grads_finite_arrays(arrays):
     return bool(mx.nd.multi_all_finite(*arrays, num_arrays=len(arrays), init_output=True).asscalar())
 
 
-def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None):
+def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None, vote=None,
+               scan_grads=True):
     """One step over the per-device slices; returns (mean loss, outputs, applied).
 
-    The update is skipped when any gradient (after the allreduce, so every rank agrees) is NaN/inf: a bad
-    loss never reaches the weights, nor (with ``guard``) the BatchNorm statistics.
+    The update is skipped when the loss of any rank is NaN/inf (``vote(local_ok)`` tells whether every rank's
+    is finite) or, with ``scan_grads`` (float16, where gradients overflow while the loss stays finite), when
+    any gradient is, checked after the allreduce so every rank agrees. A bad loss never reaches the weights,
+    nor (with ``guard``) the BatchNorm statistics. float32/bfloat16 need no scan (a finite loss has finite
+    gradients in their range), which matters on CPU, where the scan costs up to half a step.
     """
     if guard is not None:
         guard.keep()
@@ -253,13 +257,15 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
         scaled = [loss * scaler.scale for loss in losses] if scaler.scale != 1 else losses
     autograd.backward(scaled)
     trainer.allreduce_grads()
-    finite = grads_finite(trainer._params)
+    loss = sum(loss.sum().asscalar() for loss in losses) / sum(loss.shape[0] for loss in losses)
+    finite = (vote or bool)(math.isfinite(loss))
+    if finite and scan_grads:
+        finite = grads_finite(trainer._params)
     if finite:
         trainer.update(batch_size * scaler.scale)
     elif guard is not None:
         guard.restore_if_bad()
     scaler.update(finite)
-    loss = sum(loss.sum().asscalar() for loss in losses) / sum(loss.shape[0] for loss in losses)
     return loss, outputs, finite
 
 
@@ -314,18 +320,34 @@ def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
 
 
 class StopFlag:
-    """SIGTERM/SIGUSR1 ask for a checkpoint at the next step boundary; all ranks agree (allreduced flag)."""
+    """SIGTERM/SIGUSR1 ask for a checkpoint at the next step boundary.
 
-    def __init__(self):
+    ``vote`` is the one small allreduce per step: it tells whether every rank's loss is finite, and carries
+    the stop request along, so all ranks stop at the same step.
+    """
+
+    def __init__(self, dist):
+        self.dist = dist
         self.requested = False
+        self.agreed = False
+        self.votes = 0
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame):
         self.requested = True
 
-    def agreed(self, dist, name):
-        return dist.sum([1.0 if self.requested else 0.0], name)[0] > 0
+    def vote(self, loss_ok):
+        self.votes += 1
+        bad, stops = self.dist.sum([0.0 if loss_ok else 1.0, 1.0 if self.requested else 0.0],
+                                   f"vote.{self.votes}")
+        self.agreed = stops > 0
+        return bad == 0
+
+    def agreed_now(self):
+        """Outside a step (epoch end): do all ranks agree to stop?"""
+        self.vote(True)
+        return self.agreed
 
 
 class EMA:
@@ -430,7 +452,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
     json_log = JsonLog(workspace_path(args, args.json_log) if dist.is_primary and args.json_log else None)
     json_log.write("params", args=vars(args), resumed_from=state and state["state_path"])
     progress = Progress(dist.is_primary, args.disp_batches)
-    stop = StopFlag()
+    stop = StopFlag(dist)
     guard = StatsGuard(net)
     local_batch = args.batch_size // dist.size
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
@@ -470,7 +492,8 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
                      for data, label in zip(datas, labels)]
             loss, outputs, applied = train_step(net, trainer, scaler, loss_fn, [p[0] for p in pairs],
                                                 [p[1] for p in pairs], local_batch * len(ctxs)
-                                                if args.kv_store == "horovod" else args.batch_size, guard)
+                                                if args.kv_store == "horovod" else args.batch_size, guard, stop.vote,
+                                                scan_grads=args.dtype == "float16" or scaler.dynamic)
             if not applied:
                 log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
                             epoch, step, scaler.scale)
@@ -499,7 +522,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
                             left * args.batch_size / max(speed, 1e-9))
             json_log.write("iter", epoch=epoch, step=step, loss=loss, lr=lr, ips=args.batch_size / durations[-1],
                            loss_scale=scaler.scale)
-            if stop.agreed(dist, f"stop.{epoch}.{step}") and step + 1 < steps:
+            if stop.agreed and step + 1 < steps:
                 progress.end_epoch()
                 dist.average_(running_stats(net), f"bn.stop.{epoch}")
                 if dist.is_primary:
@@ -545,7 +568,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         due = args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0
         if dist.is_primary and (due or last or improved):
             save(epoch + 1, 0, None, best=improved)
-        if stop.agreed(dist, f"stop.end.{epoch}") and not last:
+        if stop.agreed_now() and not last:
             if dist.is_primary and not (due or improved):
                 save(epoch + 1, 0, None)
             stopped = True

@@ -49,6 +49,25 @@ def test_overflow_step_is_skipped_and_scale_lowered_then_training_continues():
     assert all(np.isfinite(v).all() for v in moved.values())
 
 
+def test_nonfinite_loss_skips_the_update_without_a_gradient_scan():
+    """float32 path: no loss scaling, no gradient scan; the NaN/inf loss alone stops the update."""
+    net = small_net()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9}, kvstore=None)
+    scaler = fit.LossScaler(1.0)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
+    target = mx.nd.one_hot(mx.nd.array([0, 1, 2, 1]), 3)
+    bad = mx.nd.random.uniform(shape=(4, 4))
+    bad[0, 0] = np.nan
+    votes = []
+    before = snapshot(net)
+    _, _, applied = fit.train_step(net, trainer, scaler, loss_fn, [bad], [target], 4, fit.StatsGuard(net),
+                                   vote=lambda ok: votes.append(ok) or ok, scan_grads=False)
+    assert not applied and votes == [False] and scaler.bad_steps == 1
+    after = snapshot(net)
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+
+
 def test_dynamic_scale_grows_after_clean_steps():
     scaler = fit.LossScaler(8.0, dynamic=True, growth_interval=3)
     for _ in range(3):
