@@ -10,6 +10,8 @@ measured run), its latencies by the mean. Every flag benchmark.py does not know 
 sweep goes on. Writes the JSON (-o), a PNG chart beside it and Markdown tables on stdout.
 """
 import argparse
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -109,6 +111,29 @@ def runner_command(args, ngpus, batch_size, report, workspace, passthrough, flag
     # An epoch of exactly -i iterations for the synthetic and DALI readers, even without --benchmark-iters.
     command += ["--num-examples", str(args.num_examples or args.benchmark_iters * batch_size * ngpus)]
     return command + passthrough
+
+
+def load_runner(path):
+    """The runner script as a module, to reuse its own parser and checks (it has no .py suffix)."""
+    loader = importlib.machinery.SourceFileLoader("kit_runner", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("kit_runner", loader))
+    loader.exec_module(module)
+    return module
+
+
+def no_data_reason(executable, mode, passthrough):
+    """Why runner would find no records for ``mode`` at its data root, or None; only for our own runner and
+    when no --data-backend is chosen."""
+    if Path(executable).resolve() != (HERE / "runner").resolve() or "--data-backend" in passthrough:
+        return None
+    runner = load_runner(executable)
+    args, extra = runner.get_args_parser().parse_known_args(passthrough + ["--mode", mode])
+    args.data_backend = None
+    try:
+        runner.check_data_root(args, runner.peek_extra(extra))
+    except runner.UsageError as problem:
+        return str(problem)
+    return None
 
 
 def check_upfront(command):
@@ -275,7 +300,8 @@ def plot(result, path):
     ax.set_ylabel("images/s")
     ax.set_title(f"{result['model']} {ips_key} ({result.get('dtype') or 'default dtype'})")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     fig.tight_layout()
     tmp = f"{path}.tmp.png"
     fig.savefig(tmp, dpi=100)
@@ -330,6 +356,12 @@ def main(argv=None):
         if missing:
             print(f"benchmark: note: train.py has no {', '.join(missing)}; epochs are capped by --num-examples",
                   file=sys.stderr)
+    missing = no_data_reason(args.executable, args.mode, passthrough)
+    if missing:  # a throughput sweep still means something on synthetic data: the compute alone
+        print(f"benchmark: note: {missing.split(';')[0]}: benchmarking on --data-backend synthetic "
+              "(give --data-root, or --data-backend, to choose)", file=sys.stderr)
+        passthrough = passthrough + ["--data-backend", "synthetic"]
+        result["data_backend"] = "synthetic"
     configs = [(n, bs) for n in args.ngpus for bs in args.batch_sizes]
     with tempfile.TemporaryDirectory(prefix="benchmark-", dir=output.parent) as scratch:
         commands = {}

@@ -98,3 +98,15 @@ def test_speedup_against_a_baseline():
     metrics = {"1": {"8": {"train.total_ips": 30.0}, "16": {"train.total_ips": 50.0}}}
     baseline = {"metrics": {"1": {"8": {"train.total_ips": 20.0}}}}
     assert benchmark.speedup(metrics, baseline, "train.total_ips") == {"1": {"8": pytest.approx(1.5)}}
+
+
+def test_missing_data_root_sweeps_synthetic_data_and_says_so(tmp_path):
+    out = tmp_path / "infer.json"
+    tiny_model = TINY[TINY.index("--dtype"):]  # no --data-backend: benchmark.py must choose
+    result = run_benchmark("-n", "1", "-b", "2", "-i", "3", "-e", "1", "--only-inference", "-o", str(out),
+                           "--data-root", str(tmp_path / "no-imagenet-here"), *tiny_model)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "does not exist" in result.stderr and "synthetic" in result.stderr
+    data = json.loads(out.read_text())
+    assert data["data_backend"] == "synthetic"
+    assert data["metrics"]["1"]["2"]["val.total_ips"] > 0
