@@ -266,6 +266,7 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
     elif guard is not None:
         guard.restore_if_bad()
     scaler.update(finite)
+    mx.nd.waitall()  # the step ends when its update does: honest step times, and no queue building up
     return loss, outputs, finite
 
 

@@ -116,6 +116,11 @@ def main(args):
     if dist.is_primary:
         logging.info("Start with arguments %s", vars(args))
 
+    if args.dtype == "bfloat16":
+        # Operators run in bfloat16 on oneDNN through MXNet's AMP (parameters stay float32). AMP patches
+        # MXNet's operators, so it must come before the network is built.
+        from mxnet.contrib import amp
+        amp.init(target_dtype="bfloat16")
     net = models.get_model_from_args(args)
     net.initialize(mx.init.Xavier(), ctx=ctxs)  # layers with their own initializer keep it
     net.hybridize(static_alloc=True, static_shape=True)
