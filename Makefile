@@ -23,7 +23,7 @@ $(STAMP): setup.py requirements.txt tools/install_horovod.sh Makefile
 	$(BIN)/python -m pip install -q --upgrade pip==26.3 wheel==0.48.0 "setuptools==84.2.1" "cmake==3.31.10"
 	$(BIN)/python -m pip install -q "$(MXNET)" -r requirements.txt
 	tools/install_horovod.sh $(BIN)/python $(WHEEL_CACHE)
-	$(BIN)/python -m pip install -q --no-deps -e .
+	$(BIN)/python -m pip install -q -e ".[test]"
 	@$(BIN)/horovodrun --check-build > $(VENV)/horovod-check-build.txt
 	@grep -q '\[X\] MXNet' $(VENV)/horovod-check-build.txt && grep -q '\[X\] Gloo' $(VENV)/horovod-check-build.txt \
 		|| { cat $(VENV)/horovod-check-build.txt; echo "error: Horovod was built without MXNet or Gloo" >&2; exit 1; }
@@ -35,6 +35,7 @@ demo: setup
 	$(BIN)/python runner -n 2 -b 32 -e 16 -l 0.8 --dtype float32 --data-backend dali-cpu --data-root $(DEMO_DATA) \
 		--num-layers 18 --num-classes 10 --image-shape 3,32,32 --data-val-resize 32 \
 		--min-random-area 0.5 --random-mirror 0 --warmup-epochs 2 --seed 1 --workspace $(DEMO_RUN)
+	@echo; $(BIN)/python report.py $(DEMO_RUN)/report.json
 
 test: setup
 	$(BIN)/python -m pytest -q tests

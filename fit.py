@@ -138,6 +138,12 @@ class Distributed:
         for i, param in enumerate(params):
             self.hvd.allreduce_(param.data(), op=self.hvd.Average, name=f"{name}.{i}")
 
+    def finish(self):
+        """Before a worker exits: its queued collectives done, and every rank at this point (so no rank's
+        exit shuts Horovod down under another's last allreduce or rank 0's last checkpoint)."""
+        mx.nd.waitall()
+        self.sum([0.0], "finish")
+
     def broadcast_parameters(self, net):
         if self.hvd is not None and self.size > 1:
             self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
@@ -460,6 +466,9 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
     end_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs, start_epoch + args.run_epochs)
     run_start = time.time()
     stopped = False
+    if start_epoch >= end_epoch and dist.is_primary:
+        log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
+                 args.num_epochs)
 
     def save(epoch, step, acc, best=False):
         ckpt_state = {"epoch": epoch, "step": step, "model": args.model_name, "best_top1": best_top1,

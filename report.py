@@ -57,3 +57,35 @@ class Report:
         report = cls(raw["model"], raw["ngpus"], raw["cmd"], raw["metrics"])
         report.total_duration = raw["total_duration"]
         return report
+
+    def summary(self):
+        """A few lines for people: epochs, the last and best validation top-1, speed, time."""
+        metrics = self.metrics
+        epochs = max((len(v) for v in metrics.values()), default=0)
+        lines = [f"{self.model} on {self.ngpus} worker(s): {epochs} epoch(s) in {self.total_duration:.0f} s"]
+        top1 = metrics.get("val.top1")
+        if top1:
+            best = int(np.argmax(top1))
+            lines.append(f"Validation top-1: {top1[-1]:.4f} (best {top1[best]:.4f}, epoch {best + 1})")
+        for mode in ("train", "val"):
+            ips = metrics.get(f"{mode}.total_ips")
+            if ips:
+                lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s (last epoch)")
+        return "\n".join(lines)
+
+
+def main():
+    import argparse
+    parser = argparse.ArgumentParser(description="Summarise a run's JSON report")
+    parser.add_argument("report", help="report.json written by train.py")
+    path = parser.parse_args().report
+    try:
+        report = Report.load(path)
+    except (OSError, ValueError, KeyError) as problem:
+        raise SystemExit(f"report.py: error: {path} is not a readable report ({problem})")
+    print(report.summary())
+    print(f"Report: {os.path.abspath(path)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,7 @@
 from setuptools import setup
 
+ONNX = ["onnx==1.15.0", "onnxruntime==1.31.1", "protobuf==7.36.2", "flatbuffers==25.12.19"]
+
 setup(
     name="rn50-kit",
     version="0.1.0",
@@ -17,8 +19,8 @@ setup(
         "scikit-learn>=1.3",
     ],
     extras_require={
-        "test": ["pytest>=8"],
         # ONNX export (tools/export_onnx.py): MXNet's exporter imports onnx.mapping, removed in onnx 1.16
-        "onnx": ["onnx==1.15.0", "onnxruntime==1.31.1"],
+        "onnx": ONNX,
+        "test": ["pytest==9.2.0"] + ONNX,
     },
 )

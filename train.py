@@ -150,6 +150,7 @@ def main(args):
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
     except fit.TrainingError as error:
         raise UsageError(str(error))
+    dist.finish()
     if dist.is_primary:
         top1 = report.metrics.get("val.top1")
         if top1:
