@@ -9,6 +9,12 @@ import os
 import random
 import sys
 
+try:
+    import mxnet  # noqa: F401  (every module below needs it)
+except ImportError:
+    sys.exit("train.py: error: MXNet is not installed for this Python; run `make setup`, then use "
+             ".venv/bin/python (or `source .venv/bin/activate`)")
+
 import data
 import dali
 import fit
