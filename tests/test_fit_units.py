@@ -135,3 +135,43 @@ def test_recipe_fills_only_unset_fields_and_scales_lr_per_256():
     schedules.apply_recipe(args, defaults)
     assert args.lr == pytest.approx(0.256 * 192 / 256) and args.mom == 0.875 and args.wd == 1 / 32768
     assert args.label_smoothing == 0.1 and args.lr_schedule == "cosine" and math.isclose(args.warmup_epochs, 5)
+
+
+def test_ema_follows_the_exponential_average_of_the_weights():
+    net = small_net()
+    decay = 0.9
+    ema = fit.EMA(net, decay)
+    history = [snapshot(net)]
+    for _ in range(2):  # move the weights, then fold them into the average
+        for p in net.collect_params().values():
+            p.set_data(p.data() + mx.nd.random.uniform(shape=p.shape))
+        history.append(snapshot(net))
+        ema.update()
+    expected = {}
+    for name in history[0]:
+        expected[name] = history[0][name]
+        for weights in history[1:]:
+            expected[name] = decay * expected[name] + (1 - decay) * weights[name]
+        np.testing.assert_allclose(ema.shadow[name].asnumpy(), expected[name], rtol=1e-5, err_msg=name)
+    live = snapshot(net)
+    ema.swap()  # validation runs on the averages, then the live weights come back
+    swapped = snapshot(net)
+    ema.swap()
+    restored = snapshot(net)
+    for name in live:
+        np.testing.assert_allclose(swapped[name], expected[name], rtol=1e-5, err_msg=name)
+        np.testing.assert_array_equal(restored[name], live[name], err_msg=name)
+
+
+def test_mixup_mixes_each_sample_with_the_reversed_batch():
+    data = mx.nd.random.uniform(shape=(4, 3, 2, 2))
+    label = mx.nd.array([0, 1, 2, 1])
+    rng = np.random.RandomState(5)
+    mixed, target = fit.make_targets(label, 3, 0.0, 0.2, rng, data)
+    coeffs = np.random.RandomState(5).beta(0.2, 0.2, size=4).astype("float32")
+    x, onehot = data.asnumpy(), np.eye(3, dtype="float32")[[0, 1, 2, 1]]
+    c = coeffs.reshape(-1, 1, 1, 1)
+    np.testing.assert_allclose(mixed.asnumpy(), c * x + (1 - c) * x[::-1], rtol=1e-5)
+    np.testing.assert_allclose(target.asnumpy(), coeffs[:, None] * onehot + (1 - coeffs[:, None]) * onehot[::-1],
+                               rtol=1e-5)
+    np.testing.assert_allclose(target.asnumpy().sum(axis=1), 1.0, rtol=1e-5)
