@@ -131,12 +131,13 @@ class Distributed:
         array = mx.nd.array(values, dtype="float64")
         return self.hvd.allreduce(array, op=self.hvd.Sum, name=name).asnumpy().tolist()
 
-    def average_(self, params, name):
-        """Average parameters in place over all ranks (BatchNorm running statistics)."""
+    def average_(self, arrays, name):
+        """Average parameters (or NDArrays) in place over all ranks (BatchNorm running statistics)."""
         if self.hvd is None or self.size == 1:
             return
-        for i, param in enumerate(params):
-            self.hvd.allreduce_(param.data(), op=self.hvd.Average, name=f"{name}.{i}")
+        for i, array in enumerate(arrays):
+            array = array.data() if isinstance(array, gluon.Parameter) else array
+            self.hvd.allreduce_(array, op=self.hvd.Average, name=f"{name}.{i}")
 
     def finish(self):
         """Before a worker exits: its queued collectives done, and every rank at this point (so no rank's
@@ -377,6 +378,10 @@ class EMA:
             p.set_data(self.shadow[name].astype(p.dtype))
             self.shadow[name] = live
 
+    def running_stats(self):
+        return [value for name, value in sorted(self.shadow.items())
+                if name.endswith(("running_mean", "running_var"))]
+
     def saveable(self):
         return {name: v for name, v in self.shadow.items()}
 
@@ -551,6 +556,8 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         # Each rank keeps its own BatchNorm statistics: average them so validation and checkpoints
         # do not depend on the rank.
         dist.average_(running_stats(net), f"bn.{epoch}")
+        if ema is not None:  # the averages of those statistics differ by rank too
+            dist.average_(ema.running_stats(), f"ema.bn.{epoch}")
         if dist.is_primary:
             log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch, train_loss,
                      "" if args.no_metrics else f" top1 {values['top1']:.4f}",
