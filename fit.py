@@ -72,7 +72,9 @@ def add_fit_args(parser):
                        help="auto: continue from the latest complete checkpoint; none: start afresh; "
                             "or a <prefix>-NNNN.params / .state.json path")
     group.add_argument("--load", default=None, help="val/pred: parameters to score (default: latest checkpoint)")
-    group.add_argument("--report", default="report.json", help="JSON report (relative: inside --workspace)")
+    group.add_argument("--report", default=None,
+                       help="JSON report (relative: inside --workspace; default report.json, and score.json for "
+                            "--mode val, so scoring never overwrites the training report)")
     group.add_argument("--json-log", default="log.jsonl",
                        help="JSON-lines log (relative: inside --workspace); empty to disable")
     group.add_argument("--data-pred", default=None, help="pred: image file to classify")
@@ -88,6 +90,8 @@ def workspace_path(args, name):
 
 def check_args(args):
     """Raise ValueError for inconsistent hyper-parameters (after the recipe is applied)."""
+    if args.report is None:
+        args.report = "score.json" if args.mode == "val" else "report.json"
     if args.num_epochs <= 0:
         raise ValueError(f"--num-epochs must be positive, got {args.num_epochs}")
     if args.lr_schedule == "step":
