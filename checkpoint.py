@@ -98,33 +98,3 @@ def state_for_params(params_path):
     if params_path.endswith(".params"):
         return read_state(params_path[:-len(".params")] + STATE_SUFFIX)
     return None
-
-
-def _strip(name):
-    return name[4:] if name.startswith(("arg:", "aux:")) else name
-
-
-def load_params(net, path, ctx):
-    """Load a ``.params`` file (export or save_parameters format) into ``net``, which must be built the same way.
-
-    Raises ValueError naming the first mismatch: another architecture, depth or class count.
-    """
-    loaded = {_strip(k): v for k, v in mx.nd.load(path).items()}
-    params = net.collect_params()
-    missing = [k for k in params if k not in loaded]
-    extra = [k for k in loaded if k not in params]
-    if missing or extra:
-        raise ValueError(f"{path} does not fit this model ({len(missing)} parameters missing, e.g. "
-                         f"{(missing or ['-'])[0]}; {len(extra)} unexpected, e.g. {(extra or ['-'])[0]}); "
-                         "it was saved from another architecture: check --arch/--num-layers")
-    for name, param in params.items():
-        value = loaded[name]
-        if param.shape and 0 not in param.shape and tuple(param.shape) != tuple(value.shape):
-            raise ValueError(f"{path} does not fit this model: {name} has shape {value.shape}, the model "
-                             f"{param.shape}; check --arch/--num-layers/--num-classes")
-    for name, param in params.items():
-        value = loaded[name]
-        if param._data is None:
-            param.shape = value.shape
-            param.initialize(ctx=ctx, force_reinit=True)
-        param.set_data(value.astype(param.dtype))

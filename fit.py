@@ -10,6 +10,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import checkpoint
+import models
 import schedules
 from progress import JsonLog, Progress, format_seconds
 from report import Report
@@ -410,10 +411,12 @@ def make_targets(label, num_classes, smoothing, mix, epoch_rng, data):
 
 
 def load_params(net, path, ctx):
+    """Load a .params file into ``net``; a file of another architecture is a TrainingError."""
     try:
-        checkpoint.load_params(net, path, ctx)
+        models.load_parameters(net, path, ctx)
     except ValueError as error:
-        raise TrainingError(str(error))
+        raise TrainingError(f"{error}: it was saved from another architecture; check --arch/--num-layers/"
+                            "--num-classes")
 
 
 def restore(args, net, trainer, scaler, ema, state, ctxs):

@@ -134,3 +134,12 @@ def test_cpu_defaults_and_too_many_workers():
 def test_bad_numbers_are_one_line():
     one_line_error(run_runner("-n", "0"), "-n must be at least 1")
     one_line_error(run_runner("-b", "0", "--data-backend", "synthetic"), "-b must be at least 1")
+
+
+def test_a_failing_worker_ends_in_its_own_message_and_one_runner_line(tmp_path):
+    result = run_runner("-n", "2", "-b", "2", "-e", "1", "--data-backend", "synthetic", "--dtype", "float32",
+                        "--recipe", "no-such-recipe", "--workspace", str(tmp_path))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "no-such-recipe" in result.stderr  # train.py's own one-line message reaches the user
+    assert result.stderr.strip().splitlines()[-1].startswith("runner: error: worker ")
