@@ -38,7 +38,8 @@ DEFAULT_BATCH_SIZES = {
 
 
 def reexec_in_venv():
-    """Run under the kit's .venv (MXNet for train.py --help, matplotlib for the chart) when started by another Python."""
+    """Run under the kit's .venv (MXNet for train.py --help, matplotlib for the chart) when started by another
+    Python."""
     venv_python = HERE / ".venv" / "bin" / "python"
     if venv_python.is_file() and Path(sys.prefix).resolve() != (HERE / ".venv").resolve():
         os.execv(str(venv_python), [str(venv_python), str(Path(__file__).resolve())] + sys.argv[1:])

@@ -12,6 +12,7 @@ from mxnet import autograd, gluon
 import checkpoint
 import models
 import schedules
+from data import out_dtype
 from progress import JsonLog, Progress, format_seconds
 from report import Report
 
@@ -293,8 +294,8 @@ def topk_hits(logits, label, valid):
 def split(batch, ctxs, dtype):
     """Slices of the batch, one per device, in the model's input dtype."""
     data, label = batch.data[0], batch.label[0]
-    if dtype != "float32" and data.dtype != np.dtype(dtype if dtype != "bfloat16" else "float32"):
-        data = data.astype(dtype) if dtype != "bfloat16" else data
+    if data.dtype != np.dtype(out_dtype(dtype)):
+        data = data.astype(out_dtype(dtype))
     if len(ctxs) == 1:
         return [data.as_in_context(ctxs[0])], [label.as_in_context(ctxs[0])]
     return (gluon.utils.split_and_load(data, ctxs, even_split=False),
@@ -449,7 +450,8 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
     state = resume_state(args)
     if state is not None and state.get("model") not in (None, args.model_name):
         raise TrainingError(f"the checkpoint {state['state_path']} comes from another architecture "
-                            f"({state['model']}; this run: {args.model_name}); use another --workspace/--model-prefix or --resume none")
+                            f"({state['model']}; this run: {args.model_name}); use another "
+                            "--workspace/--model-prefix or --resume none")
     set_wd_groups(net, decay_all=args.wd_bn_bias)
     dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     trainer = make_trainer(args, net, dist, args.kv_store)
@@ -696,8 +698,7 @@ def predict(args, net, ctxs):
     """--mode pred: print the top-5 classes of --data-pred; returns [(probability, class index, name)]."""
     load_for_scoring(args, net, ctxs, Distributed(None))
     image = mx.nd.array(load_image(args, args.data_pred), ctx=ctxs[0])
-    dtype = args.dtype if args.dtype != "bfloat16" else "float32"
-    probs = net(image.astype(dtype)).astype("float32").softmax()[0].asnumpy()
+    probs = net(image.astype(out_dtype(args.dtype))).astype("float32").softmax()[0].asnumpy()
     names = class_names(args)
     if names is None:
         log.info("No class names (--class-names, or a .lst beside --data-train): printing class indices")

@@ -135,7 +135,7 @@ def main(args):
     # Finish deferred shapes (so checkpoints load into every parameter) by shape inference, not a forward
     # pass: an inference-mode forward lets oneDNN reorder the weights into its own layout, which Horovod's
     # broadcast and allreduce cannot read on CPU.
-    net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=args.dtype if args.dtype != "bfloat16" else "float32"))
+    net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=data.out_dtype(args.dtype)))
     for param in net.collect_params().values():
         param._finish_deferred_init()
     try:

@@ -22,6 +22,7 @@ def train_losses(tmp_path, dtype):
 def test_bfloat16_training_differs_from_float32_only_by_rounding(tmp_path):
     float32 = train_losses(tmp_path, "float32")
     bfloat16 = train_losses(tmp_path, "bfloat16")
+    assert len(float32) == len(bfloat16) == 2
     assert float32 != bfloat16  # the same seed and data: any difference comes from bfloat16 arithmetic
     for a, b in zip(float32, bfloat16):
         assert abs(a - b) <= 0.05 * abs(a), (float32, bfloat16)

@@ -33,7 +33,8 @@ def main():
             command = [runner, "-n", str(workers), "-b", str(args.global_batch // workers), "-e", str(args.epochs),
                        "--mode", "train", "--data-backend", "synthetic", "--dtype", "float32",
                        "--benchmark-iters", str(args.iters), "--no-metrics", "--num-examples",
-                       str(args.iters * args.global_batch), "--report", report, "--workspace", os.path.join(scratch, f"run{workers}"), *extra]  # fresh: no resume
+                       str(args.iters * args.global_batch), "--report", report,
+                       "--workspace", os.path.join(scratch, f"run{workers}"), *extra]  # fresh: no resume
             reason = benchmark.run_one(command, None)
             if reason:
                 sys.exit(f"horovod_overhead: error: -n {workers} failed: {reason}")
