@@ -214,7 +214,7 @@ def make_loss_scaler(args):
 
 
 def grads_finite(params):
-    return grads_finite_arrays([g for p in params if p.grad_req != "null" for g in p.list_grad()])
+    return all_finite([g for p in params if p.grad_req != "null" for g in p.list_grad()])
 
 
 def make_trainer(args, net, dist, kvstore):
@@ -243,12 +243,12 @@ class StatsGuard:
             src.copyto(dst)
 
     def restore_if_bad(self):
-        if self.stats and not grads_finite_arrays(self.stats):
+        if self.stats and not all_finite(self.stats):
             for src, dst in zip(self.backup, self.stats):
                 src.copyto(dst)
 
 
-def grads_finite_arrays(arrays):
+def all_finite(arrays):
     return bool(mx.nd.multi_all_finite(*arrays, num_arrays=len(arrays), init_output=True).asscalar())
 
 

@@ -442,13 +442,18 @@ def model_kwargs_from_args(args):
                 fuse_bn_add_relu=bool(args.fuse_bn_add_relu))
 
 
+def model_name_from_args(args):
+    """``--model NAME``, else the name the original kit's ``--arch/--num-layers/--num-groups`` stand for."""
+    return args.model or model_name(args.arch, args.num_layers, args.num_groups)
+
+
 def get_model_from_args(args):
     """The network the flags ask for, uninitialised; its logits are float32 whatever ``--dtype`` is.
 
     float16: parameters float16 except BatchNorm's. bfloat16: parameters float32, for MXNet AMP
     (``amp.init(target_dtype='bfloat16')`` before the first forward) or ``to_bfloat16`` for inference.
     """
-    name = args.model or model_name(args.arch, args.num_layers, args.num_groups)
+    name = model_name_from_args(args)
     if (args.fuse_bn_relu and not fused_bn_relu_available()) or \
             (args.fuse_bn_add_relu and not fused_bn_add_relu_available()):
         log.info("fused BatchNorm ops asked for but not in this MXNet build: using the plain ops")

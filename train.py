@@ -93,6 +93,8 @@ def train_iterator_factory(args, dist, ctx, first):
         return lambda epoch: first
 
     def make(epoch):
+        if epoch == 0:
+            return first  # built with args.seed, the seed epoch 0 gets
         epoch_args = copy.copy(args)
         epoch_args.seed = args.seed + 100003 * epoch
         epoch_args.data_val = None  # only the training pipeline is rebuilt
@@ -111,7 +113,7 @@ def main(args):
     setup_logging(dist.rank)
     apply_recipe(args)
     validate_args(args, dist.size)
-    args.model_name = models.model_name(args.arch, args.num_layers)
+    args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it
     os.makedirs(args.workspace, exist_ok=True)
     if args.seed is not None:
         random.seed(args.seed)
