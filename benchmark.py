@@ -1,21 +1,30 @@
 """Throughput sweep: runs `runner` for every GPU count and batch size and gathers images/s and latencies.
 
     python benchmark.py -n 1,4,8 -b 64,128,192,208 -i 100 -e 2 -w 1 -o report.json
-    python benchmark.py -n 1 --only-inference -e 3 -w 1
+    python benchmark.py -n 1,4,8 --only-inference                  # fresh weights, or --load CKPT.params
+    python benchmark.py -n 1 --only-inference --data-root DIR --repeat 3
 
-Each configuration runs `runner -n N -b B --benchmark-iters I -e E --mode M --no-metrics --report FILE ...`;
-its per-epoch images/s after the warmup epochs are combined by the harmonic mean (the rate of the whole
-measured run), its latencies by the mean. Every flag benchmark.py does not know goes through to runner
-(and from there to train.py). A configuration that fails or times out is recorded with its reason and the
-sweep goes on. Writes the JSON (-o), a PNG chart beside it and Markdown tables on stdout.
+Each configuration runs `runner -n N -b B --benchmark-iters W+I -e E --mode M --no-metrics --report FILE ...`:
+every epoch runs W = 20 untimed warmup iterations, then I timed ones, in every mode and data backend (a
+validation set shorter than that is cycled). Its per-epoch images/s after the -w warmup epochs are combined by
+the harmonic mean (the rate of the whole measured run), its latencies by the mean; with --repeat R each
+configuration runs R times (in interleaved rounds) and the median is reported with the min and max. Every flag
+benchmark.py does not know goes through to runner (and from there to train.py). A configuration that fails or
+times out is recorded with its reason and the sweep goes on. Writes the JSON (-o) with what a reader needs to
+trust the numbers (machine, library versions, dtype, layout, data, weights, commands), a PNG chart beside it
+and Markdown tables on stdout.
 """
 import argparse
 import importlib.machinery
 import importlib.util
 import json
 import os
+import platform
 import re
+import shlex
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LATENCIES = ["latency_avg", "latency_50", "latency_90", "latency_95", "latency_99", "latency_100"]
+# Untimed iterations at the start of every epoch: report.py leaves out this many (graph building, caches).
+WARMUP_ITERS = 20
 # The original kit's sweeps (examples/BENCHMARK_*.sh, INFER_BENCHMARK_*.sh), per GPU.
 DEFAULT_BATCH_SIZES = {
     ("train", "float16"): [64, 128, 192, 208],
@@ -63,25 +74,34 @@ def get_args_parser():
     parser.add_argument("-n", "--ngpus", type=int_list, default=[1], help="worker counts, e.g. 1,4,8")
     parser.add_argument("-b", "--batch-sizes", type=int_list, default=None,
                         help="batch sizes per worker (default: the original kit's list for the mode and dtype)")
-    parser.add_argument("-i", "--benchmark-iters", type=int, default=100, help="iterations per epoch")
+    parser.add_argument("-i", "--benchmark-iters", type=int, default=100,
+                        help=f"timed iterations per epoch, after {WARMUP_ITERS} untimed warmup iterations")
     parser.add_argument("-e", "--epochs", type=int, default=1, help="epochs per configuration")
     parser.add_argument("-w", "--warmup", type=int, default=0, help="first epochs left out of the results")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per configuration; the tables show the median and the min-max spread")
     parser.add_argument("--num-examples", type=int, default=None,
-                        help="samples per epoch (default: iterations x global batch)")
+                        help="training samples per epoch (default: (warmup + timed iterations) x global batch)")
     parser.add_argument("--mode", default="train_val", choices=["train_val", "train", "val"], help="what to time")
     parser.add_argument("--only-inference", action="store_true", help="the same as --mode val")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per configuration (default: none)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
     parser.add_argument("--baseline", default=None,
                         help="an earlier benchmark JSON (e.g. float32) to compute the speed-up against")
     parser.add_argument("--dry-run", action="store_true", help="print the runner commands, run nothing")
     return parser
 
 
+def peek_flags(passthrough):
+    """The runner/train.py flags benchmark.py needs to know about, as the user gave them (None: not given)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--dtype", "--load", "--workspace", "--resume", "--data-backend", "--data-root"):
+        parser.add_argument(flag)
+    return parser.parse_known_args(passthrough)[0]
+
+
 def peek_dtype(passthrough):
     """The --dtype going to runner, or None for runner's machine-dependent default."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--dtype")
-    return parser.parse_known_args(passthrough)[0].dtype
+    return peek_flags(passthrough).dtype
 
 
 # --- running one configuration -------------------------------------------------------------------------------
@@ -100,17 +120,24 @@ def train_flags(executable):
     return {word.strip(",[]") for word in text.split() if word.startswith("--")}
 
 
+def iterations_per_epoch(timed_iters):
+    return WARMUP_ITERS + timed_iters
+
+
 def runner_command(args, ngpus, batch_size, report, workspace, passthrough, flags):
+    iters = iterations_per_epoch(args.benchmark_iters)
     command = [args.executable, "-n", str(ngpus), "-b", str(batch_size), "-e", str(args.epochs),
                "--mode", args.mode, "--report", str(report)]
     if flags is None or "--benchmark-iters" in flags:
-        command += ["--benchmark-iters", str(args.benchmark_iters)]
+        command += ["--benchmark-iters", str(iters)]
     if flags is None or "--no-metrics" in flags:
         command += ["--no-metrics"]
     if "--workspace" not in passthrough:
         command += ["--workspace", str(workspace)]
-    # An epoch of exactly -i iterations for the synthetic and DALI readers, even without --benchmark-iters.
-    command += ["--num-examples", str(args.num_examples or args.benchmark_iters * batch_size * ngpus)]
+    if args.mode != "val" and "--resume" not in passthrough and (flags is None or "--resume" in flags):
+        command += ["--resume", "none"]  # a checkpoint in a given --workspace must not shorten the run
+    # An epoch of exactly W+I training iterations for every reader, even without --benchmark-iters.
+    command += ["--num-examples", str(args.num_examples or iters * batch_size * ngpus)]
     return command + passthrough
 
 
@@ -138,11 +165,36 @@ def no_data_reason(executable, mode, passthrough):
 
 
 def check_upfront(command):
-    """Ask runner (--dry-run: no launch, no MXNet on CPU machines) whether it accepts the configuration."""
+    """Ask runner (--dry-run: no launch, no MXNet on CPU machines) whether it accepts the configuration.
+    Returns (None, what runner would run) or (the reason it refuses, None)."""
     result = subprocess.run(command + ["--dry-run"], capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
-        return last_error(result.stderr.splitlines()) or f"runner exited with {result.returncode}"
-    return None
+        return last_error(result.stderr.splitlines()) or f"runner exited with {result.returncode}", None
+    return None, result.stdout
+
+
+def launch_plan(dry_run_output):
+    """runner --dry-run's output (VAR=value lines, then the command) as {"env": {...}, "command": "..."}."""
+    lines = [line for line in dry_run_output.splitlines() if line.strip()]
+    env = OrderedDict(line.split("=", 1) for line in lines[:-1] if re.match(r"^\w+=", line))
+    return OrderedDict(env=env, command=lines[-1] if lines else "")
+
+
+def run_settings(train_command):
+    """What a run really uses, read from the train.py command runner builds (its defaults filled in; the
+    last occurrence of a flag wins, as in train.py)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag, default in (("--dtype", "float32"), ("--data-backend", "dali-gpu"), ("--input-layout", "NCHW"),
+                          ("--conv-layout", "NCHW"), ("--data-train", None), ("--data-val", None),
+                          ("--load", None), ("--kv-store", "horovod")):
+        parser.add_argument(flag, default=default)
+    found = parser.parse_known_args(train_command.split())[0]
+    return OrderedDict(dtype=found.dtype, data_backend=found.data_backend,
+                       layout=OrderedDict(input=found.input_layout, conv=found.conv_layout),
+                       real_data=found.data_backend != "synthetic",
+                       data=None if found.data_backend == "synthetic" else
+                       OrderedDict((k, v) for k, v in (("train", found.data_train), ("val", found.data_val)) if v),
+                       kv_store=found.kv_store, load=found.load)
 
 
 def last_error(lines):
@@ -186,6 +238,51 @@ def run_one(command, timeout):
     return None
 
 
+# --- what the numbers were measured on -----------------------------------------------------------------------
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_models():
+    """[name, memory, driver] per NVIDIA GPU the driver reports (nvidia-smi), or []."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def machine_info():
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return OrderedDict(host=platform.node(), os=platform.platform(), cpu=cpu_model(), cpu_cores_usable=cores,
+                       cpu_count=os.cpu_count(), gpus=gpu_models(), python=platform.python_version())
+
+
+def library_versions():
+    """Installed distributions of MXNet, DALI and Horovod (any build: mxnet-cu112, nvidia-dali-cuda120...),
+    read from their metadata, without importing them."""
+    from importlib import metadata
+    wanted = {"mxnet": "mxnet", "dali": "nvidia-dali", "horovod": "horovod"}
+    found = OrderedDict((key, None) for key in wanted)
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        for key, prefix in wanted.items():
+            if name == prefix or name.startswith(prefix + "-"):
+                found[key] = f"{name} {dist.version}"
+    return found
+
+
 # --- results -------------------------------------------------------------------------------------------------
 
 def harmonic_mean(values):
@@ -197,8 +294,9 @@ def metric_keys(mode):
     return [f"{m}.{k}" for m in modes for k in ["total_ips"] + LATENCIES]
 
 
-def summarize(report, keys, epochs, warmup):
-    """One number per metric: harmonic mean of images/s, mean of latencies, over the epochs after warmup."""
+def summarize(report, keys, epochs, warmup, timed_iters=None):
+    """One number per metric: harmonic mean of images/s, mean of latencies, over the epochs after warmup.
+    With ``timed_iters``, every measured epoch must have timed exactly that many iterations."""
     metrics = report.get("metrics", {})
     cell = OrderedDict()
     for key in keys:
@@ -217,7 +315,32 @@ def summarize(report, keys, epochs, warmup):
     ips_key = keys[0]
     if ips_key not in cell:
         raise ValueError(f"the report has no {ips_key}")
+    for mode in sorted({key.split(".")[0] for key in cell}):
+        counts = metrics.get(f"{mode}.timed_iters")
+        if counts is None:
+            continue  # a report from before timed_iters
+        counts = counts[warmup:]
+        if timed_iters is not None and any(count != timed_iters for count in counts):
+            raise ValueError(f"{mode} timed {counts} iterations per epoch, expected {timed_iters}")
+        cell[f"{mode}.timed_iters"] = min(counts)
     return cell
+
+
+def combine_runs(cells):
+    """Repeated runs of one configuration: the median of each metric; with more than one run also its
+    [min, max] spread and every run's value."""
+    combined = OrderedDict()
+    keys = [key for key in cells[0] if isinstance(cells[0][key], (int, float))]
+    for key in keys:
+        values = [cell[key] for cell in cells]
+        combined[key] = min(values) if key.endswith("timed_iters") else statistics.median(values)
+    combined["runs"] = len(cells)
+    if len(cells) > 1:
+        combined["spread"] = OrderedDict((key, [min(c[key] for c in cells), max(c[key] for c in cells)])
+                                         for key in keys if not key.endswith("timed_iters"))
+        combined["repeats"] = OrderedDict((key, [c[key] for c in cells])
+                                          for key in keys if not key.endswith("timed_iters"))
+    return combined
 
 
 def weak_scaling(metrics, ips_key):
@@ -243,23 +366,53 @@ def speedup(metrics, baseline, ips_key):
 
 
 def markdown_table(title, rows, columns, values, row_name, fmt):
+    """Numbers are formatted with ``fmt``; strings are taken as they are; anything else is '-'."""
     lines = [f"### {title}", "", f"| {row_name} | " + " | ".join(str(c) for c in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for r in rows:
         cells = []
         for c in columns:
             value = values.get(str(r), {}).get(str(c))
-            cells.append(fmt(value) if isinstance(value, (int, float)) else "-")
+            cells.append(fmt(value) if isinstance(value, (int, float)) else value if isinstance(value, str) else "-")
         lines.append(f"| {r} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def with_spread(cell, key, fmt, scale=1.0):
+    """'median (min-max)' for a repeated configuration, the plain number otherwise, None when absent."""
+    if key not in cell:
+        return None
+    text = fmt(cell[key] * scale)
+    spread = cell.get("spread", {}).get(key)
+    if spread:
+        text += f" ({fmt(spread[0] * scale)}-{fmt(spread[1] * scale)})"
+    return text
+
+
+def describe(result):
+    """One line: what was measured, on what, with which weights."""
+    data = "real data" if result.get("real_data") else "synthetic data"
+    parts = [result.get("dtype") or "default dtype", f"{data} ({result.get('data_backend') or '?'})"]
+    layout = result.get("layout")
+    if layout:
+        parts.append(f"{layout['input']} input")
+    if result.get("weights"):
+        parts.append("fresh weights" if result["weights"] == "fresh" else f"weights {result['weights']}")
+    repeat = result.get("repeat", 1)
+    parts.append(f"{result.get('timed_iters')} timed iterations per epoch")
+    if repeat > 1:
+        parts.append(f"median of {repeat} runs (min-max)")
+    return ", ".join(parts)
 
 
 def tables(result):
     ngpus, bss, ips_key = result["ngpus"], result["bs"], result["metric_keys"][0]
     metrics = result["metrics"]
-    ips = {n: {bs: cell.get(ips_key) for bs, cell in row.items()} for n, row in metrics.items()}
+    ips = {n: {bs: with_spread(cell, ips_key, lambda v: f"{v:.1f}") for bs, cell in row.items()}
+           for n, row in metrics.items()}
     dtype = result.get("dtype") or "default dtype"
-    out = [markdown_table(f"{ips_key} (images/s, {dtype}): workers x batch size per worker", ngpus, bss, ips,
+    out = [f"{result.get('model') or 'model'}: {describe(result)}\n",
+           markdown_table(f"{ips_key} (images/s, {dtype}): workers x batch size per worker", ngpus, bss, ips,
                           "workers", lambda v: f"{v:.1f}")]
     if len(ngpus) > 1 and result.get("weak_scaling"):
         out.append(markdown_table("Weak scaling: ips(n) / ips(1)", ngpus, bss, result["weak_scaling"],
@@ -269,20 +422,37 @@ def tables(result):
                                   "workers", lambda v: f"{v:.2f}"))
     mode = ips_key.split(".")[0]
     for n in ngpus:
-        rows = {str(bs): {k: metrics.get(str(n), {}).get(str(bs), {}).get(f"{mode}.{k}") for k in LATENCIES}
-                for bs in bss}
-        rows = {bs: {k: v * 1000 for k, v in row.items() if v is not None} for bs, row in rows.items()}
-        if any(rows.values()):
+        row = metrics.get(str(n), {})
+        rows = {str(bs): {k: with_spread(row.get(str(bs), {}), f"{mode}.{k}", lambda v: f"{v:.2f}", 1000)
+                          for k in LATENCIES} for bs in bss}
+        if any(value for r in rows.values() for value in r.values()):
             out.append(markdown_table(f"{mode} latency per iteration (ms), {n} worker(s)", bss, LATENCIES,
                                       rows, "batch size", lambda v: f"{v:.2f}"))
     failed = [f"- n={f['ngpus']} bs={f['bs']}: {f['reason']}" for f in result["failed"]]
+    for n, row in metrics.items():
+        for bs, cell in row.items():
+            failed += [f"- n={n} bs={bs}, one of {cell['runs'] + len(cell['failed_runs'])} runs: {reason}"
+                       for reason in cell.get("failed_runs", [])]
     if failed:
         out.append("### Failed configurations\n\n" + "\n".join(failed) + "\n")
     return "\n".join(out)
 
 
 def plot(result, path):
-    """images/s per batch size, one line per worker count; skipped with a note without matplotlib."""
+    """images/s per batch size, one line per worker count (error bars: min-max of repeated runs); None, with
+    the reason on stderr, when there is nothing to draw or no matplotlib."""
+    ips_key = result["metric_keys"][0]
+    lines = []
+    for n in result["ngpus"]:
+        row = result["metrics"].get(str(n), {})
+        points = [(bs, row[str(bs)]) for bs in result["bs"] if ips_key in row.get(str(bs), {})]
+        if points:
+            lines.append((n, points))
+    if not lines:
+        print("benchmark: no chart: no configuration succeeded", file=sys.stderr)
+        if Path(path).exists():  # an older sweep's chart beside this JSON would contradict it
+            os.remove(path)
+        return None
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -290,19 +460,19 @@ def plot(result, path):
     except ImportError:
         print("benchmark: note: matplotlib is not installed, no chart", file=sys.stderr)
         return None
-    ips_key = result["metric_keys"][0]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for n in result["ngpus"]:
-        row = result["metrics"].get(str(n), {})
-        points = [(bs, row[str(bs)][ips_key]) for bs in result["bs"] if ips_key in row.get(str(bs), {})]
-        if points:
-            ax.plot(*zip(*points), marker="o", label=f"{n} worker(s)")
+    for n, points in lines:
+        xs = [bs for bs, _ in points]
+        ys = [cell[ips_key] for _, cell in points]
+        spreads = [cell.get("spread", {}).get(ips_key, [cell[ips_key]] * 2) for _, cell in points]
+        errors = [[y - lo for y, (lo, _) in zip(ys, spreads)], [hi - y for y, (_, hi) in zip(ys, spreads)]]
+        ax.errorbar(xs, ys, yerr=errors if result.get("repeat", 1) > 1 else None, marker="o", capsize=3,
+                    label=f"{n} worker(s)")
     ax.set_xlabel("batch size per worker")
     ax.set_ylabel("images/s")
-    ax.set_title(f"{result['model']} {ips_key} ({result.get('dtype') or 'default dtype'})")
+    ax.set_title(f"{result['model']} {ips_key}\n{describe(result)}", fontsize=9)
     ax.grid(True, alpha=0.3)
-    if ax.lines:
-        ax.legend()
+    ax.legend()
     fig.tight_layout()
     tmp = f"{path}.tmp.png"
     fig.savefig(tmp, dpi=100)
@@ -324,21 +494,59 @@ def error(message):
     sys.exit(2)
 
 
+def report_name(output, n, bs, run, repeat):
+    """The original's per-run report names, <out>-<n>,<bs>.json; -runK added when runs repeat."""
+    return output.parent / (f"{output.stem}-{n},{bs}" + (f"-run{run + 1}" if repeat > 1 else "") + ".json")
+
+
+def read_run(report_path, keys, args):
+    """(the run's summary cell, the weights it scored) from its report; ValueError/OSError/KeyError if bad."""
+    with open(report_path) as f:
+        report = json.load(f)
+    cell = summarize(report, keys, args.epochs, args.warmup, args.benchmark_iters)
+    return cell, report.get("weights"), report.get("model", "")
+
+
+def weights_used(mode, given_load, scored):
+    """'fresh' or the .params path; training runs start from fresh weights (--resume none)."""
+    if mode != "val":
+        return "fresh"
+    if scored:
+        return scored[0] if len(set(scored)) == 1 else "mixed: " + ", ".join(sorted(set(scored)))
+    return os.path.abspath(given_load) if given_load else "fresh"
+
+
 def main(argv=None):
     args, passthrough = get_args_parser().parse_known_args(argv)
     if args.only_inference:
         args.mode = "val"
     if args.benchmark_iters < 1 or args.epochs < 1:
         error("-i and -e must be at least 1")
+    if args.repeat < 1:
+        error(f"--repeat must be at least 1, got {args.repeat}")
     if not 0 <= args.warmup < args.epochs:
         error(f"-w {args.warmup} must leave at least one of the -e {args.epochs} epochs to measure")
     if args.timeout is not None and args.timeout <= 0:
         error(f"--timeout must be positive, got {args.timeout:g}")
     if not Path(args.executable).is_file():
         error(f"{args.executable} does not exist")
-    dtype = peek_dtype(passthrough)
+    given = peek_flags(passthrough)
+    if given.load is not None and not Path(given.load).is_file():
+        error(f"--load {given.load} does not exist; give the .params file of a checkpoint, or leave --load out "
+              "to time fresh weights")
+    if given.load is not None and args.mode != "val":
+        error(f"--load scores a checkpoint: it needs --only-inference (--mode val), not --mode {args.mode}")
+    dtype = given.dtype
     if args.batch_sizes is None:
-        args.batch_sizes = DEFAULT_BATCH_SIZES[("val" if args.mode == "val" else "train", dtype or "float32")]
+        mode = "val" if args.mode == "val" else "train"
+        args.batch_sizes = DEFAULT_BATCH_SIZES.get((mode, dtype or "float32"), DEFAULT_BATCH_SIZES[mode, "float32"])
+    if args.num_examples is not None and args.mode != "val":
+        short = [(n, bs) for n in args.ngpus for bs in args.batch_sizes
+                 if -(-args.num_examples // (n * bs)) < iterations_per_epoch(args.benchmark_iters)]
+        if short:
+            n, bs = short[0]
+            error(f"--num-examples {args.num_examples} gives fewer than the {WARMUP_ITERS} + {args.benchmark_iters} "
+                  f"iterations an epoch needs (e.g. n={n} bs={bs}); leave it out or raise it")
     baseline = None
     if args.baseline:
         try:
@@ -349,8 +557,17 @@ def main(argv=None):
     output = Path(args.output).resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     keys = metric_keys(args.mode)
+    # dtype, layout, data and weights are filled in from what runner resolves and what the runs report.
     result = OrderedDict(model="", ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
-                         metric_keys=keys, metrics=OrderedDict(), weak_scaling=OrderedDict(), failed=[])
+                         layout=None, data_backend=None, real_data=None, data=None, kv_store=None, weights=None,
+                         metric_keys=keys, timed_iters=args.benchmark_iters, warmup_iters=WARMUP_ITERS,
+                         epochs=args.epochs, warmup_epochs=args.warmup, repeat=args.repeat,
+                         benchmark_command=shlex.join([sys.executable, str(Path(__file__).resolve())] +
+                                                      list(sys.argv[1:] if argv is None else argv)),
+                         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_info(),
+                         versions=library_versions(), metrics=OrderedDict((str(n), OrderedDict()) for n in args.ngpus),
+                         weak_scaling=OrderedDict(),
+                         failed=[], runs=OrderedDict())
     flags = None if args.dry_run else train_flags(args.executable)
     if flags is not None:
         missing = [f for f in ("--benchmark-iters", "--no-metrics") if f not in flags]
@@ -362,17 +579,17 @@ def main(argv=None):
         print(f"benchmark: note: {missing.split(';')[0]}: benchmarking on --data-backend synthetic "
               "(give --data-root, or --data-backend, to choose)", file=sys.stderr)
         passthrough = passthrough + ["--data-backend", "synthetic"]
-        result["data_backend"] = "synthetic"
     configs = [(n, bs) for n in args.ngpus for bs in args.batch_sizes]
     with tempfile.TemporaryDirectory(prefix="benchmark-", dir=output.parent) as scratch:
         commands = {}
         for n, bs in configs:
-            report = output.parent / f"{output.stem}-{n},{bs}.json"  # the original's per-run report names
-            commands[n, bs] = (runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}", passthrough,
-                                              flags), report)
+            for run in range(args.repeat):
+                report = report_name(output, n, bs, run, args.repeat)
+                commands[n, bs, run] = (runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}",
+                                                       passthrough, flags), report)
         if args.dry_run:
             for command, _ in commands.values():
-                print(" ".join(command))
+                print(shlex.join(command))
             return 0
 
         def record_failure(n, bs, reason):
@@ -382,35 +599,55 @@ def main(argv=None):
         # Say up front what cannot run here (too many workers, float16 without a GPU, ...): no minutes lost.
         runnable = []
         for n, bs in configs:
-            reason = check_upfront(commands[n, bs][0])
+            reason, plan = check_upfront(commands[n, bs, 0][0])
             if reason:
                 print(f"benchmark: skipping n={n} bs={bs}: {reason}", file=sys.stderr)
                 record_failure(n, bs, reason)
-            else:
-                runnable.append((n, bs))
+                continue
+            runnable.append((n, bs))
+            plan = launch_plan(plan)
+            result["runs"].setdefault(str(n), OrderedDict())[str(bs)] = OrderedDict(
+                runner=[shlex.join(commands[n, bs, run][0]) for run in range(args.repeat)], **plan)
+            if len(runnable) == 1:  # what runner resolved (machine defaults included) is the same for all
+                settings = run_settings(plan["command"])
+                result.update((key, settings[key]) for key in
+                              ("dtype", "layout", "data_backend", "real_data", "data", "kv_store"))
+        cells, failures, scored = {}, {}, []
+        todo = [(n, bs, run) for run in range(args.repeat) for n, bs in runnable]  # interleaved rounds
         start = time.time()
-        for done, (n, bs) in enumerate(runnable):
+        for done, (n, bs, run) in enumerate(todo):
             elapsed = time.time() - start
-            eta = f", ETA {elapsed / done * (len(runnable) - done):.0f} s" if done else ""
-            print(f"benchmark: [{done + 1}/{len(runnable)}] n={n} bs={bs}{eta}", file=sys.stderr, flush=True)
-            command, report_path = commands[n, bs]
+            eta = f", ETA {elapsed / done * (len(todo) - done):.0f} s" if done else ""
+            which = f" run {run + 1}/{args.repeat}" if args.repeat > 1 else ""
+            print(f"benchmark: [{done + 1}/{len(todo)}] n={n} bs={bs}{which}{eta}", file=sys.stderr, flush=True)
+            command, report_path = commands[n, bs, run]
             reason = run_one(command, args.timeout)
             if reason is None:
                 try:
-                    with open(report_path) as f:
-                        report = json.load(f)
-                    cell = summarize(report, keys, args.epochs, args.warmup)
-                    result["model"] = result["model"] or report.get("model", "")
-                    result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = cell
-                    print(f"benchmark: n={n} bs={bs}: {keys[0]} {cell[keys[0]]:.1f} images/s",
+                    cell, weights, model = read_run(report_path, keys, args)
+                    result["model"] = result["model"] or model
+                    cells.setdefault((n, bs), []).append(cell)
+                    if weights:
+                        scored.append(weights)
+                    print(f"benchmark: n={n} bs={bs}{which}: {keys[0]} {cell[keys[0]]:.1f} images/s"
+                          + (f" ({'fresh weights' if weights == 'fresh' else weights})" if weights else ""),
                           file=sys.stderr, flush=True)
                 except (OSError, ValueError, KeyError) as problem:
                     reason = f"bad report: {problem}"
             if reason is not None:
-                print(f"benchmark: n={n} bs={bs} failed: {reason}", file=sys.stderr, flush=True)
-                record_failure(n, bs, reason)
+                print(f"benchmark: n={n} bs={bs}{which} failed: {reason}", file=sys.stderr, flush=True)
+                failures.setdefault((n, bs), []).append(reason)
+            if (n, bs) in cells:
+                combined = combine_runs(cells[n, bs])
+                if failures.get((n, bs)):
+                    combined["failed_runs"] = failures[n, bs]
+                result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = combined
+            elif run + 1 == args.repeat:
+                record_failure(n, bs, failures[n, bs][0])
+            result["weights"] = weights_used(args.mode, given.load, scored)
             result["weak_scaling"] = weak_scaling(result["metrics"], keys[0])
             save_json(result, output)
+    result["weights"] = weights_used(args.mode, given.load, scored)
     if baseline is not None:
         result["speedup"] = speedup(result["metrics"], baseline, keys[0])
     save_json(result, output)

@@ -303,30 +303,43 @@ def split(batch, ctxs, dtype):
 
 
 def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
-    """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks."""
+    """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks.
+
+    With ``max_iters`` (benchmarks) exactly that many batches are run and timed, the set cycled when it is
+    shorter, so every backend gives the same number of timed batches; the accuracy counts the first pass only.
+    """
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     correct1 = correct5 = loss_sum = count = 0.0
     durations = []
+    first_pass = True
     tic = time.time()
-    for i, batch in enumerate(val_iter):
-        if max_iters is not None and i >= max_iters:
+    while True:
+        batches = 0
+        for batch in val_iter:
+            if max_iters is not None and len(durations) >= max_iters:
+                break
+            batches += 1
+            datas, labels = split(batch, ctxs, args.dtype)
+            remaining = batch.data[0].shape[0] - batch.pad
+            for data, label in zip(datas, labels):
+                valid = max(0, min(data.shape[0], remaining))
+                remaining -= data.shape[0]
+                logits = net(data).astype("float32")
+                if args.no_metrics:
+                    logits.wait_to_read()
+                    c1 = c5 = batch_loss = 0.0
+                else:  # computed on every pass, so each timed batch does the same work
+                    c1, c5 = topk_hits(logits, label, valid)
+                    batch_loss = loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
+                if first_pass:
+                    correct1, correct5, loss_sum, count = (correct1 + c1, correct5 + c5, loss_sum + batch_loss,
+                                                           count + valid)
+            now = time.time()
+            durations.append(now - tic)
+            tic = now
+        first_pass = False
+        if max_iters is None or len(durations) >= max_iters or batches == 0:
             break
-        datas, labels = split(batch, ctxs, args.dtype)
-        remaining = batch.data[0].shape[0] - batch.pad
-        for data, label in zip(datas, labels):
-            valid = max(0, min(data.shape[0], remaining))
-            remaining -= data.shape[0]
-            logits = net(data).astype("float32")
-            if args.no_metrics:
-                logits.wait_to_read()
-            else:
-                c1, c5 = topk_hits(logits, label, valid)
-                correct1, correct5 = correct1 + c1, correct5 + c5
-                loss_sum += loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
-            count += valid
-        now = time.time()
-        durations.append(now - tic)
-        tic = now
     correct1, correct5, loss_sum, count = dist.sum([correct1, correct5, loss_sum, count], "val.counts")
     total = max(count, 1)
     return {"top1": correct1 / total, "top5": correct5 / total, "loss": loss_sum / total,
@@ -608,18 +621,24 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
 
 
 def load_for_scoring(args, net, ctxs, dist):
-    """--load, else the latest checkpoint in --workspace; synthetic data may score fresh weights."""
+    """--load, else the latest checkpoint in --workspace; returns the path loaded, or None for fresh weights.
+
+    --mode val scores freshly initialised weights when there is no checkpoint only where no accuracy is
+    reported from them: on synthetic data, or with --no-metrics (a speed benchmark: the time a batch takes does
+    not depend on the weights; the original kit benchmarked inference so). Elsewhere that is an error.
+    """
     path = args.load
     if path is None:
         state = checkpoint.find_latest(workspace_path(args, args.model_prefix))
         path = state and state["paths"]["params"]
     if path is None:
-        if args.data_backend == "synthetic" and args.mode == "val":
+        if args.mode == "val" and (args.data_backend == "synthetic" or args.no_metrics):
             if dist.is_primary:
-                log.info("No checkpoint found: scoring freshly initialised weights (synthetic benchmark)")
+                log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
             return None
         raise TrainingError(f"no checkpoint to score: give --load PATH.params or train first "
-                            f"(nothing matches {workspace_path(args, args.model_prefix)}-NNNN.params)")
+                            f"(nothing matches {workspace_path(args, args.model_prefix)}-NNNN.params); "
+                            "to time fresh weights, add --no-metrics")
     if not os.path.isfile(path):
         raise TrainingError(f"--load {path} does not exist")
     load_params(net, path, ctxs[0])
@@ -629,12 +648,14 @@ def load_for_scoring(args, net, ctxs, dist):
 
 
 def score(args, net, val_iter, ctxs, dist):
-    """--mode val: --num-epochs passes over the validation data; returns the report."""
+    """--mode val: --num-epochs passes over the validation data (with --benchmark-iters, that many batches per
+    pass, the set cycled); returns the report, which names the weights scored."""
     if val_iter is None:
         raise TrainingError("--mode val needs validation data (--data-val)")
-    load_for_scoring(args, net, ctxs, dist)
+    loaded = load_for_scoring(args, net, ctxs, dist)
     dist.broadcast_parameters(net)
     report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=args.cmd)
+    report.weights = os.path.abspath(loaded) if loaded else "fresh"
     start = time.time()
     for epoch in range(args.num_epochs):
         metrics = evaluate(net, val_iter, ctxs, dist, args, args.benchmark_iters)

@@ -1,7 +1,8 @@
 """The JSON report of a run, in the original kit's `--report` format.
 
-{"model", "ngpus", "total_duration", "cmd", "metrics": {"train.loss": [one value per epoch], ...}}
-Accuracies are fractions; latencies are seconds per iteration; total_ips is images/s over all workers.
+{"model", "ngpus", "total_duration", "cmd", "metrics": {"train.loss": [one value per epoch], ...}}, and for
+--mode val "weights" (the .params scored, or "fresh"). Accuracies are fractions; latencies are seconds per
+iteration; total_ips is images/s over all workers; timed_iters is how many iterations those come from.
 """
 import json
 import os
@@ -20,6 +21,7 @@ class Report:
         self.cmd = list(cmd)
         self.total_duration = 0.0
         self.metrics = OrderedDict(metrics or {})
+        self.weights = None  # --mode val: what was scored
 
     def add(self, key, value):
         self.metrics.setdefault(key, []).append(value)
@@ -33,6 +35,7 @@ class Report:
             durations = durations[WARMUP_ITERATIONS:]
         if not durations:
             return
+        self.add(f"{mode}.timed_iters", len(durations))
         self.add(f"{mode}.latency_avg", float(np.mean(durations)))
         for p in LATENCY_PERCENTILES:
             self.add(f"{mode}.latency_{p}", float(np.percentile(durations, p)))
@@ -40,8 +43,11 @@ class Report:
             self.add(f"{mode}.total_ips", batch_size / float(np.mean(durations)))
 
     def to_dict(self):
-        return OrderedDict(model=self.model, ngpus=self.ngpus, total_duration=self.total_duration,
-                           cmd=self.cmd, metrics=self.metrics)
+        out = OrderedDict(model=self.model, ngpus=self.ngpus, total_duration=self.total_duration,
+                          cmd=self.cmd, metrics=self.metrics)
+        if self.weights is not None:
+            out["weights"] = self.weights
+        return out
 
     def save(self, path):
         """Write atomically, so a reader never sees half a report."""
@@ -56,6 +62,7 @@ class Report:
             raw = json.load(f, object_pairs_hook=OrderedDict)
         report = cls(raw["model"], raw["ngpus"], raw["cmd"], raw["metrics"])
         report.total_duration = raw["total_duration"]
+        report.weights = raw.get("weights")
         return report
 
     def summary(self):
