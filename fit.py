@@ -313,11 +313,9 @@ def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
     durations = []
     first_pass = True
     tic = time.time()
-    while True:
+    while max_iters is None or len(durations) < max_iters:
         batches = 0
         for batch in val_iter:
-            if max_iters is not None and len(durations) >= max_iters:
-                break
             batches += 1
             datas, labels = split(batch, ctxs, args.dtype)
             remaining = batch.data[0].shape[0] - batch.pad
@@ -337,8 +335,10 @@ def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
             now = time.time()
             durations.append(now - tic)
             tic = now
+            if max_iters is not None and len(durations) >= max_iters:
+                break  # before drawing another batch: the readers stay where the timed ones ended
         first_pass = False
-        if max_iters is None or len(durations) >= max_iters or batches == 0:
+        if max_iters is None or batches == 0:
             break
     correct1, correct5, loss_sum, count = dist.sum([correct1, correct5, loss_sum, count], "val.counts")
     total = max(count, 1)

@@ -23,7 +23,7 @@ def run_benchmark(*args, timeout=600):
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "result.json"
     too_many = len(os.sched_getaffinity(0)) + 1  # refused by runner on a CPU machine: must not stop the sweep
-    result = run_benchmark("-n", f"1,2,{too_many}", "-b", "2,4", "-i", "4", "-e", "2", "-w", "1",
+    result = run_benchmark("-n", f"1,2,{too_many}", "-b", "2,4", "-i", "3", "-e", "1",
                            "--mode", "train", "-o", str(out), *TINY)
     return result, out, too_many
 
@@ -41,6 +41,12 @@ def test_every_cell_has_positive_images_per_second(sweep):
             assert 0 < cell["train.latency_50"] <= cell["train.latency_100"]
             # images/s and latency come from the same iterations: global batch / mean latency
             assert cell["train.total_ips"] == pytest.approx(int(n) * int(bs) / cell["train.latency_avg"], rel=0.25)
+            assert cell["train.timed_iters"] == 3  # -i: timed steps, the warmup ones on top
+            report = json.loads(out.with_name(f"result-{n},{bs}.json").read_text())
+            assert report["metrics"]["train.timed_iters"] == [3]
+            cmd = report["cmd"]
+            assert cmd[cmd.index("--benchmark-iters") + 1] == str(benchmark.WARMUP_ITERS + 3)
+    assert data["weights"] == "fresh" and data["real_data"] is False and data["data_backend"] == "synthetic"
 
 
 def test_weak_scaling_and_tables(sweep):
@@ -65,12 +71,16 @@ def test_refused_configuration_is_marked_not_fatal(sweep):
 
 def test_timeout_is_recorded_with_its_reason(tmp_path):
     out = tmp_path / "t.json"
+    stale_chart = out.with_suffix(".png")
+    stale_chart.write_bytes(b"an earlier sweep's chart")
     result = run_benchmark("-n", "1", "-b", "2", "-i", "4", "--mode", "train", "--timeout", "0.5", "-o", str(out),
                            *TINY, timeout=120)
     assert result.returncode == 1  # nothing succeeded
     data = json.loads(out.read_text())
     assert data["metrics"]["1"]["2"]["failed"].startswith("timed out after 0.5")
     assert "Traceback" not in result.stderr.split("benchmark: [1/1]")[0]
+    # no empty chart, and none left from before to contradict the JSON
+    assert "no chart: no configuration succeeded" in result.stderr and not stale_chart.exists()
 
 
 def test_only_inference_is_val_mode(tmp_path):
@@ -82,7 +92,29 @@ def test_only_inference_is_val_mode(tmp_path):
     for line, bs in zip(lines, ("1", "2")):
         words = line.split()
         assert words[words.index("--mode") + 1] == "val" and words[words.index("-b") + 1] == bs
-        assert words[words.index("--num-examples") + 1] == str(100 * int(bs))
+        iters = 100 + benchmark.WARMUP_ITERS  # -i 100 timed, after the warmup iterations
+        assert words[words.index("--benchmark-iters") + 1] == str(iters)
+        assert words[words.index("--num-examples") + 1] == str(iters * int(bs))
+
+
+def test_warmup_iterations_are_the_ones_the_report_leaves_out():
+    import report
+    assert benchmark.WARMUP_ITERS == report.WARMUP_ITERATIONS
+    durations = [10.0] * benchmark.WARMUP_ITERS + [1.0, 2.0, 3.0]
+    run = report.Report("m", 1, [])
+    run.add_epoch("val", durations=durations, batch_size=6)
+    assert run.metrics["val.timed_iters"] == [3] and run.metrics["val.latency_avg"] == [2.0]
+    assert run.metrics["val.total_ips"] == [3.0] and run.metrics["val.latency_100"] == [3.0]
+
+
+def test_repeats_give_the_median_and_the_spread():
+    runs = [{"val.total_ips": v, "val.latency_avg": 1 / v, "val.timed_iters": 5} for v in (30.0, 10.0, 20.0)]
+    cell = benchmark.combine_runs(runs)
+    assert cell["val.total_ips"] == 20.0 and cell["runs"] == 3 and cell["val.timed_iters"] == 5
+    assert cell["spread"]["val.total_ips"] == [10.0, 30.0] and cell["repeats"]["val.total_ips"] == [30.0, 10.0, 20.0]
+    assert benchmark.with_spread(cell, "val.total_ips", lambda v: f"{v:.1f}") == "20.0 (10.0-30.0)"
+    single = benchmark.combine_runs(runs[:1])
+    assert single["val.total_ips"] == 30.0 and "spread" not in single
 
 
 def test_summary_is_harmonic_mean_after_warmup():
@@ -104,9 +136,18 @@ def test_missing_data_root_sweeps_synthetic_data_and_says_so(tmp_path):
     out = tmp_path / "infer.json"
     tiny_model = TINY[TINY.index("--dtype"):]  # no --data-backend: benchmark.py must choose
     result = run_benchmark("-n", "1", "-b", "2", "-i", "3", "-e", "1", "--only-inference", "-o", str(out),
-                           "--data-root", str(tmp_path / "no-imagenet-here"), *tiny_model)
+                           "--repeat", "2", "--data-root", str(tmp_path / "no-imagenet-here"), *tiny_model)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "does not exist" in result.stderr and "synthetic" in result.stderr
     data = json.loads(out.read_text())
-    assert data["data_backend"] == "synthetic"
-    assert data["metrics"]["1"]["2"]["val.total_ips"] > 0
+    assert data["data_backend"] == "synthetic" and data["real_data"] is False and data["weights"] == "fresh"
+    cell = data["metrics"]["1"]["2"]
+    assert cell["val.total_ips"] > 0 and cell["runs"] == 2
+    # -i 3 timed batches, though the synthetic validation set is shorter than warmup + 3: it is cycled
+    assert cell["val.timed_iters"] == 3
+    per_run = [json.loads(out.with_name(f"infer-1,2-run{k}.json").read_text())["metrics"]["val.total_ips"][0]
+               for k in (1, 2)]
+    assert cell["repeats"]["val.total_ips"] == per_run
+    assert cell["spread"]["val.total_ips"] == [min(per_run), max(per_run)]
+    assert cell["val.total_ips"] == pytest.approx(sum(per_run) / 2)  # the median of two
+    assert f"({min(per_run):.1f}-{max(per_run):.1f})" in result.stdout and "median of 2 runs" in result.stdout
