@@ -59,34 +59,37 @@ def run_benchmark(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def sweep(tmp_path, data_root, *extra, iters=5):
+def sweep(tmp_path, data_root, *extra, iters=5, ngpus="1"):
     out = tmp_path / "infer.json"
-    result = run_benchmark("-n", "1", "-b", "4", "-i", str(iters), "--only-inference", "-o", str(out),
+    result = run_benchmark("-n", ngpus, "-b", "4", "-i", str(iters), "--only-inference", "-o", str(out),
                            "--data-root", str(data_root), *TINY_MODEL, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads(out.read_text()), out
 
 
-def check_real_data_cell(data, out, data_root, iters, backend):
+def check_real_data_cell(data, out, data_root, iters, backend, n=1):
     assert data["real_data"] is True and data["data_backend"] == backend
     assert data["data"]["val"] == str(data_root / "val.rec")
     assert data["dtype"] == "float32" and data["layout"] == {"input": "NCHW", "conv": "NCHW"}
-    cell = data["metrics"]["1"]["4"]
+    cell = data["metrics"][str(n)]["4"]
     assert cell["val.total_ips"] > 0 and cell["val.timed_iters"] == iters == data["timed_iters"]
-    report = json.loads(out.with_name("infer-1,4.json").read_text())
-    # -i counts timed batches: the run was asked for the warmup ones on top (the validation set holds 3)
+    report = json.loads(out.with_name(f"infer-{n},4.json").read_text())
+    # -i counts timed batches: the run was asked for the warmup ones on top (a worker's share of the
+    # validation set is 3 batches or fewer: it was cycled)
     cmd = report["cmd"]
     assert int(cmd[cmd.index("--benchmark-iters") + 1]) == data["warmup_iters"] + iters
     assert report["metrics"]["val.timed_iters"] == [iters]
-    assert cell["val.total_ips"] == pytest.approx(4 / cell["val.latency_avg"])
+    assert cell["val.total_ips"] == pytest.approx(4 * n / cell["val.latency_avg"])
     return report
 
 
 def test_real_data_fresh_weights(tmp_path, data_root):
     iters = 5
-    result, data, out = sweep(tmp_path, data_root, iters=iters)
-    report = check_real_data_cell(data, out, data_root, iters, "dali-cpu")  # runner's default on a CPU
-    assert data["weights"] == "fresh" and report["weights"] == "fresh"
+    result, data, out = sweep(tmp_path, data_root, iters=iters, ngpus="1,2")  # 2 workers: a shard each
+    for n in (1, 2):
+        report = check_real_data_cell(data, out, data_root, iters, "dali-cpu", n)  # runner's default on a CPU
+        assert report["weights"] == "fresh"
+    assert data["weights"] == "fresh" and not data["failed"]
     assert "fresh weights" in result.stdout and "real data (dali-cpu)" in result.stdout
     # the JSON says what a reader needs to trust the number
     machine = data["machine"]
