@@ -516,10 +516,8 @@ def weights_used(mode, given_load, scored):
     return os.path.abspath(given_load) if given_load else "fresh"
 
 
-def main(argv=None):
-    args, passthrough = get_args_parser().parse_known_args(argv)
-    if args.only_inference:
-        args.mode = "val"
+def check_args(args, given):
+    """Refuse bad input before anything runs; fill in the default batch sizes."""
     if args.benchmark_iters < 1 or args.epochs < 1:
         error("-i and -e must be at least 1")
     if args.repeat < 1:
@@ -530,16 +528,15 @@ def main(argv=None):
         error(f"--timeout must be positive, got {args.timeout:g}")
     if not Path(args.executable).is_file():
         error(f"{args.executable} does not exist")
-    given = peek_flags(passthrough)
     if given.load is not None and not Path(given.load).is_file():
         error(f"--load {given.load} does not exist; give the .params file of a checkpoint, or leave --load out "
               "to time fresh weights")
     if given.load is not None and args.mode != "val":
         error(f"--load scores a checkpoint: it needs --only-inference (--mode val), not --mode {args.mode}")
-    dtype = given.dtype
     if args.batch_sizes is None:
         mode = "val" if args.mode == "val" else "train"
-        args.batch_sizes = DEFAULT_BATCH_SIZES.get((mode, dtype or "float32"), DEFAULT_BATCH_SIZES[mode, "float32"])
+        args.batch_sizes = DEFAULT_BATCH_SIZES.get((mode, given.dtype or "float32"),
+                                                   DEFAULT_BATCH_SIZES[mode, "float32"])
     if args.num_examples is not None and args.mode != "val":
         short = [(n, bs) for n in args.ngpus for bs in args.batch_sizes
                  if -(-args.num_examples // (n * bs)) < iterations_per_epoch(args.benchmark_iters)]
@@ -547,6 +544,15 @@ def main(argv=None):
             n, bs = short[0]
             error(f"--num-examples {args.num_examples} gives fewer than the {WARMUP_ITERS} + {args.benchmark_iters} "
                   f"iterations an epoch needs (e.g. n={n} bs={bs}); leave it out or raise it")
+
+
+def main(argv=None):
+    args, passthrough = get_args_parser().parse_known_args(argv)
+    if args.only_inference:
+        args.mode = "val"
+    given = peek_flags(passthrough)
+    check_args(args, given)
+    dtype = given.dtype
     baseline = None
     if args.baseline:
         try:
@@ -565,9 +571,9 @@ def main(argv=None):
                          benchmark_command=shlex.join([sys.executable, str(Path(__file__).resolve())] +
                                                       list(sys.argv[1:] if argv is None else argv)),
                          date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_info(),
-                         versions=library_versions(), metrics=OrderedDict((str(n), OrderedDict()) for n in args.ngpus),
-                         weak_scaling=OrderedDict(),
-                         failed=[], runs=OrderedDict())
+                         versions=library_versions(),
+                         metrics=OrderedDict((str(n), OrderedDict()) for n in args.ngpus),
+                         weak_scaling=OrderedDict(), failed=[], runs=OrderedDict())
     flags = None if args.dry_run else train_flags(args.executable)
     if flags is not None:
         missing = [f for f in ("--benchmark-iters", "--no-metrics") if f not in flags]
@@ -629,8 +635,8 @@ def main(argv=None):
                     cells.setdefault((n, bs), []).append(cell)
                     if weights:
                         scored.append(weights)
-                    print(f"benchmark: n={n} bs={bs}{which}: {keys[0]} {cell[keys[0]]:.1f} images/s"
-                          + (f" ({'fresh weights' if weights == 'fresh' else weights})" if weights else ""),
+                    scored_note = f" ({'fresh weights' if weights == 'fresh' else weights})" if weights else ""
+                    print(f"benchmark: n={n} bs={bs}{which}: {keys[0]} {cell[keys[0]]:.1f} images/s{scored_note}",
                           file=sys.stderr, flush=True)
                 except (OSError, ValueError, KeyError) as problem:
                     reason = f"bad report: {problem}"
