@@ -302,44 +302,48 @@ def split(batch, ctxs, dtype):
             gluon.utils.split_and_load(label, ctxs, even_split=False))
 
 
-def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
-    """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks.
+def validation_batches(val_iter, max_iters=None):
+    """(batch, first pass?) pairs: one pass over the validation set, or with ``max_iters`` exactly that many
+    batches, the set cycled when it is shorter (benchmarks time as many batches on every backend). No batch is
+    drawn past ``max_iters``: the readers stay where the timed ones ended."""
+    served, first_pass = 0, True
+    while max_iters is None or served < max_iters:
+        batches = 0
+        for batch in val_iter:
+            yield batch, first_pass
+            served, batches = served + 1, batches + 1
+            if max_iters is not None and served >= max_iters:
+                return
+        if max_iters is None or batches == 0:
+            return
+        first_pass = False
 
-    With ``max_iters`` (benchmarks) exactly that many batches are run and timed, the set cycled when it is
-    shorter, so every backend gives the same number of timed batches; the accuracy counts the first pass only.
-    """
+
+def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
+    """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks (with
+    ``max_iters``, that many batches are timed, the set cycled; the accuracy counts its first pass)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     correct1 = correct5 = loss_sum = count = 0.0
     durations = []
-    first_pass = True
     tic = time.time()
-    while max_iters is None or len(durations) < max_iters:
-        batches = 0
-        for batch in val_iter:
-            batches += 1
-            datas, labels = split(batch, ctxs, args.dtype)
-            remaining = batch.data[0].shape[0] - batch.pad
-            for data, label in zip(datas, labels):
-                valid = max(0, min(data.shape[0], remaining))
-                remaining -= data.shape[0]
-                logits = net(data).astype("float32")
-                if args.no_metrics:
-                    logits.wait_to_read()
-                    c1 = c5 = batch_loss = 0.0
-                else:  # computed on every pass, so each timed batch does the same work
-                    c1, c5 = topk_hits(logits, label, valid)
-                    batch_loss = loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
+    for batch, first_pass in validation_batches(val_iter, max_iters):
+        datas, labels = split(batch, ctxs, args.dtype)
+        remaining = batch.data[0].shape[0] - batch.pad
+        for data, label in zip(datas, labels):
+            valid = max(0, min(data.shape[0], remaining))
+            remaining -= data.shape[0]
+            logits = net(data).astype("float32")
+            if args.no_metrics:
+                logits.wait_to_read()
+            else:  # computed on every pass, so each timed batch does the same work
+                c1, c5 = topk_hits(logits, label, valid)
+                batch_loss = loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
                 if first_pass:
-                    correct1, correct5, loss_sum, count = (correct1 + c1, correct5 + c5, loss_sum + batch_loss,
-                                                           count + valid)
-            now = time.time()
-            durations.append(now - tic)
-            tic = now
-            if max_iters is not None and len(durations) >= max_iters:
-                break  # before drawing another batch: the readers stay where the timed ones ended
-        first_pass = False
-        if max_iters is None or batches == 0:
-            break
+                    correct1, correct5, loss_sum = correct1 + c1, correct5 + c5, loss_sum + batch_loss
+            count += valid if first_pass else 0
+        now = time.time()
+        durations.append(now - tic)
+        tic = now
     correct1, correct5, loss_sum, count = dist.sum([correct1, correct5, loss_sum, count], "val.counts")
     total = max(count, 1)
     return {"top1": correct1 / total, "top5": correct5 / total, "loss": loss_sum / total,

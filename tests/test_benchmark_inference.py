@@ -173,6 +173,9 @@ def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_
     metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args)  # a plain scoring pass
     assert counting.drawn == 3 and metrics["samples"] == VAL_COUNT
     assert metrics["top1"] == pytest.approx(expected_top1)
+    counting.drawn = 0
+    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args, max_iters=2)  # a shorter cap
+    assert counting.drawn == 2 == len(metrics["durations"]) and metrics["samples"] == 8
 
 
 def test_fresh_weights_only_where_no_accuracy_is_reported(data_root, tmp_path):
