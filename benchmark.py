@@ -391,8 +391,8 @@ def with_spread(cell, key, fmt, scale=1.0):
 
 def describe(result):
     """One line: what was measured, on what, with which weights."""
-    data = "real data" if result.get("real_data") else "synthetic data"
-    parts = [result.get("dtype") or "default dtype", f"{data} ({result.get('data_backend') or '?'})"]
+    data = f"real data ({result.get('data_backend')})" if result.get("real_data") else "synthetic data"
+    parts = [result.get("dtype") or "default dtype", data]
     layout = result.get("layout")
     if layout:
         parts.append(f"{layout['input']} input")
