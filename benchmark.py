@@ -208,6 +208,18 @@ def last_error(lines):
     return lines[-1] if lines else ""
 
 
+def end_process_group(process):
+    """SIGTERM the run's process group (runner, the launcher, every worker), SIGKILL after 10 s."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
 def run_one(command, timeout):
     """Run a configuration, echoing its output to stderr; return None or the reason it failed."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -224,14 +236,12 @@ def run_one(command, timeout):
     try:
         code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        end_process_group(process)
         reader.join(timeout=5)
         return f"timed out after {timeout:g} s"
+    except BaseException:  # Ctrl-C or SIGTERM: the run's own session would not get the signal and outlive us
+        end_process_group(process)
+        raise
     reader.join(timeout=5)
     if code != 0:
         return f"exit code {code}: {last_error(tail)}"
@@ -547,6 +557,7 @@ def check_args(args, given):
 
 
 def main(argv=None):
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up as for Ctrl-C
     args, passthrough = get_args_parser().parse_known_args(argv)
     if args.only_inference:
         args.mode = "val"

@@ -1,8 +1,10 @@
 """benchmark.py: real sweeps through runner and horovodrun on the CPU, synthetic data, a tiny model."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -81,6 +83,38 @@ def test_timeout_is_recorded_with_its_reason(tmp_path):
     assert "Traceback" not in result.stderr.split("benchmark: [1/1]")[0]
     # no empty chart, and none left from before to contradict the JSON
     assert "no chart: no configuration succeeded" in result.stderr and not stale_chart.exists()
+
+
+def processes_mentioning(text):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_the_sweep_ends_the_run_it_started(tmp_path, signum):
+    out = tmp_path / "stopped.json"
+    sweep = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmark.py"), "-n", "1", "-b", "2", "-i", "100000",
+                              "--mode", "val", "-o", str(out), *TINY], env=venv_env(), stderr=subprocess.PIPE,
+                             text=True)
+    for line in sweep.stderr:
+        if "train.py" in line:  # the launch has begun
+            break
+    time.sleep(2)
+    sweep.send_signal(signum)  # as Ctrl-C or a batch system would
+    sweep.communicate(timeout=60)
+    assert sweep.returncode != 0
+    deadline = time.time() + 30
+    while processes_mentioning(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert processes_mentioning(str(tmp_path)) == []  # runner, horovodrun and the worker are gone
+    assert not list(tmp_path.glob("benchmark-*"))  # the scratch workspaces too
 
 
 def test_only_inference_is_val_mode(tmp_path):
