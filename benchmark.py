@@ -415,29 +415,38 @@ def describe(result):
     return ", ".join(parts)
 
 
+def latency_tables(result, mode):
+    """One table per worker count: batch sizes x latency statistics of ``mode``, in ms."""
+    out = []
+    for n in result["ngpus"]:
+        row = result["metrics"].get(str(n), {})
+        rows = {str(bs): {k: with_spread(row.get(str(bs), {}), f"{mode}.{k}", lambda v: f"{v:.2f}", 1000)
+                          for k in LATENCIES} for bs in result["bs"]}
+        if any(value for r in rows.values() for value in r.values()):
+            out.append(markdown_table(f"{mode} latency per iteration (ms), {n} worker(s)", result["bs"], LATENCIES,
+                                      rows, "batch size", lambda v: f"{v:.2f}"))
+    return out
+
+
 def tables(result):
     ngpus, bss, ips_key = result["ngpus"], result["bs"], result["metric_keys"][0]
     metrics = result["metrics"]
-    ips = {n: {bs: with_spread(cell, ips_key, lambda v: f"{v:.1f}") for bs, cell in row.items()}
-           for n, row in metrics.items()}
     dtype = result.get("dtype") or "default dtype"
-    out = [f"{result.get('model') or 'model'}: {describe(result)}\n",
-           markdown_table(f"{ips_key} (images/s, {dtype}): workers x batch size per worker", ngpus, bss, ips,
-                          "workers", lambda v: f"{v:.1f}")]
+    out = [f"{result.get('model') or 'model'}: {describe(result)}\n"]
+    modes = [key.split(".")[0] for key in result["metric_keys"] if key.endswith("total_ips")]
+    for mode in modes:  # train_val: training first, then validation
+        ips = {n: {bs: with_spread(cell, f"{mode}.total_ips", lambda v: f"{v:.1f}") for bs, cell in row.items()}
+               for n, row in metrics.items()}
+        out.append(markdown_table(f"{mode}.total_ips (images/s, {dtype}): workers x batch size per worker", ngpus,
+                                  bss, ips, "workers", lambda v: f"{v:.1f}"))
     if len(ngpus) > 1 and result.get("weak_scaling"):
-        out.append(markdown_table("Weak scaling: ips(n) / ips(1)", ngpus, bss, result["weak_scaling"],
-                                  "workers", lambda v: f"{v:.2f}"))
+        out.append(markdown_table(f"Weak scaling of {ips_key}: ips(n) / ips(1)", ngpus, bss,
+                                  result["weak_scaling"], "workers", lambda v: f"{v:.2f}"))
     if result.get("speedup"):
-        out.append(markdown_table(f"Speed-up of {dtype} over the baseline", ngpus, bss, result["speedup"],
-                                  "workers", lambda v: f"{v:.2f}"))
-    mode = ips_key.split(".")[0]
-    for n in ngpus:
-        row = metrics.get(str(n), {})
-        rows = {str(bs): {k: with_spread(row.get(str(bs), {}), f"{mode}.{k}", lambda v: f"{v:.2f}", 1000)
-                          for k in LATENCIES} for bs in bss}
-        if any(value for r in rows.values() for value in r.values()):
-            out.append(markdown_table(f"{mode} latency per iteration (ms), {n} worker(s)", bss, LATENCIES,
-                                      rows, "batch size", lambda v: f"{v:.2f}"))
+        out.append(markdown_table(f"Speed-up of {dtype} over the baseline ({ips_key})", ngpus, bss,
+                                  result["speedup"], "workers", lambda v: f"{v:.2f}"))
+    for mode in modes:
+        out += latency_tables(result, mode)
     failed = [f"- n={f['ngpus']} bs={f['bs']}: {f['reason']}" for f in result["failed"]]
     for n, row in metrics.items():
         for bs, cell in row.items():

@@ -185,3 +185,14 @@ def test_missing_data_root_sweeps_synthetic_data_and_says_so(tmp_path):
     assert cell["spread"]["val.total_ips"] == [min(per_run), max(per_run)]
     assert cell["val.total_ips"] == pytest.approx(sum(per_run) / 2)  # the median of two
     assert f"({min(per_run):.1f}-{max(per_run):.1f})" in result.stdout and "median of 2 runs" in result.stdout
+
+
+def test_train_val_tables_show_training_and_validation():
+    cell = {"train.total_ips": 40.0, "train.latency_avg": 0.1, "val.total_ips": 120.0, "val.latency_avg": 0.02,
+            "runs": 1}
+    result = {"model": "m", "ngpus": [1], "bs": [4], "metric_keys": benchmark.metric_keys("train_val"),
+              "metrics": {"1": {"4": cell}}, "failed": [], "dtype": "float32", "timed_iters": 5}
+    text = benchmark.tables(result)
+    assert "### train.total_ips" in text and "### val.total_ips" in text
+    assert "| 1 | 40.0 |" in text and "| 1 | 120.0 |" in text
+    assert "| 4 | 100.00 |" in text and "| 4 | 20.00 |" in text  # the latencies of each, in ms
