@@ -13,7 +13,7 @@ import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
 import records
-from data import DataError, default_threads
+from data import DataError, default_threads, describe_failure
 
 READER_NAME = "Reader"
 log = logging.getLogger(__name__)
@@ -174,14 +174,6 @@ class DaliIterator:
     def __len__(self):
         return math.ceil(self.size / self.batch_size)
 
-    def _describe_failure(self, error):
-        found = self.failing_record() if self.failing_record else None
-        if found:
-            record_file, i = found
-            return f"{record_file.describe(i)} does not decode as an image; {records.fix_hint(record_file.rec_path)}"
-        lines = [line for line in str(error).splitlines() if line.strip()]
-        return f"the data pipeline failed: {lines[-1] if lines else type(error).__name__}"
-
     def __iter__(self):
         self._served = 0
         return self
@@ -195,7 +187,7 @@ class DaliIterator:
         try:
             images, labels = self.pipeline.run()
         except RuntimeError as error:  # DALI reports a bad image as a multi-page C++ stack: name the record
-            raise DataError(self._describe_failure(error)) from None
+            raise DataError(describe_failure(self.failing_record, error)) from None
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         for i, tensor_list in enumerate((images, labels)):

@@ -163,17 +163,9 @@ class RecordIterator:
                 self.record_iter.reset()
                 return self.record_iter.next()
         except mx.base.MXNetError as error:  # a bad image: MXNet's C++ stack names neither file nor record
-            raise DataError(self._describe_failure(error)) from None
+            raise DataError(describe_failure(self.failing_record, error)) from None
 
     failing_record = None  # finds (RecordFile, record number) of an image that does not decode, or None
-
-    def _describe_failure(self, error):
-        found = self.failing_record() if self.failing_record else None
-        if found:
-            record_file, i = found
-            return f"{record_file.describe(i)} does not decode as an image; {records.fix_hint(record_file.rec_path)}"
-        lines = [line for line in str(error).splitlines() if line.strip()]
-        return f"the data pipeline failed: {lines[-1] if lines else type(error).__name__}"
 
     def __next__(self):
         if self._served >= self.size:
@@ -186,6 +178,24 @@ class RecordIterator:
         if valid < self.batch_size:  # the stale tail may hold NaNs: give it a harmless label
             label = mx.nd.concat(label[:valid], mx.nd.zeros((self.batch_size - valid,)), dim=0)
         return mx.io.DataBatch(data=[data], label=[label.as_in_context(self.ctx)], pad=self.batch_size - valid)
+
+
+def describe_failure(failing_record, error):
+    """One line for a pipeline ``error``: the record that does not decode (found by ``failing_record()``, which
+    returns (RecordFile, record number) or None), else the last line of the library's message."""
+    found = failing_record() if failing_record else None
+    if found:
+        record_file, i = found
+        return f"{record_file.describe(i)} does not decode as an image; {records.fix_hint(record_file.rec_path)}"
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"the data pipeline failed: {lines[-1] if lines else type(error).__name__}"
+
+
+def image_record_iter(failing_record, **kwargs):
+    try:
+        return mx.io.ImageRecordIter(**kwargs)
+    except mx.base.MXNetError as error:  # it decodes its first batch at once
+        raise DataError(describe_failure(failing_record, error)) from None
 
 
 def part_failure_finder(record_file, part_index, num_parts, limit=50000):
@@ -211,9 +221,11 @@ def get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files=N
                   preprocess_threads=threads, num_parts=num_workers, part_index=rank)
     out = dict(channels=channels, dtype=out_dtype(args.dtype), layout=args.input_layout, ctx=ctx)
     train_iter = val_iter = None
+    files = record_files or {}
     if args.data_train:
-        record_iter = mx.io.ImageRecordIter(
-            path_imgrec=args.data_train, path_imgidx=args.data_train_idx, shuffle=True, seed=seed,
+        finder = part_failure_finder(files["train"], rank, num_workers) if "train" in files else None
+        record_iter = image_record_iter(
+            finder, path_imgrec=args.data_train, path_imgidx=args.data_train_idx, shuffle=True, seed=seed,
             seed_aug=None if args.seed is None else seed,
             random_resized_crop=True, min_random_area=args.min_random_area, max_random_area=args.max_random_area,
             min_aspect_ratio=args.min_random_aspect_ratio, max_aspect_ratio=args.max_random_aspect_ratio,
@@ -221,16 +233,15 @@ def get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files=N
         total = count_index_entries(args.data_train_idx)
         steps = math.ceil((args.num_examples or total) / args.batch_size)
         train_iter = RecordIterator(record_iter, steps * local_batch, local_batch, wrap=True, **out)
-        if record_files:
-            train_iter.failing_record = part_failure_finder(record_files["train"], rank, num_workers)
+        train_iter.failing_record = finder
     if args.data_val:
-        record_iter = mx.io.ImageRecordIter(
-            path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False, resize=args.data_val_resize,
+        finder = part_failure_finder(files["val"], rank, num_workers) if "val" in files else None
+        record_iter = image_record_iter(
+            finder, path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False, resize=args.data_val_resize,
             rand_crop=False, rand_mirror=False, round_batch=False, **common)
         size = mxnet_shard_size(count_index_entries(args.data_val_idx), rank, num_workers)
         val_iter = RecordIterator(record_iter, size, local_batch, wrap=False, **out)
-        if record_files:
-            val_iter.failing_record = part_failure_finder(record_files["val"], rank, num_workers)
+        val_iter.failing_record = finder
     return train_iter, val_iter
 
 
