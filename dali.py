@@ -218,7 +218,8 @@ def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, rec
         # The record order must be the same on every rank (disjoint shards): seeded by --seed, not by the rank.
         # Without --seed it is seed 0's order (augmentation stays random).
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
-                                     seed=0 if args.seed is None else args.seed)
+                                     seed=0 if args.seed is None else args.seed,
+                                     remember=args.dali_prefetch_queue + 4)  # the batches DALI may hold
         pipe = train_pipeline(
             source=source, random_area=(args.min_random_area, args.max_random_area),
             random_aspect_ratio=(args.min_random_aspect_ratio, args.max_random_aspect_ratio),

@@ -128,3 +128,20 @@ def test_mxnet_backend_refuses_a_label_ordered_file_with_several_workers(tmp_pat
     shuffled = parse(str(digits_data / "train.rec"), str(digits_data / "train.idx"), "--data-backend", "mxnet",
                      "--data-mxnet-threads", "1", "--image-shape", "3,32,32")
     assert data.get_data_iterators(shuffled, 0, 2, 0, 1, mx.cpu())[0] is not None
+
+
+@pytest.mark.parametrize("no_mmap", [False, True])
+def test_each_image_arrives_with_its_own_label(tmp_path, no_mmap):
+    """Record i holds a flat image of grey level 4*i and label i: after the training pipeline (crop, resize,
+    normalisation with mean 0 and std 1) every sample's mean pixel is still 4 * its label, read through mmap
+    or, with --dali-dont-use-mmap, with plain reads."""
+    flat = [np.full((24, 32, 3), 4 * i, dtype=np.uint8) for i in range(NUM_RECORDS)]
+    rec, idx = write_record_file(str(tmp_path / "flat"), flat, range(NUM_RECORDS))
+    extra = ["--rgb-mean", "0,0,0", "--rgb-std", "1,1,1", "--seed", "2"] + (["--dali-dont-use-mmap"] if no_mmap else [])
+    iterator = data.get_data_iterators(parse(rec, idx, *extra), 0, 1, 0, 1, mx.cpu())[0]
+    seen = 0
+    for batch in iterator:
+        means = batch.data[0].asnumpy().mean(axis=(1, 2, 3))
+        np.testing.assert_allclose(means, 4 * batch.label[0].asnumpy(), atol=2)
+        seen += len(means)
+    assert seen == NUM_RECORDS
