@@ -187,8 +187,19 @@ def describe_failure(failing_record, error):
     if found:
         record_file, i = found
         return f"{record_file.describe(i)} does not decode as an image; {records.fix_hint(record_file.rec_path)}"
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"the data pipeline failed: {lines[-1] if lines else type(error).__name__}"
+    return f"the data pipeline failed: {library_error_line(error)}; check the data with tools/check_dataset.py"
+
+
+def library_error_line(error):
+    """The telling line of a DALI or MXNet error (they span pages): the failing operator and what it met."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    where = next((line.rstrip(",") for line in lines if line.startswith("Error in ")), None)
+    if "encountered:" in lines and lines.index("encountered:") + 1 < len(lines):
+        what = lines[lines.index("encountered:") + 1]
+    else:
+        what = next((line for line in lines if "Error" in line and not line.startswith("Traceback")),
+                    lines[0] if lines else type(error).__name__)
+    return f"{where}: {what}" if where else what
 
 
 def image_record_iter(failing_record, **kwargs):
@@ -237,7 +248,8 @@ def get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files=N
     if args.data_val:
         finder = part_failure_finder(files["val"], rank, num_workers) if "val" in files else None
         record_iter = image_record_iter(
-            finder, path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False, resize=args.data_val_resize,
+            finder, path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False,
+            resize=args.data_val_resize,
             rand_crop=False, rand_mirror=False, round_batch=False, **common)
         size = mxnet_shard_size(count_index_entries(args.data_val_idx), rank, num_workers)
         val_iter = RecordIterator(record_iter, size, local_batch, wrap=False, **out)

@@ -148,8 +148,10 @@ def scan_headers(buffer, offsets):
     return problems, cflags, lengths, labels
 
 
-PROBLEM_TEXT = {1: "points past the end of the file", 2: "points where no record starts (not a record boundary)",
-                3: "points into the middle of a multi-part record", 4: "points to a record cut off by the end of the file"}
+PROBLEM_TEXT = {1: "points past the end of the file",
+                2: "points where no record starts (not a record boundary)",
+                3: "points into the middle of a multi-part record",
+                4: "points to a record cut off by the end of the file"}
 
 
 class RecordFile:

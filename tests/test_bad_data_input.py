@@ -213,3 +213,18 @@ def test_checker_calls_an_empty_dataset_an_error(tmp_path):
     write_index(str(tmp_path / "empty.idx"), [])
     result = run_tool(str(tmp_path / "empty.rec"))
     assert result.returncode == 1 and "no records" in result.stdout, result.stdout
+
+
+def test_a_pipeline_error_without_a_named_record_is_still_one_telling_line(tmp_path):
+    """When no record can be blamed (here the finder is switched off), the line names DALI's failing operator
+    and what it met, not the C++ stack."""
+    rec, idx = undecodable_file(tmp_path)
+    args = train.get_args_parser().parse_args(["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx",
+                                               idx, "--batch-size", "8", "--image-shape", "3,32,32"])
+    iterator = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())[0]
+    iterator.failing_record = None
+    with pytest.raises(data.DataError) as error:
+        for _ in iterator:
+            pass
+    message = str(error.value)
+    assert "\n" not in message and "decoders.image_random_crop" in message and "check_dataset.py" in message
