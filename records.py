@@ -2,7 +2,7 @@
 index check run before any pipeline is built, labels read from record headers without decoding images, the
 label-order measure, and the globally shuffled record order each training shard reads.
 
-Only numpy is needed (tools/check_dataset.py uses this module too).
+Needs numpy only (OpenCV too, to name a record that does not decode); tools/check_dataset.py uses it.
 """
 import mmap
 import os
