@@ -3,6 +3,7 @@
 DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliIterator` hands DALI's outputs to MXNet
 itself: on CPU through numpy, on GPU by copying straight into the NDArray's device memory.
 """
+import collections
 import ctypes
 import logging
 import math
@@ -11,7 +12,8 @@ import mxnet as mx
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
-from data import default_threads
+import records
+from data import DataError, default_threads, describe_failure
 
 READER_NAME = "Reader"
 log = logging.getLogger(__name__)
@@ -44,12 +46,13 @@ def _normalize(images, image_shape, mean, std, dtype, layout, mirror, crop=True)
 
 
 @pipeline_def
-def train_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, std, dtype="float32",
-                   layout="NCHW", device="cpu", random_area=(0.08, 1.0), random_aspect_ratio=(0.75, 4 / 3),
-                   random_mirror=True, fuse_decoder=True, nvjpeg_padding_mb=64, dont_use_mmap=False):
-    jpegs, labels = fn.readers.mxnet(path=[rec_path], index_path=[idx_path], shard_id=shard_id,
-                                     num_shards=num_shards, random_shuffle=True, dont_use_mmap=dont_use_mmap,
-                                     name=READER_NAME)
+def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW", device="cpu",
+                   random_area=(0.08, 1.0), random_aspect_ratio=(0.75, 4 / 3), random_mirror=True, fuse_decoder=True,
+                   nvjpeg_padding_mb=64):
+    # The records come from ``source`` (a ShuffledShardSource), not fn.readers.mxnet: the reader gives each
+    # shard a contiguous range of the file and shuffles only within a 1024-record window, so on a file stored
+    # in label order each worker would see a few classes (see ShuffledShardSource).
+    jpegs, labels = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.FLOAT])
     decoder_device = "mixed" if device == "gpu" else "cpu"
     padding = {"device_memory_padding": nvjpeg_padding_mb << 20,
                "host_memory_padding": nvjpeg_padding_mb << 20} if device == "gpu" else {}
@@ -91,6 +94,36 @@ def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, st
     return images, labels.gpu() if device == "gpu" else labels
 
 
+class ShuffledShardSource:
+    """The training pipeline's records: this rank's shard of one permutation of the whole file per epoch.
+
+    Every epoch draws a new permutation of all records from (seed, epoch), the same on every rank, and rank r
+    reads its slice [N*r//S, N*(r+1)//S) of it: shards are disjoint, each record is read once per epoch, and each
+    rank's batches are a uniform sample of the whole file whatever order it was written in. DALI's own reader
+    cannot do this: it splits the file into contiguous ranges (``shuffle_after_epoch`` only reorders whole files)
+    and its ``random_shuffle`` mixes a window of ``initial_fill`` neighbouring records.
+    Called by ``fn.external_source`` once per batch: returns the encoded images and their labels.
+    """
+
+    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16):
+        self.records = record_file
+        self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
+        self.batch_size = batch_size
+        self.recent = collections.deque(maxlen=remember)  # record numbers of the batches handed to DALI last
+
+    def __call__(self):
+        picks = self.order.take(self.batch_size)
+        self.recent.append(picks)
+        images = [self.records.image(i) for i in picks]
+        labels = self.records.labels[picks].astype(np.float32).reshape(-1, 1)
+        return images, labels
+
+    def failing_record(self):
+        """(record file, record number) of the batches in flight that does not decode, or None."""
+        bad = records.first_undecodable(self.records, [i for batch in self.recent for i in batch])
+        return None if bad is None else (self.records, bad)
+
+
 def shard_size(total, shard_id, num_shards):
     """Samples in one shard, as DALI's readers split them: shard s reads [N*s//S, N*(s+1)//S)."""
     return total * (shard_id + 1) // num_shards - total * shard_id // num_shards
@@ -128,8 +161,9 @@ class DaliIterator:
     a batch stays valid until ``buffers`` more are drawn; copy it to keep it longer.
     """
 
-    def __init__(self, pipeline, size, ctx, buffers=2):
+    def __init__(self, pipeline, size, ctx, buffers=2, failing_record=None):
         self.pipeline = pipeline
+        self.failing_record = failing_record  # finds the record a pipeline error came from, or None
         self.size = size
         self.batch_size = pipeline.max_batch_size
         self.ctx = ctx
@@ -150,7 +184,10 @@ class DaliIterator:
     def __next__(self):
         if self._served >= self.size:
             raise StopIteration
-        images, labels = self.pipeline.run()
+        try:
+            images, labels = self.pipeline.run()
+        except RuntimeError as error:  # DALI reports a bad image as a multi-page C++ stack: name the record
+            raise DataError(describe_failure(self.failing_record, error)) from None
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         for i, tensor_list in enumerate((images, labels)):
@@ -162,8 +199,9 @@ class DaliIterator:
         return mx.io.DataBatch(data=[slot[0]], label=[slot[1].reshape((-1,))], pad=self.batch_size - valid)
 
 
-def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
-    """Train and val iterators for this rank. ``args.batch_size`` is the global batch."""
+def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files):
+    """Train and val iterators for this rank. ``args.batch_size`` is the global batch; ``record_files`` holds the
+    checked records.RecordFile of "train" and "val" (data.open_record_files)."""
     device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
     if device == "gpu" and ctx.device_type != "gpu":
         raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
@@ -173,34 +211,50 @@ def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     val_threads = args.dali_validation_threads or default_threads(local_size)
     seed = None if args.seed is None else args.seed + rank  # each rank augments differently
     common = dict(image_shape=args.image_shape, mean=args.rgb_mean, std=args.rgb_std, dtype=args.dtype,
-                  layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding,
-                  dont_use_mmap=args.dali_dont_use_mmap)
+                  layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding)
     train_iter = val_iter = None
     if args.data_train:
+        train_records = record_files["train"]
+        # The record order must be the same on every rank (disjoint shards): seeded by --seed, not by the rank.
+        # Without --seed it is seed 0's order (augmentation stays random).
+        source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
+                                     seed=0 if args.seed is None else args.seed,
+                                     remember=args.dali_prefetch_queue + 4)  # the batches DALI may hold
         pipe = train_pipeline(
-            rec_path=args.data_train, idx_path=args.data_train_idx, shard_id=rank, num_shards=num_workers,
-            random_area=(args.min_random_area, args.max_random_area),
+            source=source, random_area=(args.min_random_area, args.max_random_area),
             random_aspect_ratio=(args.min_random_aspect_ratio, args.max_random_aspect_ratio),
             random_mirror=bool(args.random_mirror), fuse_decoder=bool(args.dali_fuse_decoder),
             batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
             prefetch_queue_depth=args.dali_prefetch_queue, **common)
         pipe.build()
-        total = pipe.reader_meta(READER_NAME)["epoch_size"]
+        total = len(train_records)
         num_examples = args.num_examples or total
         if num_examples < total and rank == 0:
             log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
-                        "data (the reader continues where it stopped, so every record is still read in turn)",
-                        num_examples, total, args.data_train)
+                        "data (a random part of a new shuffle each epoch)", num_examples, total, args.data_train)
         # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
         steps = math.ceil(num_examples / args.batch_size)
-        train_iter = DaliIterator(pipe, steps * local_batch, ctx)
+        train_iter = DaliIterator(pipe, steps * local_batch, ctx, failing_record=source.failing_record)
     if args.data_val:
         shard_id, num_shards = (0, 1) if args.dali_separ_val else (rank, num_workers)
         pipe = val_pipeline(
             rec_path=args.data_val, idx_path=args.data_val_idx, shard_id=shard_id, num_shards=num_shards,
             resize_shorter=args.data_val_resize, batch_size=local_batch, num_threads=val_threads,
-            device_id=device_id, seed=seed, prefetch_queue_depth=args.dali_prefetch_queue, **common)
+            device_id=device_id, seed=seed, prefetch_queue_depth=args.dali_prefetch_queue,
+            dont_use_mmap=args.dali_dont_use_mmap, **common)
         pipe.build()
         total = pipe.reader_meta(READER_NAME)["epoch_size"]
         val_iter = DaliIterator(pipe, shard_size(total, shard_id, num_shards), ctx)
+        val_iter.failing_record = sequential_failure_finder(record_files["val"], val_iter, shard_id, num_shards,
+                                                            lookahead=(args.dali_prefetch_queue + 2) * local_batch)
     return train_iter, val_iter
+
+
+def sequential_failure_finder(record_file, iterator, shard_id, num_shards, lookahead):
+    """For a pipeline reading its shard in file order: the undecodable record among those in flight."""
+    def find():
+        start, end = records.shard_bounds(len(record_file), shard_id, num_shards)
+        first = start + iterator._served
+        bad = records.first_undecodable(record_file, range(first, min(end, first + lookahead)))
+        return None if bad is None else (record_file, bad)
+    return find

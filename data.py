@@ -6,11 +6,17 @@ import time
 
 import mxnet as mx
 
+import records
+
 log = logging.getLogger(__name__)
 
 BACKENDS = ["dali-gpu", "dali-cpu", "mxnet", "synthetic"]
 PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
                 "or run `make demo` to build the demo set")
+
+
+class DataError(Exception):
+    """Data that cannot be trained on (a bad record file, a record that does not decode): reported as one line."""
 
 
 def int_list(text):
@@ -149,12 +155,17 @@ class RecordIterator:
 
     def _next_record_batch(self):
         try:
-            return self.record_iter.next()
-        except StopIteration:
-            if not self.wrap:
-                raise
-            self.record_iter.reset()
-            return self.record_iter.next()
+            try:
+                return self.record_iter.next()
+            except StopIteration:
+                if not self.wrap:
+                    raise
+                self.record_iter.reset()
+                return self.record_iter.next()
+        except mx.base.MXNetError as error:  # a bad image: MXNet's C++ stack names neither file nor record
+            raise DataError(describe_failure(self.failing_record, error)) from None
+
+    failing_record = None  # finds (RecordFile, record number) of an image that does not decode, or None
 
     def __next__(self):
         if self._served >= self.size:
@@ -169,7 +180,48 @@ class RecordIterator:
         return mx.io.DataBatch(data=[data], label=[label.as_in_context(self.ctx)], pad=self.batch_size - valid)
 
 
-def get_mxnet_iterators(args, rank, num_workers, local_size, ctx):
+def describe_failure(failing_record, error):
+    """One line for a pipeline ``error``: the record that does not decode (found by ``failing_record()``, which
+    returns (RecordFile, record number) or None), else the last line of the library's message."""
+    found = failing_record() if failing_record else None
+    if found:
+        record_file, i = found
+        return f"{record_file.describe(i)} does not decode as an image; {records.fix_hint(record_file.rec_path)}"
+    return f"the data pipeline failed: {library_error_line(error)}; check the data with tools/check_dataset.py"
+
+
+def library_error_line(error):
+    """The telling line of a DALI or MXNet error (they span pages): the failing operator and what it met."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    where = next((line.rstrip(",") for line in lines if line.startswith("Error in ")), None)
+    if "encountered:" in lines and lines.index("encountered:") + 1 < len(lines):
+        what = lines[lines.index("encountered:") + 1]
+    else:
+        what = next((line for line in lines if "Error" in line and not line.startswith("Traceback")),
+                    lines[0] if lines else type(error).__name__)
+    return f"{where}: {what}" if where else what
+
+
+def image_record_iter(failing_record, **kwargs):
+    try:
+        return mx.io.ImageRecordIter(**kwargs)
+    except mx.base.MXNetError as error:  # it decodes its first batch at once
+        raise DataError(describe_failure(failing_record, error)) from None
+
+
+def part_failure_finder(record_file, part_index, num_parts, limit=50000):
+    """For ImageRecordIter, which reads its part in an order we do not know: the first record of the part (up to
+    ``limit`` records are decoded) that does not decode."""
+    def find():
+        total = len(record_file)
+        start = min(total, part_index * math.ceil(total / num_parts))
+        end = start + mxnet_shard_size(total, part_index, num_parts)
+        bad = records.first_undecodable(record_file, range(start, min(end, start + limit)))
+        return None if bad is None else (record_file, bad)
+    return find
+
+
+def get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files=None):
     local_batch = args.batch_size // num_workers
     channels, height, width = args.image_shape
     threads = args.data_mxnet_threads or default_threads(local_size)
@@ -180,9 +232,11 @@ def get_mxnet_iterators(args, rank, num_workers, local_size, ctx):
                   preprocess_threads=threads, num_parts=num_workers, part_index=rank)
     out = dict(channels=channels, dtype=out_dtype(args.dtype), layout=args.input_layout, ctx=ctx)
     train_iter = val_iter = None
+    files = record_files or {}
     if args.data_train:
-        record_iter = mx.io.ImageRecordIter(
-            path_imgrec=args.data_train, path_imgidx=args.data_train_idx, shuffle=True, seed=seed,
+        finder = part_failure_finder(files["train"], rank, num_workers) if "train" in files else None
+        record_iter = image_record_iter(
+            finder, path_imgrec=args.data_train, path_imgidx=args.data_train_idx, shuffle=True, seed=seed,
             seed_aug=None if args.seed is None else seed,
             random_resized_crop=True, min_random_area=args.min_random_area, max_random_area=args.max_random_area,
             min_aspect_ratio=args.min_random_aspect_ratio, max_aspect_ratio=args.max_random_aspect_ratio,
@@ -190,12 +244,16 @@ def get_mxnet_iterators(args, rank, num_workers, local_size, ctx):
         total = count_index_entries(args.data_train_idx)
         steps = math.ceil((args.num_examples or total) / args.batch_size)
         train_iter = RecordIterator(record_iter, steps * local_batch, local_batch, wrap=True, **out)
+        train_iter.failing_record = finder
     if args.data_val:
-        record_iter = mx.io.ImageRecordIter(
-            path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False, resize=args.data_val_resize,
+        finder = part_failure_finder(files["val"], rank, num_workers) if "val" in files else None
+        record_iter = image_record_iter(
+            finder, path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False,
+            resize=args.data_val_resize,
             rand_crop=False, rand_mirror=False, round_batch=False, **common)
         size = mxnet_shard_size(count_index_entries(args.data_val_idx), rank, num_workers)
         val_iter = RecordIterator(record_iter, size, local_batch, wrap=False, **out)
+        val_iter.failing_record = finder
     return train_iter, val_iter
 
 
@@ -266,13 +324,58 @@ def get_synthetic_iterators(args, rank, num_workers, ctx):
     return train, val
 
 
+_opened = {}  # (path, index, mmap, sizes, mtimes) -> RecordFile: train.py rebuilds the training pipeline per epoch
+
+
+def open_record_file(rec_path, idx_path, use_mmap=True):
+    """A records.RecordFile, its index checked against the file once (offsets and record headers only)."""
+    stats = [os.stat(path) for path in (rec_path, idx_path)]
+    key = (rec_path, idx_path, use_mmap, tuple((s.st_size, s.st_mtime_ns) for s in stats))
+    if key not in _opened:
+        try:
+            _opened[key] = records.RecordFile(rec_path, idx_path, use_mmap=use_mmap)
+        except records.RecordFileError as error:
+            raise DataError(str(error)) from None
+    return _opened[key]
+
+
+def open_record_files(args):
+    """{"train": RecordFile, "val": RecordFile} for the data given, each checked before any pipeline is built,
+    so a bad file stops the run with one line naming tools/check_dataset.py, not a C++ assertion."""
+    use_mmap = not getattr(args, "dali_dont_use_mmap", False)
+    files = {}
+    for split in ("train", "val"):
+        rec = getattr(args, f"data_{split}")
+        if rec:
+            files[split] = open_record_file(rec, getattr(args, f"data_{split}_idx"), use_mmap)
+    return files
+
+
+def check_mxnet_shards(train_records, num_workers):
+    """ImageRecordIter gives each worker a contiguous part of the file (dmlc-core's IndexedRecordIOSplitter,
+    shuffled within the part only): on a file stored in label order each worker would see a few classes and
+    BatchNorm statistics would differ per worker. Refuse that; one worker reads a permutation of the whole file."""
+    if num_workers < 2:
+        return
+    runs = records.label_runs(train_records.labels)
+    if runs["ordered"]:
+        raise DataError(f"{train_records.rec_path}: {records.describe_label_order(runs)}, and the mxnet backend "
+                        f"gives each of the {num_workers} workers a contiguous part of it (a few classes each); "
+                        f"use --data-backend dali-cpu or dali-gpu (they shuffle over the whole file), or write a "
+                        f"shuffled copy with `tools/check_dataset.py {train_records.rec_path} --fix OUT.rec`")
+
+
 def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     """(train, val) iterators for this rank; either is None when its data is not given."""
     if args.data_backend in ("dali-gpu", "dali-cpu"):
+        record_files = open_record_files(args)
         import dali  # DALI is imported only when used
-        return dali.get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx)
+        return dali.get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files)
     if args.data_backend == "mxnet":
-        return get_mxnet_iterators(args, rank, num_workers, local_size, ctx)
+        record_files = open_record_files(args)
+        if "train" in record_files:
+            check_mxnet_shards(record_files["train"], num_workers)
+        return get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files)
     if args.data_backend == "synthetic":
         return get_synthetic_iterators(args, rank, num_workers, ctx)
     raise ValueError(f"unknown --data-backend {args.data_backend}; choose from {', '.join(BACKENDS)}")

@@ -115,6 +115,8 @@ def main(args):
     validate_args(args, dist.size)
     args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it
     os.makedirs(args.workspace, exist_ok=True)
+    # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
+    os.makedirs(os.path.dirname(fit.workspace_path(args, args.model_prefix)) or ".", exist_ok=True)
     if args.seed is not None:
         random.seed(args.seed)
         mx.random.seed(args.seed)
@@ -156,7 +158,7 @@ def main(args):
                                       val_iter, ctxs, dist)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
-    except fit.TrainingError as error:
+    except (fit.TrainingError, data.DataError) as error:
         raise UsageError(str(error))
     dist.finish()
     if dist.is_primary:

@@ -8,6 +8,7 @@ import pytest
 import sklearn.datasets
 
 import dali
+import records
 from conftest import write_record_file
 
 PHOTOS = [cv2.imread(os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", name))
@@ -106,7 +107,8 @@ def crop_boxes(batches, size=200, out=32):
 
 
 def run_train(rec, idx, area, mirror, fuse, batches=4, batch_size=64):
-    pipe = dali.train_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(3, 32, 32),
+    source = dali.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=7)
+    pipe = dali.train_pipeline(source=source, image_shape=(3, 32, 32),
                                mean=[0, 0, 0], std=[1, 1, 1], random_area=area, random_mirror=mirror,
                                fuse_decoder=fuse, batch_size=batch_size, num_threads=1, device_id=None, seed=7)
     pipe.build()

@@ -7,8 +7,10 @@ place where no record starts, records cut short by the end of the file, empty pa
 one integer class in [0, N), images that are truncated or do not decode.
 Warnings: images that are not JPEG (PNG, ...), CMYK or grayscale JPEGs, unusual sizes (shorter side below
 --min-side, longer side above --max-side, or aspect ratio above --max-aspect).
+Warning: records stored in label order (long runs of one label), which starves shards and shuffle windows of classes.
 `--fix OUT.rec` writes OUT.rec/OUT.idx without the records in error, non-JPEG and CMYK images re-encoded as RGB
-JPEG (quality --quality), every other record copied byte for byte. Only OpenCV and numpy are needed.
+JPEG (quality --quality), every other record copied byte for byte, in a shuffled order when the file is in label
+order (--order); it exits 0 when the copy is clean. Only OpenCV and numpy are needed.
 """
 import argparse
 import collections
@@ -23,74 +25,12 @@ import time
 import cv2
 import numpy as np
 
-MAGIC = 0xCED7230A
-MAGIC_BYTES = struct.pack("<I", MAGIC)
-IR_HEADER = struct.Struct("<IfQQ")  # flag (number of extra labels), label, id, id2: mxnet.recordio.IRHeader
-LENGTH_MASK = (1 << 29) - 1
-MAX_LISTED = 20  # records listed per kind of problem; the count is always complete
-
-
-class RecordError(Exception):
-    """The bytes at an index entry are not a readable record."""
-
-
-# ---------------------------------------------------------------------------------------------------------
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # RecordIO reading and writing (the format of dmlc-core's RecordIOWriter, which MXNet and DALI read)
+from records import (IR_HEADER, MAGIC, MAGIC_BYTES, RecordFileError as RecordError, describe_label_order,  # noqa
+                     encode_record, label_runs, read_index, read_record)
 
-def read_record(buffer, offset):
-    """Return (payload, end) of the record starting at ``offset``; records whose payload contains the magic
-    word are stored in parts (cflag 1 = first, 2 = middle, 3 = last) joined by that word."""
-    size = len(buffer)
-    parts, pos, first = [], offset, True
-    while True:
-        if pos + 8 > size:
-            raise RecordError(f"record header at byte {pos} is cut off by the end of the file ({size} bytes)")
-        magic, lrec = struct.unpack_from("<II", buffer, pos)
-        if magic != MAGIC:
-            raise RecordError(f"no record starts at byte {pos} (bad magic number)")
-        cflag, length = lrec >> 29, lrec & LENGTH_MASK
-        if first and cflag not in (0, 1):
-            raise RecordError(f"byte {pos} is the middle of a multi-part record, not its start")
-        start, end = pos + 8, pos + 8 + length
-        if end > size:
-            raise RecordError(f"record truncated: it needs {end - offset} bytes from byte {offset}, "
-                              f"the file ends after {size - offset}")
-        parts.append(buffer[start:end])
-        pos = start + ((length + 3) & ~3)
-        if cflag in (0, 3):
-            return b"".join(parts), pos
-        parts.append(MAGIC_BYTES)
-        first = False
-
-
-def encode_record(payload):
-    """The on-disk bytes of one record, split where the payload holds the magic word, as dmlc-core does."""
-    out, start = [], 0
-    for i in range(0, len(payload) - len(payload) % 4, 4):
-        if payload[i:i + 4] == MAGIC_BYTES:
-            out += [MAGIC_BYTES, struct.pack("<I", ((1 if start == 0 else 2) << 29) | (i - start)), payload[start:i]]
-            start = i + 4
-    rest = len(payload) - start
-    out += [MAGIC_BYTES, struct.pack("<I", ((3 if start else 0) << 29) | rest), payload[start:]]
-    out.append(b"\0" * (-len(payload) % 4))
-    return b"".join(out)
-
-
-def read_index(idx_path):
-    """[(line number, key, offset)] and [(line number, problem)] for lines that do not parse."""
-    entries, problems = [], []
-    with open(idx_path, "rb") as index:
-        for number, line in enumerate(index, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                if len(fields) != 2:
-                    raise ValueError
-                entries.append((number, int(fields[0]), int(fields[1])))
-            except ValueError:
-                problems.append((number, f"index line {number} is not 'KEY<TAB>OFFSET': {line[:60]!r}"))
-    return entries, problems
+MAX_LISTED = 20  # records listed per kind of problem; the count is always complete
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -250,6 +190,19 @@ def check(rec_path, idx_path, num_classes=0, limits=(32, 8192, 8.0), jobs=None, 
     return {"entries": results, "index_problems": index_problems}
 
 
+def label_order(report):
+    """records.label_runs of the readable records' labels in file order (the order readers shard and window)."""
+    readable = sorted((offset, info["label"]) for _, _, offset, errs, _, info, _ in report["entries"] if not errs)
+    return label_runs(np.array([label for _, label in readable]))
+
+
+LABEL_ORDER_ADVICE = ("each worker's contiguous shard and each shuffle window of a record reader then hold a few "
+                      "classes (BatchNorm statistics and gradients per worker are skewed; training suffers, most "
+                      "with several workers). train.py's DALI backends shuffle over the whole file each epoch; "
+                      "other readers (the mxnet backend with several workers, other tools) do not: write a "
+                      "shuffled copy with --fix OUT.rec")
+
+
 def summarize(report, out=print):
     """Print the problems by kind and the dataset summary; return the number of errors."""
     errors = collections.defaultdict(list)
@@ -270,6 +223,8 @@ def summarize(report, out=print):
             widths.append(info["size"][0])
             heights.append(info["size"][1])
             formats[info["format"]] += 1
+    if not report["entries"] and not report["index_problems"]:
+        errors["no records"].append("the index lists no records: rebuild the dataset (tools/prepare_imagenet.sh)")
     for title, problems in (("error", errors), ("warning", warnings)):
         for kind, lines in sorted(problems.items()):
             out(f"{title}: {kind}: {len(lines)} record(s)")
@@ -292,22 +247,27 @@ def summarize(report, out=print):
                 f"max {largest[1]} (class {largest[0]})")
         out(f"image sizes: width {min(widths)}..{max(widths)}, height {min(heights)}..{max(heights)}")
         out("formats: " + ", ".join(f"{kind}: {count}" for kind, count in formats.most_common()))
+    runs = label_order(report)
+    if runs["ordered"]:
+        out(f"warning: label order: {describe_label_order(runs)}: {LABEL_ORDER_ADVICE}")
     num_errors = sum(len(v) for v in errors.values())
     out(f"{'FAILED' if num_errors else 'OK'}: {num_errors} error(s)")
     return num_errors
 
 
-def write_fixed(report, rec_path, out_rec, quality=95):
-    """Write out_rec and its .idx: records in error dropped, non-JPEG and CMYK images re-encoded as RGB JPEG.
+def write_fixed(report, rec_path, out_rec, quality=95, shuffle_seed=None):
+    """Write out_rec and its .idx: records in error dropped, non-JPEG and CMYK images re-encoded as RGB JPEG,
+    in the index's order or, with ``shuffle_seed``, in a random order (a file not sorted by label).
     Written under temporary names and renamed, so a failure leaves no half-written dataset."""
     out_idx = os.path.splitext(out_rec)[0] + ".idx"
     kept = reencoded = 0
+    entries = [entry for entry in report["entries"] if not entry[3]]
+    if shuffle_seed is not None:
+        entries = [entries[i] for i in np.random.default_rng(shuffle_seed).permutation(len(entries))]
     with open(rec_path, "rb") as handle:
         buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if os.path.getsize(rec_path) else b""
         with open(out_rec + ".tmp", "wb") as rec_out, open(out_idx + ".tmp", "w") as idx_out:
-            for _, _, offset, errs, _, info, end in report["entries"]:
-                if errs:
-                    continue
+            for _, _, offset, errs, _, info, end in entries:
                 if info["reencode"]:
                     payload, _ = read_record(buffer, offset)
                     flag = IR_HEADER.unpack_from(payload)[0]
@@ -333,6 +293,9 @@ def main(argv=None):
     parser.add_argument("--num-classes", type=int, default=0, help="labels must be below this (0: no bound)")
     parser.add_argument("--fix", metavar="OUT.rec", help="write a repaired copy (and OUT.idx)")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoded images")
+    parser.add_argument("--order", choices=["auto", "shuffle", "keep"], default="auto",
+                        help="record order of the --fix copy (auto: shuffled when the file is in label order)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --fix copy's shuffled order")
     parser.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
     parser.add_argument("--min-side", type=int, default=32, help="warn below this shorter side")
     parser.add_argument("--max-side", type=int, default=8192, help="warn above this longer side")
@@ -352,10 +315,28 @@ def main(argv=None):
                    None if args.progress is None else bool(args.progress))
     num_errors = summarize(report)
     if args.fix:
-        kept, reencoded, out_idx = write_fixed(report, args.rec, args.fix, args.quality)
+        shuffle = args.order == "shuffle" or (args.order == "auto" and label_order(report)["ordered"])
+        kept, reencoded, out_idx = write_fixed(report, args.rec, args.fix, args.quality,
+                                               args.seed if shuffle else None)
         print(f"fixed copy: {args.fix} and {out_idx}: {kept} records ({reencoded} re-encoded as JPEG, "
-              f"{len(report['entries']) - kept} dropped)")
+              f"{len(report['entries']) - kept} dropped{', shuffled' if shuffle else ''})")
+        problem = check_copy(args.fix, out_idx)
+        if problem:
+            print(f"FAILED: the fixed copy is not usable: {problem}")
+            return 1
+        print(f"OK: the fixed copy is clean; train on {args.fix}")
+        return 0
     return 1 if num_errors else 0
+
+
+def check_copy(rec_path, idx_path):
+    """The first problem of a written copy (its index against its records, as train.py checks), or None."""
+    from records import RecordFile
+    try:
+        copy = RecordFile(rec_path, idx_path)
+    except RecordError as error:
+        return str(error)
+    return None if len(copy) else f"{rec_path} holds no records"
 
 
 if __name__ == "__main__":

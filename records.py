@@ -1,0 +1,302 @@
+"""RecordIO files (.rec + .idx, the format of dmlc-core's RecordIOWriter that im2rec, MXNet and DALI use): the
+index check run before any pipeline is built, labels read from record headers without decoding images, the
+label-order measure, and the globally shuffled record order each training shard reads.
+
+Needs numpy only (OpenCV too, to name a record that does not decode); tools/check_dataset.py uses it.
+"""
+import mmap
+import os
+import struct
+import warnings
+
+import numpy as np
+
+MAGIC = 0xCED7230A
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+IR_HEADER = struct.Struct("<IfQQ")  # flag (number of extra labels), label, id, id2: mxnet.recordio.IRHeader
+LENGTH_MASK = (1 << 29) - 1
+ORDERED_RUN_FACTOR = 4  # label-ordered: runs of one label this many times longer than a shuffled file's
+
+
+class RecordFileError(Exception):
+    """A .rec/.idx pair that no reader can use: the message is one line naming the fix."""
+
+
+def fix_hint(rec_path):
+    return f"run `tools/check_dataset.py {rec_path} --fix OUT.rec` and train on OUT.rec"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reading
+
+def read_record(buffer, offset):
+    """Return (payload, end) of the record starting at ``offset``; records whose payload contains the magic
+    word are stored in parts (cflag 1 = first, 2 = middle, 3 = last) joined by that word."""
+    size = len(buffer)
+    parts, pos, first = [], offset, True
+    while True:
+        if pos + 8 > size:
+            raise RecordFileError(f"record header at byte {pos} is cut off by the end of the file ({size} bytes)")
+        magic, lrec = struct.unpack_from("<II", buffer, pos)
+        if magic != MAGIC:
+            raise RecordFileError(f"no record starts at byte {pos} (bad magic number)")
+        cflag, length = lrec >> 29, lrec & LENGTH_MASK
+        if first and cflag not in (0, 1):
+            raise RecordFileError(f"byte {pos} is the middle of a multi-part record, not its start")
+        start, end = pos + 8, pos + 8 + length
+        if end > size:
+            raise RecordFileError(f"record truncated: it needs {end - offset} bytes from byte {offset}, "
+                                  f"the file ends after {size - offset}")
+        parts.append(bytes(buffer[start:end]))
+        pos = start + ((length + 3) & ~3)
+        if cflag in (0, 3):
+            return b"".join(parts), pos
+        parts.append(MAGIC_BYTES)
+        first = False
+
+
+def encode_record(payload):
+    """The on-disk bytes of one record, split where the payload holds the magic word, as dmlc-core does."""
+    out, start = [], 0
+    for i in range(0, len(payload) - len(payload) % 4, 4):
+        if payload[i:i + 4] == MAGIC_BYTES:
+            out += [MAGIC_BYTES, struct.pack("<I", ((1 if start == 0 else 2) << 29) | (i - start)), payload[start:i]]
+            start = i + 4
+    rest = len(payload) - start
+    out += [MAGIC_BYTES, struct.pack("<I", ((3 if start else 0) << 29) | rest), payload[start:]]
+    out.append(b"\0" * (-len(payload) % 4))
+    return b"".join(out)
+
+
+def read_index(idx_path):
+    """[(line number, key, offset)] and [(line number, problem)] for lines that do not parse."""
+    entries, problems = [], []
+    with open(idx_path, "rb") as index:
+        for number, line in enumerate(index, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                if len(fields) != 2:
+                    raise ValueError
+                entries.append((number, int(fields[0]), int(fields[1])))
+            except ValueError:
+                problems.append((number, f"index line {number} is not 'KEY<TAB>OFFSET': {line[:60]!r}"))
+    return entries, problems
+
+
+def read_index_arrays(idx_path):
+    """(line numbers, keys, offsets) as int64 arrays, parsed in C; the line-by-line parser names a bad line."""
+    with open(idx_path, "rb") as index:
+        text = index.read()
+    try:
+        with warnings.catch_warnings():  # numpy warns (and will raise) where a line does not parse
+            warnings.simplefilter("ignore", DeprecationWarning)
+            values = np.fromstring(text, dtype=np.int64, sep=" ") if text.strip() else np.zeros(0, np.int64)
+    except ValueError:
+        values = np.zeros(1, np.int64)  # odd length: take the slow path
+    lines = text.count(b"\n") + (0 if text.endswith(b"\n") or not text else 1)
+    digits_only = not text.translate(None, b"0123456789 \t\r\n")
+    if digits_only and len(values) == 2 * lines:  # every line holds two integers
+        pairs = values.reshape(-1, 2)
+        return np.arange(1, lines + 1), pairs[:, 0].copy(), pairs[:, 1].copy()
+    entries, problems = read_index(idx_path)  # slow path: empty lines, or a line that does not parse
+    if problems:
+        raise RecordFileError(f"{idx_path}: {problems[0][1]} ({len(problems)} bad line(s)); {{hint}}")
+    table = np.array(entries, dtype=np.int64).reshape(-1, 3)
+    return table[:, 0], table[:, 1], table[:, 2]
+
+
+def map_file(path):
+    """The whole file as a read-only buffer (b"" when empty: mmap refuses empty files)."""
+    if not os.path.getsize(path):
+        return b""
+    with open(path, "rb") as handle:
+        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def scan_headers(buffer, offsets):
+    """For each offset: (problem or None, cflag, payload length, label), read from the 8-byte record header and
+    the 24-byte image-record header after it, vectorised (a few bytes per record, no image is read)."""
+    size = len(buffer)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    count = len(offsets)
+    problems = np.zeros(count, dtype=np.int8)  # 0 ok, 1 past the end, 2 no record starts, 3 middle, 4 truncated
+    cflags = np.zeros(count, dtype=np.int64)
+    lengths = np.zeros(count, dtype=np.int64)
+    labels = np.full(count, np.nan, dtype=np.float64)
+    inside = (offsets >= 0) & (offsets + 8 <= size)
+    problems[~inside] = 1
+    if size and inside.any():
+        data = np.frombuffer(buffer, dtype=np.uint8)
+        starts = offsets[inside]
+        words = data[starts[:, None] + np.arange(8)].view("<u4").reshape(-1, 2)
+        magic_ok = words[:, 0] == MAGIC
+        cflag = (words[:, 1] >> 29).astype(np.int64)
+        length = (words[:, 1] & LENGTH_MASK).astype(np.int64)
+        problem = np.where(~magic_ok, 2, np.where((cflag != 0) & (cflag != 1), 3,
+                                                  np.where((cflag == 0) & (starts + 8 + length > size), 4, 0)))
+        problems[inside], cflags[inside], lengths[inside] = problem, cflag, length
+        has_label = inside.copy()
+        has_label[inside] = (problem == 0) & (length >= IR_HEADER.size) & (starts + 8 + IR_HEADER.size <= size)
+        label_at = offsets[has_label] + 8 + 4  # the IRHeader's float32 label follows its uint32 flag
+        flag_at = offsets[has_label] + 8
+        if len(label_at):
+            flags = data[flag_at[:, None] + np.arange(4)].view("<u4").ravel()
+            values = data[label_at[:, None] + np.arange(4)].view("<f4").ravel().astype(np.float64)
+            labels[has_label] = np.where(flags == 0, values, np.nan)  # extra labels: not a classification label
+    return problems, cflags, lengths, labels
+
+
+PROBLEM_TEXT = {1: "points past the end of the file",
+                2: "points where no record starts (not a record boundary)",
+                3: "points into the middle of a multi-part record",
+                4: "points to a record cut off by the end of the file"}
+
+
+class RecordFile:
+    """A checked .rec/.idx pair: record offsets (in file order), their labels, and random access to images.
+
+    Construction checks the index against the file (offsets and headers only) and raises RecordFileError with one
+    line naming the first problem and the fix. ``use_mmap=False`` reads records with plain reads (network file
+    systems), as DALI's ``dont_use_mmap`` does.
+    """
+
+    def __init__(self, rec_path, idx_path, use_mmap=True):
+        self.rec_path, self.idx_path = rec_path, idx_path
+        size = os.path.getsize(rec_path)
+        try:
+            lines, keys, offsets = read_index_arrays(idx_path)
+        except RecordFileError as error:
+            raise RecordFileError(str(error).replace("{hint}", fix_hint(rec_path))) from None
+        if not size:
+            raise RecordFileError(f"{rec_path} is empty (0 bytes); rebuild it, or {fix_hint(rec_path)}")
+        if not len(offsets):
+            raise RecordFileError(f"{idx_path} lists no records; rebuild the index with the .rec, or "
+                                  f"{fix_hint(rec_path)}")
+        order = np.argsort(offsets, kind="stable")  # file order, as DALI and MXNet read it
+        lines, self.keys, self.offsets = lines[order], keys[order], offsets[order]
+        self._buffer = map_file(rec_path)
+        problems, self.cflags, self.lengths, self.labels = scan_headers(self._buffer, self.offsets)
+        bad = np.flatnonzero(problems)
+        if len(bad):
+            first = bad[0]
+            raise RecordFileError(
+                f"{idx_path} line {lines[first]} (record {self.keys[first]}) {PROBLEM_TEXT[problems[first]]} of "
+                f"{rec_path} (byte {self.offsets[first]} of {size}); {len(bad)} of {len(offsets)} index entries "
+                f"are bad; {fix_hint(rec_path)}")
+        if np.any(self.offsets[1:] == self.offsets[:-1]):
+            raise RecordFileError(f"{idx_path} lists the same record more than once; {fix_hint(rec_path)}")
+        self._fd = None if use_mmap else os.open(rec_path, os.O_RDONLY)
+
+    def __len__(self):
+        return len(self.offsets)
+
+    def describe(self, i):
+        return f"{self.rec_path} record {self.keys[i]} (byte {self.offsets[i]})"
+
+    def payload(self, i):
+        """Record ``i``'s payload (label header + image) as a uint8 array (a view into the mapped file)."""
+        offset, length = int(self.offsets[i]), int(self.lengths[i])
+        if self.cflags[i] == 0:
+            if self._fd is not None:
+                return np.frombuffer(os.pread(self._fd, length, offset + 8), dtype=np.uint8)
+            return np.frombuffer(self._buffer, dtype=np.uint8, count=length, offset=offset + 8)
+        payload, _ = read_record(self._buffer, offset)  # rare: the payload holds the magic word
+        return np.frombuffer(payload, dtype=np.uint8)
+
+    def image(self, i):
+        """Record ``i``'s encoded image bytes (after the label header and any extra labels)."""
+        payload = self.payload(i)
+        flag = int(payload[:4].view("<u4")[0]) if len(payload) >= 4 else 0
+        return payload[IR_HEADER.size + 4 * flag:]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# label order
+
+def label_runs(labels):
+    """How much a file's labels come in runs: mean and longest run of one label in file order, and the mean run a
+    shuffled file with the same class counts would have (1 / (1 - sum of squared class shares))."""
+    labels = np.asarray(labels)
+    labels = labels[np.isfinite(labels)] if labels.dtype.kind == "f" else labels
+    if len(labels) == 0:
+        return {"mean_run": 0.0, "longest_run": 0, "shuffled_run": 0.0, "classes": 0, "ordered": False}
+    change = np.flatnonzero(labels[1:] != labels[:-1])
+    bounds = np.concatenate([[0], change + 1, [len(labels)]])
+    runs = np.diff(bounds)
+    _, counts = np.unique(labels, return_counts=True)
+    shares = counts / len(labels)
+    same = float(np.sum(shares ** 2))
+    shuffled = 1.0 / (1.0 - same) if same < 1 else float(len(labels))
+    mean_run = float(len(labels) / len(runs))
+    ordered = len(counts) > 1 and mean_run > ORDERED_RUN_FACTOR * shuffled and mean_run >= 8
+    return {"mean_run": mean_run, "longest_run": int(runs.max()), "shuffled_run": shuffled,
+            "classes": int(len(counts)), "ordered": bool(ordered)}
+
+
+def describe_label_order(runs):
+    return (f"records are stored in label order (runs of one label: mean {runs['mean_run']:.0f}, longest "
+            f"{runs['longest_run']}; a shuffled file would have runs of about {runs['shuffled_run']:.1f})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the training order: one global permutation per epoch, cut into disjoint shards
+
+def shard_bounds(total, shard_id, num_shards):
+    """Shard s of S holds positions [N*s//S, N*(s+1)//S), as DALI's readers split a file."""
+    return total * shard_id // num_shards, total * (shard_id + 1) // num_shards
+
+
+def epoch_permutation(total, seed, epoch):
+    """The record order of one epoch: the same on every rank (it depends on the seed and epoch only)."""
+    return np.random.default_rng([seed, epoch]).permutation(total)
+
+
+def shard_records(total, shard_id, num_shards, seed, epoch):
+    start, end = shard_bounds(total, shard_id, num_shards)
+    return epoch_permutation(total, seed, epoch)[start:end]
+
+
+class ShardOrder:
+    """This shard's record numbers, batch by batch: shard ``shard_id`` of the permutation of epoch 0, then of
+    epoch 1, ... (a batch that passes the end of a shard continues into the next epoch's shard)."""
+
+    def __init__(self, total, shard_id, num_shards, seed):
+        start, end = shard_bounds(total, shard_id, num_shards)
+        if end <= start:
+            raise RecordFileError(f"{total} records cannot be split across {num_shards} workers; "
+                                  "use fewer workers or more data")
+        self.total, self.shard_id, self.num_shards, self.seed = total, shard_id, num_shards, seed
+        self.epoch = 0
+        self._order = shard_records(total, shard_id, num_shards, seed, 0)
+        self._pos = 0
+
+    def take(self, count):
+        picks = []
+        while len(picks) < count:
+            if self._pos == len(self._order):
+                self.epoch += 1
+                self._order = shard_records(self.total, self.shard_id, self.num_shards, self.seed, self.epoch)
+                self._pos = 0
+            step = min(count - len(picks), len(self._order) - self._pos)
+            picks.extend(self._order[self._pos:self._pos + step].tolist())
+            self._pos += step
+        return picks
+
+
+def decodes(image):
+    """Whether OpenCV decodes these image bytes (used to name a record that a pipeline failed on)."""
+    import cv2
+    if len(image) == 0:
+        return False
+    decoded = cv2.imdecode(np.asarray(image, dtype=np.uint8), cv2.IMREAD_COLOR)
+    return decoded is not None and decoded.size > 0
+
+
+def first_undecodable(records, candidates):
+    """The first of ``candidates`` (record numbers) whose image does not decode, or None."""
+    for i in candidates:
+        if not decodes(records.image(i)):
+            return i
+    return None
