@@ -25,9 +25,10 @@ $(STAMP): setup.py requirements.txt tools/install_horovod.sh Makefile
 	tools/install_horovod.sh $(BIN)/python $(WHEEL_CACHE)
 	$(BIN)/python -m pip install -q -e ".[test]"
 	@$(BIN)/horovodrun --check-build > $(VENV)/horovod-check-build.txt
-	@grep -q '\[X\] MXNet' $(VENV)/horovod-check-build.txt && grep -q '\[X\] Gloo' $(VENV)/horovod-check-build.txt \
-		|| { cat $(VENV)/horovod-check-build.txt; echo "error: Horovod was built without MXNet or Gloo" >&2; exit 1; }
-	@echo "Horovod: MXNet and Gloo available"
+	@features="$$(tools/install_horovod.sh --features $(BIN)/python)"; for feature in $$features; do \
+		grep -q "\[X\] $$feature" $(VENV)/horovod-check-build.txt || { cat $(VENV)/horovod-check-build.txt; \
+		echo "error: Horovod was built without $$feature; delete its wheel in $(WHEEL_CACHE) and rerun" >&2; exit 1; }; \
+	done; echo "Horovod:" $$features "available"
 	@touch $@
 
 demo: setup
