@@ -48,6 +48,9 @@ def world_mismatch(size, rank, local_rank, mpi_built, environ):
     if size == 1 and not mpi_built:
         return f"{seen}: this Horovod was built without MPI, so each worker trains alone; {MPI_ADVICE}, " \
                "or start the workers with runner's default launcher (horovodrun, Gloo)"
+    if size == 1 and environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo" and meant.launcher != "horovodrun":
+        return f"{seen}: HOROVOD_CONTROLLER=gloo makes Horovod ignore {meant.launcher}'s world (Gloo needs " \
+               "horovodrun's rendezvous); unset it, or start the workers with runner's default launcher"
     if size == 1 and meant.launcher == "srun":
         return f"{seen}: srun did not connect the tasks through PMIx; run `srun --mpi=pmix ...` " \
                "(`srun --mpi=list` shows what this Slurm offers)"
