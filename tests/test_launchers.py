@@ -115,8 +115,10 @@ def check_one_training(workspace, worlds, report, digits_data):
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
     with open(digits_data / "val.idx") as f:
         val_records = sum(1 for line in f if line.strip())
-    assert report["ngpus"] == 2
-    assert report["metrics"]["val.samples"] == [val_records]  # every record once over both ranks
+    assert report["ngpus"] == 2 and len(report["metrics"]["val.top1"]) == 1
+    with open(workspace / "log.jsonl") as f:
+        epochs = [record for record in map(json.loads, f) if record["type"] == "epoch"]
+    assert [record["val.samples"] for record in epochs] == [val_records]  # every record once over both ranks
 
 
 def test_mpirun_two_workers(kit, digits_data, tmp_path):
