@@ -30,7 +30,9 @@ def main():
             "mpi_enabled": hvd.mpi_enabled(), "gloo_enabled": hvd.gloo_enabled(),
             "launcher": launched.launcher if launched else None,
             "ssh_connection": os.environ.get("SSH_CONNECTION"),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "interfaces": {key: os.environ.get(key) for key in
+                           ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include")}}
     with open(os.path.join(args.workspace, f"world-rank{hvd.rank()}.json"), "w") as f:
         json.dump(seen, f)
     params = {name: p.data().asnumpy() for name, p in nets[-1].collect_params().items()}

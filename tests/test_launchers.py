@@ -155,15 +155,37 @@ def test_horovodrun_gloo_over_ssh_on_two_hosts(kit, digits_data, tmp_path):
     check_one_training(tmp_path, worlds, report, digits_data)
     assert all(w["launcher"] == "horovodrun" and w["gloo_enabled"] and not w["mpi_enabled"] for w in worlds)
     check_two_hosts(worlds)
+    # horovodrun found an interface both hosts reach and gave it to Gloo (and NCCL)
+    interfaces = os.listdir("/sys/class/net")
+    assert all(w["interfaces"]["HOROVOD_GLOO_IFACE"] in interfaces for w in worlds), worlds
 
 
 def test_mpirun_over_ssh_on_two_hosts(kit, digits_data, tmp_path):
     need_mpi()
     need_ssh_hosts()
-    worlds, report = train(kit, digits_data, tmp_path, [], ["--launcher", "mpi", "-n", "2", "-H", "hostA:1,hostB:1"])
+    worlds, report = train(kit, digits_data, tmp_path, [], ["--launcher", "mpi", "-n", "2", "-H", "hostA:1,hostB:1",
+                                                            "--network-interface", "lo"])
     check_one_training(tmp_path, worlds, report, digits_data)
     assert all(w["launcher"] == "mpirun" and w["mpi_enabled"] for w in worlds), worlds
     check_two_hosts(worlds)
+    # the chosen interface reached the remote workers: Open MPI's TCP transport and NCCL use only it
+    assert all(w["interfaces"]["OMPI_MCA_btl_tcp_if_include"] == "lo" for w in worlds), worlds
+    assert all(w["interfaces"]["NCCL_SOCKET_IFNAME"] == "lo" for w in worlds), worlds
+
+
+def test_setup_check_names_what_this_machine_builds():
+    """make setup's check: install_horovod.sh --features lists MPI exactly when mpicc is here (NCCL when MXNet is a
+    CUDA build), and the installed Horovod has each feature listed."""
+    import mxnet as mx
+    features = subprocess.run([os.path.join(ROOT, "tools", "install_horovod.sh"), "--features", sys.executable],
+                              capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert features[:2] == ["MXNet", "Gloo"]
+    assert ("MPI" in features) == (shutil.which("mpicc") is not None)
+    assert ("NCCL" in features) == mx.runtime.Features().is_enabled("CUDA")
+    built = subprocess.run([os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--check-build"],
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    for feature in features:
+        assert f"[X] {feature}" in built, built
 
 
 # --- a world that is not the launcher's stops at once --------------------------------------------------------
@@ -242,6 +264,16 @@ def run_runner(launch, *args):
                "--dtype", "float32"]
     env = {key: value for key, value in venv_env().items() if not key.startswith("SLURM_")}
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_slurm_launcher_has_no_prefix():
+    """srun has started the workers: each runner runs train.py itself (--dry-run shows it outside srun too)."""
+    need_mpi()
+    result = run_runner([], "-n", "4", "-b", "8", "--launcher", "slurm", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.strip().splitlines()[-1].split()
+    assert command[0] == sys.executable and command[1] == os.path.join(ROOT, "train.py")
+    assert command[command.index("--batch-size") + 1] == "32"  # the global batch of -n 4 workers
 
 
 def test_slurm_launcher_outside_srun_is_one_line():
