@@ -68,7 +68,6 @@ start_sshd() {
         echo "PasswordAuthentication no"
         echo "KbdInteractiveAuthentication no"
         echo "UsePAM no"
-        echo "AcceptEnv *"
     } >"$STATE/sshd_config"
     /usr/sbin/sshd -t -f "$STATE/sshd_config"
     if ! { [ -f /run/rn50-kit-sshd.pid ] && kill -0 "$(cat /run/rn50-kit-sshd.pid)" 2>/dev/null; }; then
@@ -142,7 +141,7 @@ start_slurm() {
     if ! scontrol ping 2>/dev/null | grep -q "is UP"; then
         slurmctld
     fi
-    pgrep -x slurmd >/dev/null || slurmd
+    { [ -f /run/slurmd.pid ] && kill -0 "$(cat /run/slurmd.pid)" 2>/dev/null; } || slurmd
     for _ in $(seq 30); do
         sinfo -h -o %t 2>/dev/null | grep -qE "^(idle|mix|alloc)" && break
         sleep 1
