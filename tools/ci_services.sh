@@ -25,7 +25,7 @@ install_packages() {
         say "installing ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -q
-        apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+        apt-get install -y -q "${missing[@]}" </dev/null
     fi
 }
 
