@@ -15,7 +15,7 @@ MPI_ADVICE = ("install Open MPI (Debian/Ubuntu: `apt-get install openmpi-bin lib
 LAUNCHERS = (
     ("horovodrun", "HOROVOD_SIZE", "HOROVOD_RANK", "HOROVOD_LOCAL_RANK"),
     ("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
-    ("mpiexec", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID"),  # MPICH, Intel MPI (Hydra), srun --mpi=pmi2
+    ("mpiexec or srun (PMI)", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID"),  # MPICH/Intel MPI (Hydra), srun --mpi=pmi2
     ("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID"),  # set in an srun step, not in sbatch's script
 )
 

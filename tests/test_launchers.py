@@ -287,6 +287,9 @@ def test_srun_without_pmi_or_with_another_n_is_refused_before_any_work():
     need_slurm()
     no_pmi = run_runner(["srun", "--mpi=none", "-n", "1", "-t", "2"], "--launcher", "slurm")
     assert no_pmi.returncode != 0 and "srun --mpi=pmix" in no_pmi.stderr, no_pmi.stderr
+    if shutil.which("ompi_info"):  # Open MPI cannot join tasks through PMI-2 either
+        pmi2 = run_runner(["srun", "--mpi=pmi2", "-n", "1", "-t", "2"], "--launcher", "slurm")
+        assert pmi2.returncode != 0 and "--mpi=pmi2" in pmi2.stderr and "srun --mpi=pmix" in pmi2.stderr, pmi2.stderr
     wrong_n = run_runner(["srun", "-n", "2", "-t", "2"], "--launcher", "slurm", "-n", "4")
     assert wrong_n.returncode != 0 and "-n 4 but srun started 2 tasks" in wrong_n.stderr, wrong_n.stderr
     assert "Traceback" not in no_pmi.stderr + wrong_n.stderr
