@@ -3,13 +3,16 @@
 #
 # Variables: PYTHON (a Python 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
 # CPU build; e.g. MXNET=mxnet-cu112==1.9.1 for CUDA 11 GPUs, best with its own VENV=.venv-gpu), WHEEL_CACHE
-# (where the Horovod wheel built against that MXNet is kept between set-ups).
+# (where the Horovod wheel built against that MXNet is kept between set-ups). Horovod gets MPI when Open MPI is
+# installed (`apt-get install openmpi-bin libopenmpi-dev`, or `module load openmpi`), NCCL with a CUDA MXNet.
 PYTHON ?= python3.11
 VENV ?= .venv
 MXNET ?= mxnet==1.9.1
 WHEEL_CACHE ?= $(HOME)/.cache/rn50-kit/wheels
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.setup-$(subst =,-,$(MXNET))
+# Installing Open MPI later must rebuild Horovod with MPI (tools/install_horovod.sh picks it when mpicc is found).
+WITH_MPI := $(if $(filter 1,$(HOROVOD_WITHOUT_MPI)),,$(if $(shell command -v mpicc),-mpi))
+STAMP := $(VENV)/.setup-$(subst =,-,$(MXNET))$(WITH_MPI)
 DEMO_DATA ?= data/demo
 DEMO_RUN ?= runs/demo
 
@@ -25,9 +28,10 @@ $(STAMP): setup.py requirements.txt tools/install_horovod.sh Makefile
 	tools/install_horovod.sh $(BIN)/python $(WHEEL_CACHE)
 	$(BIN)/python -m pip install -q -e ".[test]"
 	@$(BIN)/horovodrun --check-build > $(VENV)/horovod-check-build.txt
-	@grep -q '\[X\] MXNet' $(VENV)/horovod-check-build.txt && grep -q '\[X\] Gloo' $(VENV)/horovod-check-build.txt \
-		|| { cat $(VENV)/horovod-check-build.txt; echo "error: Horovod was built without MXNet or Gloo" >&2; exit 1; }
-	@echo "Horovod: MXNet and Gloo available"
+	@features="$$(tools/install_horovod.sh --features $(BIN)/python)"; for feature in $$features; do \
+		grep -q "\[X\] $$feature" $(VENV)/horovod-check-build.txt || { cat $(VENV)/horovod-check-build.txt; \
+		echo "error: Horovod was built without $$feature; delete its wheel in $(WHEEL_CACHE) and rerun" >&2; exit 1; }; \
+	done; echo "Horovod:" $$features "available"
 	@touch $@
 
 demo: setup

@@ -20,6 +20,7 @@ import dali
 import fit
 import models
 import schedules
+import world
 
 
 class UsageError(Exception):
@@ -109,6 +110,7 @@ def main(args):
     if args.kv_store == "horovod":
         import horovod.mxnet as hvd
         hvd.init()  # one process per worker; works alone too (size 1)
+        world.check_joined(hvd.size(), hvd.rank(), hvd.local_rank(), hvd.mpi_built())  # the launcher's world?
     dist = fit.Distributed(hvd)
     setup_logging(dist.rank)
     apply_recipe(args)

@@ -1,0 +1,43 @@
+"""Stands in for train.py beside a copy of runner in tests/test_launchers.py: runs the kit's own train.main,
+then writes what this worker saw (Horovod's world, the launcher's variables, the SSH session it came through)
+and its trained parameters to the workspace, as world-rank<R>.json and params-rank<R>.npz."""
+import json
+import os
+import sys
+
+# Not this file's folder: `import train` must find the kit's train.py (through PYTHONPATH), not this stand-in.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [path for path in sys.path if os.path.abspath(path or ".") != HERE]
+
+import numpy as np  # noqa: E402
+
+import train  # noqa: E402
+import world  # noqa: E402
+
+
+def main():
+    args = train.get_args_parser().parse_args(sys.argv[1:])
+    args.cmd = sys.argv
+    nets = []
+    build = train.models.get_model_from_args
+    train.models.get_model_from_args = lambda a: nets.append(build(a)) or nets[-1]
+    train.main(args)
+
+    import horovod.mxnet as hvd
+    launched = world.launched_world(os.environ)
+    seen = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+            "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
+            "mpi_enabled": hvd.mpi_enabled(), "gloo_enabled": hvd.gloo_enabled(),
+            "launcher": launched.launcher if launched else None,
+            "ssh_connection": os.environ.get("SSH_CONNECTION"),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "interfaces": {key: os.environ.get(key) for key in
+                           ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include")}}
+    with open(os.path.join(args.workspace, f"world-rank{hvd.rank()}.json"), "w") as f:
+        json.dump(seen, f)
+    params = {name: p.data().asnumpy() for name, p in nets[-1].collect_params().items()}
+    np.savez(os.path.join(args.workspace, f"params-rank{hvd.rank()}.npz"), **params)
+
+
+if __name__ == "__main__":
+    main()
