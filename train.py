@@ -19,6 +19,7 @@ import data
 import dali
 import fit
 import models
+import run_lock
 import schedules
 
 
@@ -102,6 +103,27 @@ def train_iterator_factory(args, dist, ctx, first):
     return make
 
 
+def hold_workspace(args, dist):
+    """Training writes into --workspace: rank 0 (the writer) locks it for this run, so a second run there is
+    refused at once. Every rank learns the answer, so none is left waiting in a collective."""
+    if args.mode not in ("train", "train_val"):
+        return None
+    lock, busy = run_lock.WorkspaceLock(args.workspace), ""
+    if dist.is_primary:
+        try:
+            if not lock.acquire():
+                logging.warning("The file system of %s has no locks: nothing stops a second run from writing "
+                                "into this workspace", args.workspace)
+        except run_lock.WorkspaceBusy as error:
+            busy = str(error)
+    if dist.sum([1.0 if busy else 0.0], "workspace.lock")[0]:
+        if not dist.is_primary:
+            sys.exit(2)  # rank 0 says why
+        raise UsageError(busy)
+    fit.catch_stop_signals()  # from here on a SIGTERM/SIGUSR1 means: save at the first step boundary
+    return lock
+
+
 def main(args):
     import mxnet as mx
 
@@ -115,6 +137,7 @@ def main(args):
     validate_args(args, dist.size)
     args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it
     os.makedirs(args.workspace, exist_ok=True)
+    lock = hold_workspace(args, dist)
     if args.seed is not None:
         random.seed(args.seed)
         mx.random.seed(args.seed)
@@ -159,6 +182,8 @@ def main(args):
     except fit.TrainingError as error:
         raise UsageError(str(error))
     dist.finish()
+    if lock is not None and dist.is_primary:  # every rank has finished cleanly: tell runner how
+        lock.finish("stopped" if stopped else "done")
     if dist.is_primary:
         top1 = report.metrics.get("val.top1")
         if top1:
