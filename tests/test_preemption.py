@@ -86,9 +86,12 @@ def metrics(workspace):
 def assert_same_report(resumed, reference):
     for key in COMPARED:
         assert len(resumed[key]) == EPOCHS, key
-        # Same seed, same batches, each rank's own partial sums restored: equal to rounding (the BatchNorm
-        # statistics are averaged over the ranks at the stop, which only reorders additions for validation).
-        assert resumed[key] == pytest.approx(reference[key], rel=1e-6, abs=1e-9), key
+    # Same seed, same batches, each rank's own partial sums restored: the same numbers. Only the validation
+    # loss may differ in the last digits: the BatchNorm statistics are averaged over the ranks at the stop as
+    # well as at the epoch's end, which reorders additions (the predictions, hence top-1/top-5, stay the same).
+    for key in ("train.loss", "train.top1", "train.top5", "val.top1", "val.top5"):
+        assert resumed[key] == reference[key], key
+    assert resumed["val.loss"] == pytest.approx(reference["val.loss"], rel=1e-6), "val.loss"
 
 
 @pytest.fixture(scope="module")
