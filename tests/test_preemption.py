@@ -102,13 +102,17 @@ def reference(digits_data, tmp_path_factory):
     return metrics(workspace)
 
 
-def test_sigterm_to_every_process_mid_epoch_exits_0_and_rerun_reports_the_same(reference, digits_data, tmp_path):
+@pytest.mark.parametrize("target", ["every process", "runner alone"])
+def test_sigterm_mid_epoch_exits_0_and_rerun_reports_the_same(target, reference, digits_data, tmp_path):
     workspace = tmp_path / "ws"
     command = runner_command(digits_data, workspace)
     process = start(command, tmp_path / "stopped")
     try:
         wait_for_steps(process, workspace, STEPS + 2)  # inside the second epoch
-        signal_every_process(process, signal.SIGTERM)
+        if target == "every process":  # Slurm's scancel, a preemption, a time limit
+            signal_every_process(process, signal.SIGTERM)
+        else:  # a user's kill: runner passes it on to the workers
+            process.send_signal(signal.SIGTERM)
         status = process.wait(timeout=300)
     finally:
         if process.poll() is None:
