@@ -184,3 +184,55 @@ def test_sigkill_of_everything_then_rerun_reports_the_same(killed_run, reference
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Resuming from" in result.stderr
     assert_same_report(metrics(workspace), reference)
+
+
+# --- the parts on their own ---------------------------------------------------------------------------------
+
+HOLD = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import run_lock
+run_lock.WorkspaceLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_lock_names_its_live_holder_and_is_taken_over_once_the_holder_is_killed(tmp_path):
+    import run_lock
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), ROOT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_lock.holder(str(tmp_path))["pid"] == holder.pid
+        with pytest.raises(run_lock.WorkspaceBusy, match=f"in use by pid {holder.pid} on host "):
+            run_lock.WorkspaceLock(str(tmp_path)).acquire(patience_s=0.2)
+    finally:
+        holder.kill()  # as the OOM killer would: no clean-up
+        holder.wait()
+    assert run_lock.holder(str(tmp_path)) is None
+    lock = run_lock.WorkspaceLock(str(tmp_path))
+    assert lock.acquire(patience_s=0)
+    record = run_lock.read_record(run_lock.lock_path(str(tmp_path)))
+    assert record["pid"] == os.getpid() and record["state"] == "running"
+    lock.finish("done")
+    assert run_lock.read_record(run_lock.lock_path(str(tmp_path)))["state"] == "done"
+    lock.release()
+
+
+def test_partial_sums_go_back_to_their_ranks_or_to_rank_0_with_another_worker_count():
+    from types import SimpleNamespace
+    import fit
+
+    def rank(r, size):
+        return SimpleNamespace(rank=r, size=size, is_primary=r == 0)
+
+    sums = [dict(zip(fit.PARTIAL_KEYS, [1.5, 2, 40, 60, 64])), dict(zip(fit.PARTIAL_KEYS, [2.25, 2, 30, 58, 64]))]
+    state = {"partial": fit.sum_partial(sums), "partial_ranks": sums}
+    assert [fit.resumed_partial(state, rank(r, 2)) for r in (0, 1)] == sums
+    # Four workers now: rank 0 carries both ranks' sums, so each sample still counts once in the epoch.
+    assert fit.resumed_partial(state, rank(0, 4)) == dict(zip(fit.PARTIAL_KEYS, [3.75, 4, 70, 118, 128]))
+    assert [fit.resumed_partial(state, rank(r, 4)) for r in (1, 2, 3)] == [None] * 3
+    # A checkpoint from before per-rank sums: only rank 0 starts from them (they used to be given to every rank).
+    old = {"partial": sums[0]}
+    assert fit.resumed_partial(old, rank(0, 2)) == sums[0] and fit.resumed_partial(old, rank(1, 2)) is None
+    assert fit.resumed_partial({"partial": None}, rank(0, 2)) is None
