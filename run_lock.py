@@ -114,8 +114,11 @@ class WorkspaceLock:
             self._write()
         outcome = os.environ.get(OUTCOME_ENV)
         if outcome:
-            with open(outcome, "w") as f:
-                json.dump(self.record, f)
+            try:
+                with open(outcome, "w") as f:
+                    json.dump(self.record, f)
+            except OSError:
+                pass  # rank 0 on another machine than runner: runner goes by the launcher's status
 
     def release(self):
         if self.fd is not None:
