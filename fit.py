@@ -344,8 +344,10 @@ def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
 _early_stop_signals = []  # stop signals that came before the loop's StopFlag existed (start-up)
 
 
-def catch_stop_signals():
-    """From now on a SIGTERM/SIGUSR1 is not fatal: it asks the loop (once it runs) to save and stop."""
+def catch_stop_signals(pending=()):
+    """From now on a SIGTERM/SIGUSR1 is not fatal: it asks the loop (once it runs) to save and stop. ``pending``:
+    such signals kept before this call."""
+    _early_stop_signals.extend(pending)
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: _early_stop_signals.append(signum))
 

@@ -7,7 +7,15 @@ import copy
 import logging
 import os
 import random
+import signal
 import sys
+
+# Started as a worker: a stop request (SIGTERM, SIGUSR1) while the modules below load is kept, not fatal. Training
+# honours it at its first step (hold_workspace); the other modes put the default back and die of it.
+EARLY_STOPS = []
+if __name__ == "__main__":
+    for _sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(_sig, lambda signum, frame: EARLY_STOPS.append(signum))
 
 try:
     import mxnet  # noqa: F401  (every module below needs it)
@@ -107,6 +115,10 @@ def hold_workspace(args, dist):
     """Training writes into --workspace: rank 0 (the writer) locks it for this run, so a second run there is
     refused at once. Every rank learns the answer, so none is left waiting in a collective."""
     if args.mode not in ("train", "train_val"):
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        if EARLY_STOPS:
+            os.kill(os.getpid(), EARLY_STOPS[0])
         return None
     lock, busy = run_lock.WorkspaceLock(args.workspace), ""
     if dist.is_primary:
@@ -120,7 +132,7 @@ def hold_workspace(args, dist):
         if not dist.is_primary:
             sys.exit(2)  # rank 0 says why
         raise UsageError(busy)
-    fit.catch_stop_signals()  # from here on a SIGTERM/SIGUSR1 means: save at the first step boundary
+    fit.catch_stop_signals(EARLY_STOPS)  # from here on a SIGTERM/SIGUSR1 means: save at the next step boundary
     return lock
 
 

@@ -241,7 +241,8 @@ def test_partial_sums_go_back_to_their_ranks_or_to_rank_0_with_another_worker_co
 
 
 def test_a_stop_signal_during_start_up_saves_at_the_first_step(digits_data, tmp_path):
-    """Before the loop runs (model, data pipelines, resume), a SIGTERM is kept, not fatal."""
+    """A SIGTERM while the worker starts (importing MXNet, building the model and data pipelines) is kept, not
+    fatal: as Slurm's --signal early warning can come at any time."""
     workspace = tmp_path / "ws"
     command = [sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "dali-cpu", "--dali-threads", "1",
                "--data-train", str(digits_data / "train.rec"), "--data-train-idx", str(digits_data / "train.idx"),
@@ -249,11 +250,8 @@ def test_a_stop_signal_during_start_up_saves_at_the_first_step(digits_data, tmp_
                "--num-epochs", "1", "--num-examples", "320", "--seed", "3", "--workspace", str(workspace)]
     process = start(command, tmp_path / "run")
     try:
-        deadline = time.time() + 300
-        while "Start with arguments" not in (tmp_path / "run.err").read_text():  # logged once the lock is held
-            assert process.poll() is None and time.time() < deadline, (tmp_path / "run.err").read_text()[-3000:]
-            time.sleep(0.02)
-        assert steps_done(workspace) == 0
+        time.sleep(1.0)  # importing MXNet takes longer than that
+        assert process.poll() is None and not workspace.exists()
         process.send_signal(signal.SIGTERM)
         status = process.wait(timeout=300)
     finally:
