@@ -137,6 +137,14 @@ class Distributed:
         array = mx.nd.array(values, dtype="float64")
         return self.hvd.allreduce(array, op=self.hvd.Sum, name=name).asnumpy().tolist()
 
+    def gather(self, values, name):
+        """Every rank's list of floats, indexed by rank (exact: each rank adds zeros to the others' slots)."""
+        if self.hvd is None or self.size == 1:
+            return [[float(v) for v in values]]
+        slots = np.zeros((self.size, len(values)))
+        slots[self.rank] = values
+        return np.array(self.sum(slots.ravel().tolist(), name)).reshape(self.size, len(values)).tolist()
+
     def average_(self, arrays, name):
         """Average parameters (or NDArrays) in place over all ranks (BatchNorm running statistics)."""
         if self.hvd is None or self.size == 1:
@@ -350,6 +358,17 @@ def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
             "durations": durations, "samples": int(count), "correct1": correct1, "correct5": correct5}
 
 
+_early_stop_signals = []  # stop signals that came before the loop's StopFlag existed (start-up)
+
+
+def catch_stop_signals(pending=()):
+    """From now on a SIGTERM/SIGUSR1 is not fatal: it asks the loop (once it runs) to save and stop. ``pending``:
+    such signals kept before this call."""
+    _early_stop_signals.extend(pending)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: _early_stop_signals.append(signum))
+
+
 class StopFlag:
     """SIGTERM/SIGUSR1 ask for a checkpoint at the next step boundary.
 
@@ -359,7 +378,7 @@ class StopFlag:
 
     def __init__(self, dist):
         self.dist = dist
-        self.requested = False
+        self.requested = bool(_early_stop_signals)
         self.agreed = False
         self.votes = 0
         for sig in (signal.SIGTERM, signal.SIGUSR1):
@@ -461,6 +480,32 @@ def resume_state(args):
     return state
 
 
+PARTIAL_KEYS = ("loss", "steps", "correct1", "correct5", "samples")
+
+
+def gather_partial(acc, dist, name):
+    """Every rank's partial sums of an interrupted epoch, indexed by rank (a collective): the epoch's metrics are
+    sums over the ranks, so the checkpoint keeps them all."""
+    return [dict(zip(PARTIAL_KEYS, values)) for values in dist.gather([acc[k] for k in PARTIAL_KEYS], name)]
+
+
+def sum_partial(partials):
+    return {k: sum(p[k] for p in partials) for k in PARTIAL_KEYS}
+
+
+def resumed_partial(state, dist):
+    """This rank's partial sums of the interrupted epoch, or None to start from zero.
+
+    With as many ranks as the checkpoint has sums for, each rank takes its own, and the resumed epoch reports
+    exactly what an uninterrupted run would. With another worker count (or a checkpoint holding only the sums in
+    "partial"), rank 0 carries the sums and the other ranks start from zero: every sample still counts once."""
+    ranks = state.get("partial_ranks")
+    if ranks and len(ranks) == dist.size:
+        return dict(ranks[dist.rank])
+    total = sum_partial(ranks) if ranks else state.get("partial")
+    return dict(total) if total and dist.is_primary else None
+
+
 def fit(args, net, make_train_iter, val_iter, ctxs, dist):
     """Train ``net`` (initialised, hybridized); return (report, stopped_by_signal)."""
     prefix = workspace_path(args, args.model_prefix)
@@ -484,7 +529,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         best_top1 = state["best_top1"]
         report.metrics.update(state["metrics"])
         report.total_duration = state.get("total_duration", 0.0)
-        partial = state.get("partial")
+        partial = resumed_partial(state, dist)
         if dist.is_primary:
             log.info("Resuming from %s: epoch %d, step %d", state["state_path"], start_epoch, start_step)
     json_log = JsonLog(workspace_path(args, args.json_log) if dist.is_primary and args.json_log else None)
@@ -501,10 +546,11 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
                  args.num_epochs)
 
-    def save(epoch, step, acc, best=False):
+    def save(epoch, step, partials, best=False):
         ckpt_state = {"epoch": epoch, "step": step, "model": args.model_name, "best_top1": best_top1,
                       "loss_scaler": scaler.state(), "metrics": report.metrics, "seed": args.seed,
-                      "total_duration": report.total_duration + time.time() - run_start, "partial": acc,
+                      "total_duration": report.total_duration + time.time() - run_start,
+                      "partial": partials and sum_partial(partials), "partial_ranks": partials,
                       "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))}}
         path = checkpoint.save(prefix, net, trainer, ckpt_state, ema.saveable() if ema else None, best)
         log.info("Saved checkpoint %s", path)
@@ -566,8 +612,11 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
             if stop.agreed and step + 1 < steps:
                 progress.end_epoch()
                 dist.average_(running_stats(net), f"bn.stop.{epoch}")
+                if ema is not None:  # as at the epoch's end: each rank's averages differ
+                    dist.average_(ema.running_stats(), f"ema.bn.stop.{epoch}")
+                partials = gather_partial(acc, dist, f"partial.{epoch}")
                 if dist.is_primary:
-                    save(epoch, step + 1, acc)
+                    save(epoch, step + 1, partials)
                 stopped = True
                 break
         if stopped:

@@ -8,7 +8,7 @@ setup(
     description="ResNet training and benchmarking kit on MXNet Gluon, Horovod and NVIDIA DALI",
     python_requires=">=3.11,<3.12",
     py_modules=["models", "dali", "data", "fit", "schedules", "checkpoint", "progress", "report", "train", "benchmark",
-                "world"],
+                "world", "run_lock"],
     scripts=["runner"],
     # MXNet is left out on purpose: the CPU build (mxnet) and the GPU builds (mxnet-cu112, ...) are
     # different distributions of the same package; the Makefile installs the one asked for.

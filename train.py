@@ -7,7 +7,15 @@ import copy
 import logging
 import os
 import random
+import signal
 import sys
+
+# Started as a worker: a stop request (SIGTERM, SIGUSR1) while the modules below load is kept, not fatal. Training
+# honours it at its first step (hold_workspace); the other modes put the default back and die of it.
+EARLY_STOPS = []
+if __name__ == "__main__":
+    for _sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(_sig, lambda signum, frame: EARLY_STOPS.append(signum))
 
 try:
     import mxnet  # noqa: F401  (every module below needs it)
@@ -19,6 +27,7 @@ import data
 import dali
 import fit
 import models
+import run_lock
 import schedules
 import world
 
@@ -103,6 +112,31 @@ def train_iterator_factory(args, dist, ctx, first):
     return make
 
 
+def hold_workspace(args, dist):
+    """Training writes into --workspace: rank 0 (the writer) locks it for this run, so a second run there is
+    refused at once. Every rank learns the answer, so none is left waiting in a collective."""
+    if args.mode not in ("train", "train_val"):
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        if EARLY_STOPS:
+            os.kill(os.getpid(), EARLY_STOPS[0])
+        return None
+    lock, busy = run_lock.WorkspaceLock(args.workspace), ""
+    if dist.is_primary:
+        try:
+            if not lock.acquire():
+                logging.warning("The file system of %s has no locks: nothing stops a second run from writing "
+                                "into this workspace", args.workspace)
+        except run_lock.WorkspaceBusy as error:
+            busy = str(error)
+    if dist.sum([1.0 if busy else 0.0], "workspace.lock")[0]:
+        if not dist.is_primary:
+            sys.exit(2)  # rank 0 says why
+        raise UsageError(busy)
+    fit.catch_stop_signals(EARLY_STOPS)  # from here on a SIGTERM/SIGUSR1 means: save at the next step boundary
+    return lock
+
+
 def main(args):
     import mxnet as mx
 
@@ -119,6 +153,7 @@ def main(args):
     os.makedirs(args.workspace, exist_ok=True)
     # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
     os.makedirs(os.path.dirname(fit.workspace_path(args, args.model_prefix)) or ".", exist_ok=True)
+    lock = hold_workspace(args, dist)
     if args.seed is not None:
         random.seed(args.seed)
         mx.random.seed(args.seed)
@@ -163,6 +198,8 @@ def main(args):
     except (fit.TrainingError, data.DataError) as error:
         raise UsageError(str(error))
     dist.finish()
+    if lock is not None and dist.is_primary:  # every rank has finished cleanly: tell runner how
+        lock.finish("stopped" if stopped else "done")
     if dist.is_primary:
         top1 = report.metrics.get("val.top1")
         if top1:
