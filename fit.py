@@ -159,6 +159,15 @@ class Distributed:
             self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
 
 
+def average_over_devices(params):
+    """Give parameters kept on several devices (BatchNorm statistics, which each device updates from its own
+    slice of the batch) their mean on every device, so validation and checkpoints do not depend on the device."""
+    for param in params:
+        copies = param.list_data()
+        if len(copies) > 1:
+            param.set_data(mx.nd.add_n(*[c.as_in_context(copies[0].context) for c in copies]) / len(copies))
+
+
 def running_stats(net):
     return [p for name, p in sorted(net.collect_params().items())
             if name.endswith("running_mean") or name.endswith("running_var")]
@@ -607,6 +616,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
             if stop.agreed and step + 1 < steps:
                 progress.end_epoch()
                 add_hits(acc, counted)
+                average_over_devices(running_stats(net))
                 dist.average_(running_stats(net), "bn")
                 if dist.is_primary:
                     save(epoch, step + 1, acc)
@@ -624,6 +634,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         # Each rank keeps its own BatchNorm statistics: average them so validation and checkpoints
         # do not depend on the rank.
         # Collective names stay the same from epoch to epoch, so Horovod's response cache keeps serving them.
+        average_over_devices(running_stats(net))  # so do the devices of one process (--kv-store device)
         dist.average_(running_stats(net), "bn")
         if ema is not None:  # the averages of those statistics differ by rank too
             dist.average_(ema.running_stats(), "ema.bn")
