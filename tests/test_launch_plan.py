@@ -162,3 +162,20 @@ def test_every_variable_runner_sets_is_read_by_the_installed_libraries():
         if variable in GPU_BUILD_ONLY:
             continue
         assert any(variable.encode() in text for text in texts), f"{variable}: no installed library reads it"
+
+
+def test_gpu_of_each_rank():
+    assert [train.gpu_ordinal(r, 8, 8) for r in range(8)] == list(range(8))  # horovodrun: all GPUs visible
+    assert [train.gpu_ordinal(r, 8, 1) for r in range(8)] == [0] * 8  # srun --gpus-per-task=1
+    with pytest.raises(train.UsageError, match="sees 2 GPUs"):
+        train.gpu_ordinal(5, 8, 2)
+
+
+def test_fused_bn_relu_is_refused_where_upstream_has_no_kernel():
+    args = train.get_args_parser().parse_args(["--fuse-bn-relu", "1"])
+    with pytest.raises(train.UsageError, match="CPUs only"):
+        train.check_fusions(args, [mx.gpu(0)])
+    train.check_fusions(args, [mx.cpu()])
+    args = train.get_args_parser().parse_args(["--fuse-bn-relu", "1", "--conv-layout", "NHWC"])
+    with pytest.raises(ValueError, match="axis 1 only"):
+        models.get_model_from_args(args)
