@@ -331,6 +331,9 @@ def topk_hits(logits, label, valid):
 
 def topk_counts(logits, label, valid):
     """(top-1 hits, top-5 hits) over the first ``valid`` rows, as NDArrays not yet read from the device."""
+    if valid == 0:  # all padding: a device whose validation shard has ended
+        zero = mx.nd.zeros((1,), ctx=logits.context)
+        return zero, zero
     logits, label = logits[:valid], label[:valid]
     top5 = mx.nd.topk(logits, k=min(5, logits.shape[1]), ret_typ="indices")
     hits = top5 == label.reshape((-1, 1)).astype(top5.dtype)

@@ -2,6 +2,7 @@
 
 Each device gets its own data pipeline reading its own shard; training, resuming and scoring go through
 train.py's real code, and parameters are loaded on every context (MXNet asserts the context set)."""
+import argparse
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import mxnet as mx
 import numpy as np
 
 import data
+import fit
 import train
 from conftest import ROOT, venv_env
 
@@ -21,7 +23,7 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
     rec, idx, count = unique_label_rec
     args = train.get_args_parser().parse_args(
         ["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx", idx, "--data-val", rec,
-         "--data-val-idx", idx, "--batch-size", "8", "--image-shape", "3,16,16", "--data-val-resize", "16",
+         "--data-val-idx", idx, "--batch-size", "4", "--image-shape", "3,16,16", "--data-val-resize", "16",
          "--dali-threads", "1", "--dali-validation-threads", "1", "--seed", "1"])
     train_iter, val_iter = data.get_data_iterators_per_device(args, 0, 1, 0, 1, TWO)
     # DALI's shards: device d of 2 reads records [count*d//2, count*(d+1)//2); labels are the record numbers.
@@ -30,13 +32,20 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
     for batch in val_iter:
         assert len(batch.data) == 2 and len(batch.pads) == 2
         for d, (images, labels, pad) in enumerate(zip(batch.data, batch.label, batch.pads)):
-            assert images.context == TWO[d] and images.shape == (4, 3, 16, 16)
-            seen[d] += labels.asnumpy()[:4 - pad].astype(int).tolist()
+            assert images.context == TWO[d] and images.shape == (2, 3, 16, 16)
+            seen[d] += labels.asnumpy()[:2 - pad].astype(int).tolist()
     for d in range(2):
         assert sorted(seen[d]) == sorted(shards[d])  # every sample of the shard once, padding left out
+    # 26 and 27 records in batches of 2: the first shard ends a batch early and is all padding in the last one.
+    assert len(val_iter) == 14 and batch.pads[0] == 2
+    net = mx.gluon.nn.Dense(count, in_units=3 * 16 * 16, flatten=True)
+    net.initialize(ctx=TWO)
+    metrics = fit.evaluate(net, val_iter, TWO, fit.Distributed(None), argparse.Namespace(dtype="float32",
+                                                                                       no_metrics=False))
+    assert metrics["samples"] == count and 0 <= metrics["correct1"] <= metrics["correct5"] <= count
     trained = [set(), set()]
     for step, batch in enumerate(train_iter):
-        if (step + 1) * 4 > count // 2:  # past its shard's end the reader moves on to the next shard (DALI)
+        if (step + 1) * 2 > count // 2:  # past its shard's end the reader moves on to the next shard (DALI)
             break
         for d, labels in enumerate(batch.label):
             trained[d] |= set(labels.asnumpy().astype(int).tolist())
