@@ -49,11 +49,11 @@ DEFAULT_BATCH_SIZES = {
 
 
 def reexec_in_venv():
-    """Run under the kit's .venv (MXNet for train.py --help, matplotlib for the chart) when started by another
-    Python."""
-    venv_python = HERE / ".venv" / "bin" / "python"
-    if venv_python.is_file() and Path(sys.prefix).resolve() != (HERE / ".venv").resolve():
-        os.execv(str(venv_python), [str(venv_python), str(Path(__file__).resolve())] + sys.argv[1:])
+    """Run under the Python runner would pick (MXNet for train.py --help, matplotlib for the chart): $RN50_PYTHON,
+    else this one when it has MXNet (e.g. .venv-gpu's), else the kit's .venv; the runs it starts get the same."""
+    runner = load_runner(HERE / "runner")
+    runner.rerun_under_chosen_python(Path(__file__).resolve(), "benchmark.py")
+    os.environ[runner.PYTHON_VARIABLE] = sys.executable  # runner, started by its #! line, runs under this one too
 
 
 def int_list(text):

@@ -205,7 +205,7 @@ def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, rec
     device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
     if device == "gpu" and ctx.device_type != "gpu":
         raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
-    device_id = local_rank if device == "gpu" else None
+    device_id = ctx.device_id if device == "gpu" else None  # the GPU of this rank (or of this part of a batch)
     local_batch = args.batch_size // num_workers
     threads = args.dali_threads or default_threads(local_size)
     val_threads = args.dali_validation_threads or default_threads(local_size)

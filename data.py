@@ -381,6 +381,60 @@ def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     raise ValueError(f"unknown --data-backend {args.data_backend}; choose from {', '.join(BACKENDS)}")
 
 
+def get_data_iterators_per_device(args, rank, num_workers, local_rank, local_size, ctxs):
+    """(train, val) iterators for a process driving ``ctxs``. With several devices (--kv-store device/local) each
+    gets its own pipeline on it, reading its own shard, as if it were a worker of its own (the original kit
+    did the same): no device decodes the whole batch for the others."""
+    if len(ctxs) == 1:
+        return get_data_iterators(args, rank, num_workers, local_rank, local_size, ctxs[0])
+    count = len(ctxs)
+    parts = [get_data_iterators(args, rank * count + i, num_workers * count, local_rank * count + i,
+                                local_size * count, ctx) for i, ctx in enumerate(ctxs)]
+    train, val = zip(*parts)
+    return (PerDeviceIterator(train) if train[0] is not None else None,
+            PerDeviceIterator(val) if val[0] is not None else None)
+
+
+class PerDeviceIterator:
+    """Iterates one iterator per device together: each batch has one data and one label array per device and
+    ``pads``, the padding of each part (``pad`` is their sum). Training shards have equal lengths; a validation
+    shard that ends first repeats its last batch as all padding, so every part keeps its shape."""
+
+    def __init__(self, iterators):
+        self.iterators = list(iterators)
+
+    def __len__(self):
+        return max(len(iterator) for iterator in self.iterators)
+
+    def __iter__(self):
+        for iterator in self.iterators:
+            iter(iterator)
+        self._last = [None] * len(self.iterators)
+        self._steps = 0
+        return self
+
+    def reset(self):
+        self.__iter__()
+
+    def __next__(self):
+        if self._steps >= len(self):
+            raise StopIteration
+        self._steps += 1
+        pads = []
+        for i, iterator in enumerate(self.iterators):
+            try:
+                self._last[i] = next(iterator)
+                pads.append(self._last[i].pad)
+            except StopIteration:
+                pads.append(None)  # all padding
+        # A shard with no samples at all borrows another part's batch (split() moves it to its device).
+        parts = [last if last is not None else next(b for b in self._last if b is not None) for last in self._last]
+        pads = [pad if pad is not None else part.data[0].shape[0] for pad, part in zip(pads, parts)]
+        batch = mx.io.DataBatch(data=[b.data[0] for b in parts], label=[b.label[0] for b in parts], pad=sum(pads))
+        batch.pads = pads
+        return batch
+
+
 # ---------------------------------------------------------------------------------------------------------
 # --test-io
 
@@ -399,13 +453,13 @@ def test_io(args, train_iter, val_iter, dist=None, epochs=1, out=print):
     step = 0
     for _ in range(epochs):
         for batch in iterator:
-            batch.data[0].wait_to_read()
-            batch.label[0].wait_to_read()
+            for array in batch.data + batch.label:  # one per device with --kv-store device
+                array.wait_to_read()
             step += 1
             if start is None:
                 start = time.time()  # timing starts after the first batch
                 continue
-            images += batch.data[0].shape[0] - batch.pad
+            images += sum(data.shape[0] for data in batch.data) - batch.pad
             if primary and args.disp_batches and step % args.disp_batches == 0:
                 rate = images / max(time.time() - start, 1e-9)
                 eta = (steps - step) * batch.data[0].shape[0] / max(rate, 1e-9)

@@ -34,6 +34,9 @@ def add_fit_args(parser):
     group.add_argument("--kv-store", default="horovod", choices=["horovod", "device", "local"],
                        help="horovod: one process per device; device/local: one process, all --gpus")
     group.add_argument("--gpus", default=None, help="device mode: GPU ids, e.g. 0,1,2,3 (default: all)")
+    group.add_argument("--cpu-contexts", type=int, default=1,
+                       help="device mode without GPUs: split each batch over this many CPU contexts, one data "
+                            "pipeline each (the multi-GPU code path on a CPU; no faster than 1)")
     group.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                        help="model precision (float16: fp32 master weights and loss scaling; bfloat16: CPU)")
     group.add_argument("--batch-size", type=int, default=192, help="global batch size (all workers)")
@@ -164,6 +167,15 @@ class Distributed:
             self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
 
 
+def average_over_devices(params):
+    """Give parameters kept on several devices (BatchNorm statistics, which each device updates from its own
+    slice of the batch) their mean on every device, so validation and checkpoints do not depend on the device."""
+    for param in params:
+        copies = param.list_data()
+        if len(copies) > 1:
+            param.set_data(mx.nd.add_n(*[c.as_in_context(copies[0].context) for c in copies]) / len(copies))
+
+
 def running_stats(net):
     return [p for name, p in sorted(net.collect_params().items())
             if name.endswith("running_mean") or name.endswith("running_var")]
@@ -256,8 +268,28 @@ class StatsGuard:
                 src.copyto(dst)
 
 
+# mx.nd.multi_all_finite takes its element type from its first input (another dtype fails: "data type do not
+# match") and has room for 200 inputs with no bounds check (MXNet 1.9.1, src/operator/contrib/all_finite.cc/.cu:
+# MSHADOW_REAL_TYPE_SWITCH(inputs[0].type_flag_); all_finite-inl.h: MultiAllFiniteKernelParam::N = 200); one
+# kernel runs on one device. A float16 network has float16 and float32 (BatchNorm) gradients, ResNet-101 and
+# deeper over 300 of them, --kv-store device a set on every GPU. MXNet's AMP (contrib/amp/loss_scaler.py) also
+# checks in chunks of 200.
+MULTI_ALL_FINITE_MAX_ARRAYS = 200
+
+
+def finite_check_groups(arrays, size=MULTI_ALL_FINITE_MAX_ARRAYS):
+    """``arrays`` as multi_all_finite accepts them: groups of one device and one dtype, at most ``size`` each."""
+    groups = {}
+    for array in arrays:
+        groups.setdefault((array.context, np.dtype(array.dtype)), []).append(array)
+    return [group[i:i + size] for group in groups.values() for i in range(0, len(group), size)]
+
+
 def all_finite(arrays):
-    return bool(mx.nd.multi_all_finite(*arrays, num_arrays=len(arrays), init_output=True).asscalar())
+    """Whether every value of ``arrays`` is finite; they may mix dtypes and devices."""
+    flags = [mx.nd.multi_all_finite(*group, num_arrays=len(group), init_output=True)
+             for group in finite_check_groups(arrays)]
+    return all(bool(flag.asscalar()) for flag in flags)  # all queued first: the device is waited for once
 
 
 def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None, vote=None,
@@ -278,7 +310,10 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
         scaled = [loss * scaler.scale for loss in losses] if scaler.scale != 1 else losses
     autograd.backward(scaled)
     trainer.allreduce_grads()
-    loss = sum(loss.sum().asscalar() for loss in losses) / sum(loss.shape[0] for loss in losses)
+    # Reading the loss waits for the forward pass only: backward and allreduce are queued and keep the device
+    # busy meanwhile. The gradient scan waits for them, as the update needs. Nothing waits for the update: the
+    # next step's reads do, so at most one step is ever queued.
+    loss = mean_loss(losses)
     finite = (vote or bool)(math.isfinite(loss))
     if finite and scan_grads:
         finite = grads_finite(trainer._params)
@@ -287,20 +322,58 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
     elif guard is not None:
         guard.restore_if_bad()
     scaler.update(finite)
-    mx.nd.waitall()  # the step ends when its update does: honest step times, and no queue building up
     return loss, outputs, finite
+
+
+def mean_loss(losses):
+    """The mean of the per-device loss vectors, read from the devices at once."""
+    sums = [loss.sum().as_in_context(mx.cpu()) for loss in losses]
+    total = sums[0] if len(sums) == 1 else mx.nd.add_n(*sums)
+    return total.asscalar() / sum(loss.shape[0] for loss in losses)
 
 
 def topk_hits(logits, label, valid):
     """(top-1 hits, top-5 hits) over the first ``valid`` rows."""
+    return tuple(count.asscalar() for count in topk_counts(logits, label, valid))
+
+
+def topk_counts(logits, label, valid):
+    """(top-1 hits, top-5 hits) over the first ``valid`` rows, as NDArrays not yet read from the device."""
+    if valid == 0:  # all padding: a device whose validation shard has ended
+        zero = mx.nd.zeros((1,), ctx=logits.context)
+        return zero, zero
     logits, label = logits[:valid], label[:valid]
     top5 = mx.nd.topk(logits, k=min(5, logits.shape[1]), ret_typ="indices")
     hits = top5 == label.reshape((-1, 1)).astype(top5.dtype)
-    return hits[:, 0].sum().asscalar(), hits.sum().asscalar()
+    return hits[:, 0].sum(), hits.sum()
+
+
+def add_hits(acc, counted):
+    """Add [(top-1 NDArray, top-5 NDArray, valid)] of a step to ``acc``'s floats."""
+    for c1, c5, valid in counted:
+        acc["correct1"] += c1.asscalar()
+        acc["correct5"] += c5.asscalar()
+        acc["samples"] += valid
+
+
+def valid_counts(batch, sizes):
+    """Samples that are not padding in each part of ``batch`` (parts of ``sizes``): a batch of per-device parts
+    has one ``pads`` entry per part; a single batch split over devices has its padding at the end."""
+    pads = getattr(batch, "pads", None)
+    if pads is not None:
+        return [size - pad for size, pad in zip(sizes, pads)]
+    counts, remaining = [], sum(sizes) - batch.pad
+    for size in sizes:
+        counts.append(max(0, min(size, remaining)))
+        remaining -= size
+    return counts
 
 
 def split(batch, ctxs, dtype):
     """Slices of the batch, one per device, in the model's input dtype."""
+    if len(batch.data) == len(ctxs) > 1:  # already one part per device (one pipeline per device)
+        return ([d.astype(out_dtype(dtype), copy=False).as_in_context(c) for d, c in zip(batch.data, ctxs)],
+                [label.as_in_context(c) for label, c in zip(batch.label, ctxs)])
     data, label = batch.data[0], batch.label[0]
     if data.dtype != np.dtype(out_dtype(dtype)):
         data = data.astype(out_dtype(dtype))
@@ -336,10 +409,7 @@ def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
     tic = time.time()
     for batch, first_pass in validation_batches(val_iter, max_iters):
         datas, labels = split(batch, ctxs, args.dtype)
-        remaining = batch.data[0].shape[0] - batch.pad
-        for data, label in zip(datas, labels):
-            valid = max(0, min(data.shape[0], remaining))
-            remaining -= data.shape[0]
+        for data, label, valid in zip(datas, labels, valid_counts(batch, [d.shape[0] for d in datas])):
             logits = net(data).astype("float32")
             if args.no_metrics:
                 logits.wait_to_read()
@@ -389,8 +459,9 @@ class StopFlag:
 
     def vote(self, loss_ok):
         self.votes += 1
-        bad, stops = self.dist.sum([0.0 if loss_ok else 1.0, 1.0 if self.requested else 0.0],
-                                   f"vote.{self.votes}")
+        # One name for every vote: Horovod's response cache then serves it (a new name per step evicts cached
+        # responses); the votes never overlap, each is read before the next starts.
+        bad, stops = self.dist.sum([0.0 if loss_ok else 1.0, 1.0 if self.requested else 0.0], "vote")
         self.agreed = stops > 0
         return bad == 0
 
@@ -447,17 +518,17 @@ def make_targets(label, num_classes, smoothing, mix, epoch_rng, data):
     return data, target
 
 
-def load_params(net, path, ctx):
-    """Load a .params file into ``net``; a file of another architecture is a TrainingError."""
+def load_params(net, path, ctxs):
+    """Load a .params file into ``net`` on the devices ``ctxs``; a file of another architecture is a TrainingError."""
     try:
-        models.load_parameters(net, path, ctx)
+        models.load_parameters(net, path, ctxs)
     except ValueError as error:
         raise TrainingError(f"{error}: it was saved from another architecture; check --arch/--num-layers/"
                             "--num-classes")
 
 
 def restore(args, net, trainer, scaler, ema, state, ctxs):
-    load_params(net, state["paths"]["params"], ctxs[0])
+    load_params(net, state["paths"]["params"], ctxs)  # on every device: MXNet asserts the set
     trainer.load_states(state["paths"]["states"])
     scaler.load(state["loss_scaler"])
     if ema is not None and "ema" in state["paths"]:
@@ -563,6 +634,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         skip = start_step if epoch == start_epoch else 0
         mix = args.mixup if epoch < args.num_epochs - args.mixup_off_epochs else 0.0
         durations, tic, epoch_tic = [], time.time(), time.time()
+        counted = []  # the last step's top-k hits, still on the device
         for step, batch in enumerate(train_iter):
             if step >= steps:
                 break
@@ -593,12 +665,10 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
                 acc["loss"] += loss
                 acc["steps"] += 1
             if not args.no_metrics:
-                for out, label in zip(outputs, labels):
-                    valid = out.shape[0] - (batch.pad if len(ctxs) == 1 else 0)
-                    c1, c5 = topk_hits(out, label, valid)
-                    acc["correct1"] += c1
-                    acc["correct5"] += c5
-                    acc["samples"] += valid
+                # Read one step late: the device has long finished them, so reading never stalls its queue.
+                add_hits(acc, counted)
+                counted = [(*topk_counts(out, label, valid), valid) for out, label, valid in
+                           zip(outputs, labels, valid_counts(batch, [out.shape[0] for out in outputs]))]
             now = time.time()
             durations.append(now - tic)
             tic = now
@@ -611,28 +681,32 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
                            loss_scale=scaler.scale)
             if stop.agreed and step + 1 < steps:
                 progress.end_epoch()
-                dist.average_(running_stats(net), f"bn.stop.{epoch}")
+                add_hits(acc, counted)
+                average_over_devices(running_stats(net))
+                dist.average_(running_stats(net), "bn")
                 if ema is not None:  # as at the epoch's end: each rank's averages differ
-                    dist.average_(ema.running_stats(), f"ema.bn.stop.{epoch}")
-                partials = gather_partial(acc, dist, f"partial.{epoch}")
+                    dist.average_(ema.running_stats(), "ema.bn")
+                partials = gather_partial(acc, dist, "partial")
                 if dist.is_primary:
                     save(epoch, step + 1, partials)
                 stopped = True
                 break
         if stopped:
             break
+        add_hits(acc, counted)
         progress.end_epoch()
-        sums = dist.sum([acc["loss"], acc["steps"], acc["correct1"], acc["correct5"], acc["samples"]],
-                        f"train.{epoch}")
+        sums = dist.sum([acc["loss"], acc["steps"], acc["correct1"], acc["correct5"], acc["samples"]], "train")
         train_loss = sums[0] / max(sums[1], 1)
         values = {} if args.no_metrics else {"top1": sums[2] / max(sums[4], 1), "top5": sums[3] / max(sums[4], 1)}
         report.add_epoch("train", durations=durations, batch_size=args.batch_size, **values, loss=train_loss)
         report.add("train.lr", schedule(epoch + 1 - 1e-9))
         # Each rank keeps its own BatchNorm statistics: average them so validation and checkpoints
         # do not depend on the rank.
-        dist.average_(running_stats(net), f"bn.{epoch}")
+        # Collective names stay the same from epoch to epoch, so Horovod's response cache keeps serving them.
+        average_over_devices(running_stats(net))  # so do the devices of one process (--kv-store device)
+        dist.average_(running_stats(net), "bn")
         if ema is not None:  # the averages of those statistics differ by rank too
-            dist.average_(ema.running_stats(), f"ema.bn.{epoch}")
+            dist.average_(ema.running_stats(), "ema.bn")
         if dist.is_primary:
             log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch, train_loss,
                      "" if args.no_metrics else f" top1 {values['top1']:.4f}",
@@ -694,7 +768,7 @@ def load_for_scoring(args, net, ctxs, dist):
                             "to time fresh weights, add --no-metrics")
     if not os.path.isfile(path):
         raise TrainingError(f"--load {path} does not exist")
-    load_params(net, path, ctxs[0])
+    load_params(net, path, ctxs)  # on every device the network was initialised on
     if dist.is_primary:
         log.info("Loaded %s", path)
     return path

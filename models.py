@@ -281,7 +281,8 @@ def get_model(name, num_classes=1000, bn_eps=1e-5, bn_mom=0.9, zero_init_last_ga
 
 
 def load_parameters(net, path, ctx):
-    """Load a params file written by ``export`` (``arg:``/``aux:`` keys) or ``save_parameters`` into ``net``.
+    """Load a params file written by ``export`` (``arg:``/``aux:`` keys) or ``save_parameters`` into ``net``, on
+    ``ctx`` (a context or a list: an initialised network must get exactly the contexts it was initialised on).
 
     The saved dtype may differ from the network's (float16 <-> float32): values are cast to the network's.
     A 3-channel stem is zero-padded for a 4-channel network (the fourth input channel is the zero padding).
@@ -421,7 +422,8 @@ def add_model_args(parser):
     group.add_argument("--pooling-layout", default=None, choices=LAYOUTS,
                        help="accepted for the original kit's command lines; must equal --conv-layout")
     group.add_argument("--fuse-bn-relu", type=int, default=0, choices=[0, 1],
-                       help="fused BatchNorm+ReLU where this MXNet has it (nn.BatchNormReLU), plain ops otherwise")
+                       help="fused BatchNorm+ReLU where this MXNet has it (nn.BatchNormReLU): CPU (oneDNN) and "
+                       "NCHW only; plain ops otherwise")
     group.add_argument("--fuse-bn-add-relu", type=int, default=0, choices=[0, 1],
                        help="fused BatchNorm+add+ReLU where this MXNet has it (NVIDIA builds), plain ops otherwise")
     return group
@@ -434,6 +436,9 @@ def model_kwargs_from_args(args):
         if value is not None and value != args.conv_layout:
             raise ValueError(f"--{flag.replace('_', '-')} {value} differs from --conv-layout {args.conv_layout}: "
                              "the network computes in one layout; set them equal")
+    if args.fuse_bn_relu and args.conv_layout != "NCHW":
+        raise ValueError(f"--fuse-bn-relu 1 needs --conv-layout NCHW: MXNet's BatchNormWithReLU takes the channel "
+                         f"axis 1 only (got {args.conv_layout}); leave the fusion out")
     image_shape = getattr(args, "image_shape", None) or [3]
     return dict(num_classes=args.num_classes, bn_eps=args.batchnorm_eps, bn_mom=args.batchnorm_mom,
                 zero_init_last_gamma=args.zero_init_last_gamma, layout=args.conv_layout,

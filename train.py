@@ -69,6 +69,10 @@ def apply_recipe(args):
 
 
 def validate_args(args, num_workers):
+    """``num_workers``: the devices the global batch is split over, in all processes."""
+    if args.cpu_contexts < 1 or (args.cpu_contexts > 1 and args.kv_store == "horovod"):
+        raise UsageError(f"--cpu-contexts {args.cpu_contexts}: give a positive number, and use it with --kv-store "
+                         "device or local (with horovod each process has one device)")
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
     if args.batch_size % num_workers:
@@ -85,18 +89,38 @@ def validate_args(args, num_workers):
             raise UsageError(f"no data given (--data-train/--data-val); {data.PREPARE_HINT}")
 
 
-def contexts(args, local_rank):
+def contexts(args, local_rank, local_size):
     import mxnet as mx
     num_gpus = mx.context.num_gpus()
     if args.kv_store == "horovod":
-        return [mx.gpu(local_rank) if num_gpus > 0 else mx.cpu()]
+        return [mx.gpu(gpu_ordinal(local_rank, local_size, num_gpus)) if num_gpus > 0 else mx.cpu()]
     if num_gpus == 0:
-        return [mx.cpu()]
+        return [mx.cpu(i) for i in range(args.cpu_contexts)]
     ids = [int(i) for i in args.gpus.split(",")] if args.gpus else list(range(num_gpus))
     return [mx.gpu(i) for i in ids]
 
 
-def train_iterator_factory(args, dist, ctx, first):
+def gpu_ordinal(local_rank, local_size, visible_gpus):
+    """The GPU of this Horovod rank among the ``visible_gpus`` it sees: its local rank when the node's GPUs are
+    all visible (horovodrun, mpirun), the only one when it sees one (per-rank CUDA_VISIBLE_DEVICES, srun
+    --gpus-per-task=1)."""
+    if visible_gpus >= local_size:
+        return local_rank
+    if visible_gpus == 1:
+        return 0
+    raise UsageError(f"this rank (local rank {local_rank} of {local_size}) sees {visible_gpus} GPUs: either make "
+                     f"every GPU of the node visible to every rank, or give each rank one (CUDA_VISIBLE_DEVICES, "
+                     "srun --gpus-per-task=1)")
+
+
+def check_fusions(args, ctxs):
+    """Fused operators only where upstream MXNet has a kernel for them."""
+    if args.fuse_bn_relu and any(ctx.device_type == "gpu" for ctx in ctxs):
+        raise UsageError("--fuse-bn-relu 1 runs on CPUs only: MXNet's BatchNormWithReLU has a oneDNN kernel and "
+                         "no GPU one; leave it out on GPUs")
+
+
+def train_iterator_factory(args, dist, ctxs, first):
     """Training iterator per epoch. With --seed each epoch gets a fresh reader seeded by (seed, epoch), so a
     run resumed at any epoch sees exactly the batches an uninterrupted run would."""
     if args.seed is None:
@@ -108,7 +132,8 @@ def train_iterator_factory(args, dist, ctx, first):
         epoch_args = copy.copy(args)
         epoch_args.seed = args.seed + 100003 * epoch
         epoch_args.data_val = None  # only the training pipeline is rebuilt
-        return data.get_data_iterators(epoch_args, dist.rank, dist.size, dist.local_rank, dist.local_size, ctx)[0]
+        return data.get_data_iterators_per_device(epoch_args, dist.rank, dist.size, dist.local_rank,
+                                                  dist.local_size, ctxs)[0]
     return make
 
 
@@ -148,7 +173,9 @@ def main(args):
     dist = fit.Distributed(hvd)
     setup_logging(dist.rank)
     apply_recipe(args)
-    validate_args(args, dist.size)
+    ctxs = contexts(args, dist.local_rank, dist.local_size)
+    validate_args(args, dist.size * len(ctxs))
+    check_fusions(args, ctxs)
     args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it
     os.makedirs(args.workspace, exist_ok=True)
     # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
@@ -159,7 +186,6 @@ def main(args):
         mx.random.seed(args.seed)
         import numpy as np
         np.random.seed(args.seed)
-    ctxs = contexts(args, dist.local_rank)
     if dist.is_primary:
         logging.info("Start with arguments %s", vars(args))
 
@@ -168,7 +194,10 @@ def main(args):
         # MXNet's operators, so it must come before the network is built.
         from mxnet.contrib import amp
         amp.init(target_dtype="bfloat16")
-    net = models.get_model_from_args(args)
+    try:
+        net = models.get_model_from_args(args)
+    except ValueError as error:  # flags that do not fit together
+        raise UsageError(str(error))
     net.initialize(mx.init.Xavier(), ctx=ctxs)  # layers with their own initializer keep it
     net.hybridize(static_alloc=True, static_shape=True)
     channels, height, width = args.image_shape
@@ -182,8 +211,8 @@ def main(args):
     try:
         if args.mode == "pred":
             return fit.predict(args, net, ctxs)
-        train_iter, val_iter = data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank,
-                                                       dist.local_size, ctxs[0])
+        train_iter, val_iter = data.get_data_iterators_per_device(args, dist.rank, dist.size, dist.local_rank,
+                                                                  dist.local_size, ctxs)
         if args.test_io:  # time the data pipeline alone
             return data.test_io(args, train_iter, val_iter, dist)
         if args.mode == "val":
@@ -191,7 +220,7 @@ def main(args):
         else:
             if train_iter is None:
                 raise UsageError(f"--mode {args.mode} needs training data (--data-train)")
-            report, stopped = fit.fit(args, net, train_iterator_factory(args, dist, ctxs[0], train_iter),
+            report, stopped = fit.fit(args, net, train_iterator_factory(args, dist, ctxs, train_iter),
                                       val_iter, ctxs, dist)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
