@@ -29,7 +29,7 @@ def given_flags(parser, argv):
     probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
-            kwargs = {"nargs": 0} if action.nargs == 0 else {"nargs": action.nargs}
+            kwargs = {"action": "store_const", "const": True} if action.nargs == 0 else {"nargs": action.nargs}
             probe.add_argument(*action.option_strings, dest=action.dest, default=argparse.SUPPRESS, **kwargs)
     return set(vars(probe.parse_known_args(list(argv))[0]))
 
@@ -158,6 +158,8 @@ def complete(args, given, num_gpus):
         args.workspace = default_workspace(models.model_name_from_args(args))
     if args.mode not in ("val", "pred"):
         return None
+    if args.num_epochs is None:
+        args.num_epochs = 1  # passes over the validation set, not the recipe's training epochs
     path = checkpoint_to_score(args)
     if path is None:
         return None
