@@ -209,3 +209,48 @@ def test_runner_on_a_terminal_shows_rank_0s_live_bar_without_prefixes(tmp_path):
     assert "[0]<stderr>" not in output and "[0]<stdout>" not in output
     assert "Training resnet18_v1.5" in output and "Start with arguments" not in output
     assert params_record(ws)["lr"] == pytest.approx(0.1 * 8 / 256)  # recipe he: 0.1 per 256 images
+
+
+# --- in-process units: checkpoints pruned, class counts ---
+
+def save_checkpoints(prefix, tags):
+    import mxnet as mx
+    import checkpoint
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(3, in_units=2))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 2)))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    for epoch, step in tags:
+        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": step}, best=(epoch == 1 and not step))
+
+
+def test_prune_removes_superseded_step_checkpoints_and_old_epochs(tmp_path):
+    import checkpoint
+    prefix = tmp_path / "model"
+    save_checkpoints(prefix, [(1, 0), (1, 7), (2, 0)])
+    checkpoint.prune(str(prefix), keep_last=3)
+    assert [(s["epoch"], s["step"]) for s in checkpoint.list_complete(str(prefix))] == [(1, 0), (2, 0)]
+    assert not glob.glob(str(tmp_path / "model-0001-step*"))  # every file of the step checkpoint
+    save_checkpoints(prefix, [(2, 5)])  # stopped by a signal inside epoch 3: the newest, kept
+    checkpoint.prune(str(prefix), keep_last=1)
+    assert [(s["epoch"], s["step"]) for s in checkpoint.list_complete(str(prefix))] == [(2, 0), (2, 5)]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["model-best.params", "model-symbol.json"] +
+        [f"model-{tag}.{ext}" for tag in ("0002", "0002-step000005") for ext in ("params", "states", "state.json")])
+
+
+def test_num_classes_checked_against_the_lst(tmp_path):
+    import argparse
+    import settings
+    rec = tmp_path / "train.rec"
+    (tmp_path / "train.lst").write_text("".join(f"{i}\t{i % 3}\tc{i % 3}/{i}.jpg\n" for i in range(9)))
+    args = argparse.Namespace(data_train=str(rec), data_val=None, num_classes=1000)
+    error, warning = settings.class_count_problem(args)
+    assert error is None and "3 classes" in warning and "--num-classes 3" in warning
+    args.num_classes = 2
+    error, warning = settings.class_count_problem(args)
+    assert "labels up to 2" in error and warning is None
+    args.num_classes = 3
+    assert settings.class_count_problem(args) == (None, None)
