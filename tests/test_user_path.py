@@ -208,6 +208,7 @@ def test_runner_on_a_terminal_shows_rank_0s_live_bar_without_prefixes(tmp_path):
     assert re.search(r"\rEpoch\[1\] \[#*\.*\] \d+/6 ", output), output[-3000:]
     assert "[0]<stderr>" not in output and "[0]<stdout>" not in output
     assert "Training resnet18_v1.5" in output and "Start with arguments" not in output
+    assert "--warmup-epochs 5 is not shorter than --num-epochs 1" in output  # he's 5 warmup epochs
     assert params_record(ws)["lr"] == pytest.approx(0.1 * 8 / 256)  # recipe he: 0.1 per 256 images
 
 
