@@ -87,8 +87,9 @@ def add_fit_args(parser):
                        help="keep the newest K epoch checkpoints (0: all) besides <prefix>-best.params; a step "
                             "checkpoint (after SIGTERM) is removed once a newer checkpoint exists")
     group.add_argument("--resume", default="auto",
-                       help="auto: continue from the latest complete checkpoint; none: start afresh; "
-                            "or a <prefix>-NNNN.params / .state.json path")
+                       help="auto: continue from the latest complete checkpoint; none: start afresh (the earlier "
+                            "run's files move to <workspace>/previous-<time>/); or a <prefix>-NNNN.params / "
+                            ".state.json path (later checkpoints move aside the same way)")
     group.add_argument("--load", default=None,
                        help="val/pred: parameters to score (default: the latest checkpoint of --workspace); the "
                             "model, classes, image shape, resize and normalisation come from its saved state")

@@ -74,7 +74,8 @@ class Report:
         for mode in ("train", "val"):
             ips = metrics.get(f"{mode}.total_ips")
             if ips:
-                lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s (last {'pass' if scoring else 'epoch'})")
+                last = "pass" if scoring else "epoch"
+                lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s (last {last})")
         return "\n".join(lines)
 
 
