@@ -9,6 +9,7 @@ import argparse
 import glob
 import os
 import re
+import shutil
 import time
 
 import checkpoint
@@ -26,7 +27,7 @@ MODEL_FLAGS = ("model", "arch", "num_layers", "num_groups")
 
 def given_flags(parser, argv):
     """The destinations of the flags present in ``argv`` (typed by the user, or by runner), whatever their value."""
-    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    probe = argparse.ArgumentParser(add_help=False)  # abbreviations resolve as in train.py's parser
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             kwargs = {"action": "store_const", "const": True} if action.nargs == 0 else {"nargs": action.nargs}
@@ -197,9 +198,9 @@ def class_count_problem(args):
     return None, None
 
 
-def set_aside(workspace, names):
-    """Move files of an earlier run into <workspace>/previous-<time>/ so no later resume picks them up;
-    returns that folder (None if there was nothing to move)."""
+def set_aside(workspace, names, copies=()):
+    """Move files of an earlier run into <workspace>/previous-<time>/ so no later resume picks them up, and
+    copy ``copies`` (files still in use here) beside them; returns that folder (None if nothing moved)."""
     paths = [os.path.join(workspace, n) for n in names if os.path.exists(os.path.join(workspace, n))]
     if not paths:
         return None
@@ -211,6 +212,9 @@ def set_aside(workspace, names):
     os.makedirs(target)
     for path in paths:
         os.replace(path, os.path.join(target, os.path.basename(path)))
+    for name in copies:
+        if os.path.isfile(os.path.join(workspace, name)):
+            shutil.copy2(os.path.join(workspace, name), os.path.join(target, name))
     return target
 
 
@@ -233,4 +237,6 @@ def set_aside_superseded(workspace, prefix_name, state, other_files=()):
         later = [s for s in checkpoint.list_complete(os.path.join(workspace, prefix_name))
                  if (s["epoch"], s["step"]) > (state["epoch"], state["step"])]
         names = [os.path.basename(path) for s in later for path in checkpoint.files_of(s)]
+        # The symbol file is shared with the checkpoints kept: a copy keeps the moved ones complete.
+        return set_aside(workspace, names, copies=[f"{prefix_name}-symbol.json"])
     return set_aside(workspace, names)

@@ -255,3 +255,16 @@ def test_num_classes_checked_against_the_lst(tmp_path):
     assert "labels up to 2" in error and warning is None
     args.num_classes = 3
     assert settings.class_count_problem(args) == (None, None)
+
+
+def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
+    import checkpoint
+    import settings
+    prefix = tmp_path / "model"
+    save_checkpoints(prefix, [(1, 0), (2, 0), (3, 0), (3, 4)])
+    older = checkpoint.read_state(str(tmp_path / "model-0002.state.json"))
+    aside = settings.set_aside_superseded(str(tmp_path), "model", older)
+    assert [(s["epoch"], s["step"]) for s in checkpoint.list_complete(str(prefix))] == [(1, 0), (2, 0)]
+    assert [(s["epoch"], s["step"]) for s in checkpoint.list_complete(os.path.join(aside, "model"))] == \
+        [(3, 0), (3, 4)]
+    assert (tmp_path / "model-symbol.json").is_file() and (tmp_path / "model-best.params").is_file()
