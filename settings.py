@@ -240,3 +240,21 @@ def set_aside_superseded(workspace, prefix_name, state, other_files=()):
         # The symbol file is shared with the checkpoints kept: a copy keeps the moved ones complete.
         return set_aside(workspace, names, copies=[f"{prefix_name}-symbol.json"])
     return set_aside(workspace, names)
+
+
+def bfloat16_unsupported(cpuinfo="/proc/cpuinfo"):
+    """Why this CPU cannot run --dtype bfloat16, or None. oneDNN's bfloat16 kernels need AVX-512 (its
+    avx512_core level: F, BW, VL, DQ); without it MXNet fails deep inside the first convolution with "could not
+    create a primitive descriptor iterator". None also where the flags cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    if flags is None:
+        return None
+    missing = [flag for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq") if flag not in flags]
+    if not missing:
+        return None
+    return (f"--dtype bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels) and this one lacks "
+            f"{', '.join(missing)}; use --dtype float32")

@@ -172,6 +172,8 @@ def main(args):
         settings.complete(args, getattr(args, "given", set()), mx.context.num_gpus())
     except ValueError as error:
         raise UsageError(str(error))
+    if args.dtype == "bfloat16" and settings.bfloat16_unsupported():
+        raise UsageError(settings.bfloat16_unsupported())
     apply_recipe(args)
     validate_args(args, dist.size)
     args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it

@@ -268,3 +268,18 @@ def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
     assert [(s["epoch"], s["step"]) for s in checkpoint.list_complete(os.path.join(aside, "model"))] == \
         [(3, 0), (3, 4)]
     assert (tmp_path / "model-symbol.json").is_file() and (tmp_path / "model-best.params").is_file()
+
+
+def test_bfloat16_on_a_cpu_without_avx512_is_one_line(tmp_path):
+    import settings
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert "avx512f" in settings.bfloat16_unsupported(str(cpuinfo))
+    cpuinfo.write_text("flags\t\t: avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni\n")
+    assert settings.bfloat16_unsupported(str(cpuinfo)) is None
+    if settings.bfloat16_unsupported() is None:
+        return  # this CPU runs bfloat16: tests/test_train_precision.py trains with it
+    result = run([sys.executable, TRAIN, *SYNTHETIC, "--dtype", "bfloat16", "--workspace", str(tmp_path / "ws")])
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert result.returncode == 2 and len(errors) == 1 and "AVX-512" in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
