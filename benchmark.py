@@ -678,7 +678,8 @@ def main(argv=None):
         result["speedup"] = speedup(result["metrics"], baseline, keys[0])
     save_json(result, output)
     print(tables(result))
-    chart = plot(result, output.with_suffix(".png"))
+    # No chart when nothing succeeded: an empty chart would look like a result.
+    chart = plot(result, output.with_suffix(".png")) if len(result["failed"]) < len(configs) else None
     print(f"benchmark: results in {output}" + (f", chart {chart}" if chart else ""), file=sys.stderr)
     return 1 if len(result["failed"]) == len(configs) else 0
 

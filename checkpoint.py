@@ -84,13 +84,45 @@ def read_state(path):
     return state
 
 
-def find_latest(prefix):
-    """The newest complete checkpoint of ``prefix`` (most epochs, then most steps), or None."""
+def list_complete(prefix):
+    """The complete checkpoints of ``prefix``, oldest first (by epochs, then steps)."""
     pattern = re.compile(re.escape(os.path.basename(prefix)) + r"-\d{4}(-step\d{6})?" + re.escape(STATE_SUFFIX) + "$")
     states = [read_state(p) for p in glob.glob(glob.escape(prefix) + "-*" + STATE_SUFFIX)
               if pattern.match(os.path.basename(p))]
-    states = [s for s in states if s is not None]
-    return max(states, key=lambda s: (s["epoch"], s["step"]), default=None)
+    return sorted((s for s in states if s is not None), key=lambda s: (s["epoch"], s["step"]))
+
+
+def find_latest(prefix):
+    """The newest complete checkpoint of ``prefix`` (most epochs, then most steps), or None."""
+    states = list_complete(prefix)
+    return states[-1] if states else None
+
+
+def files_of(state):
+    """The files one checkpoint owns, its state file first (the symbol file is shared by all of them)."""
+    return [state["state_path"]] + [path for kind, path in state["paths"].items() if kind != "symbol"]
+
+
+def prune(prefix, keep_last):
+    """Remove the checkpoints a resume no longer needs: step checkpoints older than the newest checkpoint, and
+    epoch checkpoints beyond the newest ``keep_last`` (0 keeps them all). <prefix>-best.params is a copy, so
+    the best survives. The state file goes first: a kill in between leaves an incomplete checkpoint, never a
+    complete one with missing files. Returns the removed checkpoints' parameter files."""
+    states = list_complete(prefix)
+    if not states:
+        return []
+    newest = states[-1]
+    epochs = [s for s in states if s["step"] == 0]
+    doomed = [s for s in states[:-1] if s["step"] > 0]
+    if keep_last > 0:
+        doomed += [s for s in epochs[:-keep_last] if s is not newest]
+    for state in doomed:
+        for path in files_of(state):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+    return [s["paths"]["params"] for s in doomed]
 
 
 def state_for_params(params_path):

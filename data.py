@@ -29,11 +29,17 @@ def float_list(text):
 
 def add_data_args(parser):
     group = parser.add_argument_group("Data")
+    group.add_argument("--data-root", default=None,
+                       help="directory with train.rec/.idx and val.rec/.idx, used for the files not given one by "
+                            "one (default, without any data flag: /data/imagenet/train-val-recordio-passthrough)")
     group.add_argument("--data-train", help="training RecordIO (.rec)")
-    group.add_argument("--data-train-idx", default="", help="index of the training RecordIO (.idx)")
+    group.add_argument("--data-train-idx", default="",
+                       help="index of the training RecordIO (default: the .idx beside it)")
     group.add_argument("--data-val", help="validation RecordIO (.rec)")
-    group.add_argument("--data-val-idx", default="", help="index of the validation RecordIO (.idx)")
-    group.add_argument("--data-backend", default="dali-gpu", choices=BACKENDS, help="data loading backend")
+    group.add_argument("--data-val-idx", default="",
+                       help="index of the validation RecordIO (default: the .idx beside it)")
+    group.add_argument("--data-backend", default=None, choices=BACKENDS,
+                       help="data loading backend (default: dali-gpu with a GPU, dali-cpu without)")
     group.add_argument("--image-shape", type=int_list, default=[3, 224, 224],
                        help="network input C,H,W (C=4 pads a zero channel)")
     group.add_argument("--rgb-mean", type=float_list, default=[123.68, 116.779, 103.939],
@@ -56,7 +62,8 @@ def add_data_args(parser):
 def add_data_aug_args(parser):
     group = parser.add_argument_group("Augmentation", "training-time augmentation, every backend")
     group.add_argument("--min-random-area", type=float, default=0.08,
-                       help="random-resized-crop: smallest crop area, as a fraction of the image")
+                       help="random-resized-crop: smallest crop area, as a fraction of the image (recipe "
+                            "nvidia-2019: 0.05)")
     group.add_argument("--max-random-area", type=float, default=1.0,
                        help="random-resized-crop: largest crop area, as a fraction of the image")
     group.add_argument("--min-random-aspect-ratio", type=float, default=0.75,

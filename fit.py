@@ -12,6 +12,7 @@ from mxnet import autograd, gluon
 import checkpoint
 import models
 import schedules
+import settings
 from data import out_dtype
 from progress import JsonLog, Progress, format_seconds
 from report import Report
@@ -37,32 +38,41 @@ def add_fit_args(parser):
     group.add_argument("--cpu-contexts", type=int, default=1,
                        help="device mode without GPUs: split each batch over this many CPU contexts, one data "
                             "pipeline each (the multi-GPU code path on a CPU; no faster than 1)")
-    group.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                       help="model precision (float16: fp32 master weights and loss scaling; bfloat16: CPU)")
+    group.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                       help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
+                            "weights and loss scaling; bfloat16: CPU)")
     group.add_argument("--batch-size", type=int, default=192, help="global batch size (all workers)")
-    group.add_argument("--num-epochs", type=int, default=None, help="epochs (recipe: 90)")
+    group.add_argument("--num-epochs", type=int, default=None, help=f"epochs ({schedules.recipe_help('num_epochs')})")
     group.add_argument("--run-epochs", type=int, default=-1, help="stop after this many epochs in this run")
     group.add_argument("--lr", type=float, default=None,
-                       help="absolute LR for the global batch (default: the recipe's LR per 256 x batch/256)")
-    group.add_argument("--lr-schedule", default=None, choices=schedules.SCHEDULES, help="LR schedule")
+                       help="absolute LR for the global batch (default: the recipe's LR per 256 x batch/256; "
+                            f"{schedules.recipe_help('lr_per_256')} per 256)")
+    group.add_argument("--lr-schedule", default=None, choices=schedules.SCHEDULES,
+                       help=f"LR schedule ({schedules.recipe_help('lr_schedule')})")
     group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x], default=None,
-                       help="step schedule: epochs at which the LR is multiplied by --lr-factor")
-    group.add_argument("--lr-factor", type=float, default=None, help="step schedule: decay factor")
+                       help="step schedule: epochs at which the LR is multiplied by --lr-factor "
+                            f"({schedules.recipe_help('lr_steps')})")
+    group.add_argument("--lr-factor", type=float, default=None,
+                       help=f"step schedule: decay factor ({schedules.recipe_help('lr_factor')})")
     group.add_argument("--lr-power", type=float, default=2.0, help="poly schedule: exponent")
-    group.add_argument("--warmup-epochs", type=float, default=None, help="linear warmup from 0, in epochs")
-    group.add_argument("--optimizer", default=None, choices=["sgd", "nag"], help="sgd (momentum) or nag (Nesterov)")
-    group.add_argument("--mom", type=float, default=None, help="momentum")
-    group.add_argument("--wd", type=float, default=None, help="weight decay")
+    group.add_argument("--warmup-epochs", type=float, default=None,
+                       help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
+    group.add_argument("--optimizer", default=None, choices=["sgd", "nag"],
+                       help=f"sgd (momentum) or nag (Nesterov) ({schedules.recipe_help('optimizer')})")
+    group.add_argument("--mom", type=float, default=None, help=f"momentum ({schedules.recipe_help('mom')})")
+    group.add_argument("--wd", type=float, default=None, help=f"weight decay ({schedules.recipe_help('wd')})")
     group.add_argument("--wd-bn-bias", action="store_true",
                        help="also decay BatchNorm gamma/beta and biases (default: they get no weight decay)")
-    group.add_argument("--label-smoothing", type=float, default=None, help="label smoothing factor")
-    group.add_argument("--mixup", type=float, default=None, help="mixup Beta(a, a) parameter; 0 = off")
+    group.add_argument("--label-smoothing", type=float, default=None,
+                       help=f"label smoothing factor ({schedules.recipe_help('label_smoothing')})")
+    group.add_argument("--mixup", type=float, default=None,
+                       help=f"mixup Beta(a, a) parameter; 0 = off ({schedules.recipe_help('mixup')})")
     group.add_argument("--mixup-off-epochs", type=int, default=0, help="no mixup in the last N epochs")
     group.add_argument("--ema-decay", type=float, default=0.0,
                        help="keep an exponential moving average of the weights (e.g. 0.9999); 0 = off. "
                             "Validation uses the EMA weights; they are saved beside each checkpoint")
     group.add_argument("--loss-scale", default=None,
-                       help="'dynamic' (default for float16) or a fixed number (default 1 otherwise)")
+                       help="'dynamic' or a fixed number (default: dynamic for float16, 1 otherwise)")
     group.add_argument("--max-bad-steps", type=int, default=50,
                        help="stop when this many consecutive steps have a NaN/inf loss or gradient")
     group.add_argument("--horovod-num-groups", type=int, default=0, help="grouped allreduce: number of groups")
@@ -70,16 +80,25 @@ def add_fit_args(parser):
     group.add_argument("--disp-batches", type=int, default=20, help="log every N iterations")
     group.add_argument("--benchmark-iters", type=int, default=None, help="cap iterations per epoch (benchmarks)")
     group.add_argument("--no-metrics", action="store_true", help="skip accuracy computation (benchmarks)")
-    group.add_argument("--workspace", default="./", help="directory for checkpoints, logs and the report")
+    group.add_argument("--workspace", default=None,
+                       help="directory for checkpoints, logs and the report (default: runs/<model>, e.g. "
+                            "runs/resnet50_v1.5, in the current directory)")
     group.add_argument("--model-prefix", default="model", help="checkpoint file prefix, inside --workspace")
-    group.add_argument("--save-frequency", type=int, default=1, help="checkpoint every N epochs (0: only the last)")
+    group.add_argument("--save-frequency", type=int, default=1,
+                       help="checkpoint every N epochs (0: only the last; the best is always kept)")
+    group.add_argument("--keep-last", type=int, default=3,
+                       help="keep the newest K epoch checkpoints (0: all) besides <prefix>-best.params; a step "
+                            "checkpoint (after SIGTERM) is removed once a newer checkpoint exists")
     group.add_argument("--resume", default="auto",
-                       help="auto: continue from the latest complete checkpoint; none: start afresh; "
-                            "or a <prefix>-NNNN.params / .state.json path")
-    group.add_argument("--load", default=None, help="val/pred: parameters to score (default: latest checkpoint)")
+                       help="auto: continue from the latest complete checkpoint; none: start afresh (the earlier "
+                            "run's files move to <workspace>/previous-<time>/); or a <prefix>-NNNN.params / "
+                            ".state.json path (later checkpoints move aside the same way)")
+    group.add_argument("--load", default=None,
+                       help="val/pred: parameters to score (default: the latest checkpoint of --workspace); the "
+                            "model, classes, image shape, resize and normalisation come from its saved state")
     group.add_argument("--report", default=None,
-                       help="JSON report (relative: inside --workspace; default report.json, and score.json for "
-                            "--mode val, so scoring never overwrites the training report)")
+                       help="JSON report (relative: inside --workspace; default report.json, and for --mode val "
+                            "<checkpoint>.score.json beside the checkpoint scored)")
     group.add_argument("--json-log", default="log.jsonl",
                        help="JSON-lines log (relative: inside --workspace); empty to disable")
     group.add_argument("--data-pred", default=None, help="pred: image file to classify")
@@ -602,7 +621,12 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         report.total_duration = state.get("total_duration", 0.0)
         partial = resumed_partial(state, dist)
         if dist.is_primary:
-            log.info("Resuming from %s: epoch %d, step %d", state["state_path"], start_epoch, start_step)
+            log.info("Resuming from %s: %s", state["state_path"], f"after epoch {start_epoch}" if not start_step
+                     else f"epoch {start_epoch + 1}, step {start_step}")
+    if args.resume != "auto" and dist.is_primary:
+        moved = settings.set_aside_superseded(args.workspace, args.model_prefix, state, [args.report, args.json_log])
+        if moved:
+            log.info("--resume %s: moved the files of the run not continued to %s", args.resume, moved)
     json_log = JsonLog(workspace_path(args, args.json_log) if dist.is_primary and args.json_log else None)
     json_log.write("params", args=vars(args), resumed_from=state and state["state_path"])
     progress = Progress(dist.is_primary, args.disp_batches)
@@ -625,6 +649,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
                       "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))}}
         path = checkpoint.save(prefix, net, trainer, ckpt_state, ema.saveable() if ema else None, best)
         log.info("Saved checkpoint %s", path)
+        checkpoint.prune(prefix, args.keep_last)
 
     for epoch in range(start_epoch, end_epoch):
         train_iter = make_train_iter(epoch)
@@ -655,10 +680,10 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
                                                 scan_grads=args.dtype == "float16" or scaler.dynamic)
             if not applied:
                 log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
-                            epoch, step, scaler.scale)
+                            epoch + 1, step + 1, scaler.scale)
                 if scaler.bad_steps >= args.max_bad_steps:
                     raise TrainingError(f"{scaler.bad_steps} consecutive steps had NaN/inf loss or gradients "
-                                        f"(epoch {epoch}, step {step}); lower --lr or use float32")
+                                        f"(epoch {epoch + 1}, step {step + 1}); lower --lr or use float32")
             elif ema is not None:
                 ema.update()
             if applied:
@@ -675,9 +700,9 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
             done = step + 1 - skip
             speed = args.batch_size * done / max(now - epoch_tic, 1e-9)
             left = (steps - step - 1) + (end_epoch - epoch - 1) * steps
-            progress.update(epoch, step + 1, steps, speed, acc["loss"] / max(acc["steps"], 1), lr,
+            progress.update(epoch + 1, step + 1, steps, speed, acc["loss"] / max(acc["steps"], 1), lr,
                             left * args.batch_size / max(speed, 1e-9))
-            json_log.write("iter", epoch=epoch, step=step, loss=loss, lr=lr, ips=args.batch_size / durations[-1],
+            json_log.write("iter", epoch=epoch + 1, step=step, loss=loss, lr=lr, ips=args.batch_size / durations[-1],
                            loss_scale=scaler.scale)
             if stop.agreed and step + 1 < steps:
                 progress.end_epoch()
@@ -708,7 +733,7 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
         if ema is not None:  # the averages of those statistics differ by rank too
             dist.average_(ema.running_stats(), "ema.bn")
         if dist.is_primary:
-            log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch, train_loss,
+            log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch + 1, train_loss,
                      "" if args.no_metrics else f" top1 {values['top1']:.4f}",
                      args.batch_size * len(durations) / max(sum(durations), 1e-9),
                      format_seconds(time.time() - epoch_tic))
@@ -727,9 +752,9 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
             epoch_record.update({"val.top1": metrics["top1"], "val.top5": metrics["top5"],
                                  "val.loss": metrics["loss"], "val.samples": metrics["samples"]})
             if dist.is_primary:
-                log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch,
+                log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
                          metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
-        json_log.write("epoch", epoch=epoch, **epoch_record)
+        json_log.write("epoch", epoch=epoch + 1, **epoch_record)
         last = epoch + 1 == end_epoch
         due = args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0
         if dist.is_primary and (due or last or improved):
@@ -789,7 +814,7 @@ def score(args, net, val_iter, ctxs, dist):
         values = {} if args.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
         report.add_epoch("val", durations=metrics["durations"], batch_size=args.batch_size, **values)
         if dist.is_primary:
-            log.info("Pass %d: %s%.1f img/s (%d samples)", epoch,
+            log.info("Pass %d: %s%.1f img/s (%d samples)", epoch + 1,
                      "" if args.no_metrics else f"top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} ",
                      report.metrics.get("val.total_ips", [0.0])[-1] if metrics["durations"] else 0.0,
                      metrics["samples"])

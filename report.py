@@ -69,15 +69,20 @@ class Report:
         """A few lines for people: epochs, the last and best validation top-1, speed, time."""
         metrics = self.metrics
         epochs = max((len(v) for v in metrics.values()), default=0)
-        lines = [f"{self.model} on {self.ngpus} worker(s): {epochs} epoch(s) in {self.total_duration:.0f} s"]
+        scoring = not any(key.startswith("train.") for key in metrics)  # --mode val: passes, not epochs
+        unit = "scoring pass(es)" if scoring else "epoch(s)"
+        lines = [f"{self.model} on {self.ngpus} worker(s): {epochs} {unit} in {self.total_duration:.0f} s"]
         top1 = metrics.get("val.top1")
-        if top1:
+        if top1 and scoring:
+            lines.append(f"Validation top-1: {top1[-1]:.4f}")
+        elif top1:  # epochs count from 1, as in the logs and in the checkpoint names (model-0003: epoch 3)
             best = int(np.argmax(top1))
             lines.append(f"Validation top-1: {top1[-1]:.4f} (best {top1[best]:.4f}, epoch {best + 1})")
         for mode in ("train", "val"):
             ips = metrics.get(f"{mode}.total_ips")
             if ips:
-                lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s (last epoch)")
+                last = "pass" if scoring else "epoch"
+                lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s (last {last})")
         return "\n".join(lines)
 
 

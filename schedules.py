@@ -68,3 +68,16 @@ def get_schedule(kind, base_lr, num_epochs, warmup_epochs=0.0, steps=(), factor=
             return final_lr + (base_lr - final_lr) * (1 - progress) ** power
         return final_lr + (base_lr - final_lr) * (1 - progress)
     return schedule
+
+
+def recipe_help(name):
+    """A help text's "recipe: ..." for a hyper-parameter: its value in each recipe."""
+    values = {recipe: fields.get(name) for recipe, fields in RECIPES.items()}
+
+    def show(value):
+        if isinstance(value, list):
+            return ",".join(f"{v:g}" for v in value) or "none"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    if len({show(v) for v in values.values()}) == 1:
+        return f"recipe: {show(next(iter(values.values())))}"
+    return "recipe: " + ", ".join(f"{show(v)} ({recipe})" for recipe, v in values.items())

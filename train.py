@@ -26,9 +26,11 @@ except ImportError:
 import data
 import dali
 import fit
+from helptext import HelpFormatter
 import models
 import run_lock
 import schedules
+import settings
 import world
 
 
@@ -45,7 +47,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def get_args_parser():
-    parser = OneLineParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
     data.add_data_args(parser)
@@ -66,6 +68,60 @@ def apply_recipe(args):
         fit.check_args(args)
     except ValueError as error:
         raise UsageError(str(error))
+
+
+def check_flags(argv):
+    """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag (runner calls this
+    before starting any worker)."""
+    parser = get_args_parser()
+    parser.prog = "train.py"
+    parser.parse_args(argv)
+
+
+def attach_console(rank):
+    """Rank 0 under runner on a terminal: write straight to it (RN50_CONSOLE names it), so the progress bar is
+    live and lines carry no launcher prefix; horovodrun would pipe and prefix every line."""
+    console = os.environ.get("RN50_CONSOLE")
+    if rank != 0 or not console:
+        return
+    try:
+        fd = os.open(console, os.O_WRONLY | os.O_NOCTTY)
+    except OSError:
+        return  # another machine, or gone: the launcher's pipes still carry the output
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+
+
+def header(args, size):
+    """One line on what runs and where its results go (every argument is in the JSON log)."""
+    model = f"{models.model_name_from_args(args)} ({args.num_classes} classes, " \
+            f"{'x'.join(str(v) for v in args.image_shape)})"
+    machine = f"{size} worker(s), batch {args.batch_size}, {args.dtype}, {args.data_backend}"
+    if args.mode == "val":
+        return (f"Scoring {args.load or 'freshly initialised weights'}: {model}, resize {args.data_val_resize}, "
+                f"{machine}; data {args.data_val or 'synthetic'}; results in {fit.workspace_path(args, args.report)}")
+    data_files = "synthetic" if args.data_backend == "synthetic" else \
+        ", ".join(f for f in (args.data_train, args.data_val) if f)
+    return (f"Training {model} on {machine}; recipe {args.recipe}, LR {args.lr:g}, {args.num_epochs} epochs; "
+            f"data {data_files}; results in {os.path.join(args.workspace, '')}")
+
+
+def warn_about(args, primary):
+    """Refuse labels beyond --num-classes (every rank); rank 0 warns once about likely mistakes that still run."""
+    error, warning = settings.class_count_problem(args) if args.mode != "pred" else (None, None)
+    if error:
+        raise UsageError(error)
+    if not primary:
+        return
+    if warning:
+        logging.warning(warning)
+    if args.mode in ("train", "train_val") and args.warmup_epochs and args.warmup_epochs >= args.num_epochs:
+        logging.warning("--warmup-epochs %g is not shorter than --num-epochs %d: the LR never reaches its peak "
+                        "(%g); lower --warmup-epochs", args.warmup_epochs, args.num_epochs, args.lr)
 
 
 def validate_args(args, num_workers):
@@ -171,23 +227,35 @@ def main(args):
         hvd.init()  # one process per worker; works alone too (size 1)
         world.check_joined(hvd.size(), hvd.rank(), hvd.local_rank(), hvd.mpi_built())  # the launcher's world?
     dist = fit.Distributed(hvd)
+    attach_console(dist.rank)
     setup_logging(dist.rank)
+    try:
+        settings.complete(args, getattr(args, "given", set()), mx.context.num_gpus())
+    except ValueError as error:
+        raise UsageError(str(error))
+    if args.dtype == "bfloat16" and settings.bfloat16_unsupported():
+        raise UsageError(settings.bfloat16_unsupported())
     apply_recipe(args)
     ctxs = contexts(args, dist.local_rank, dist.local_size)
     validate_args(args, dist.size * len(ctxs))
     check_fusions(args, ctxs)
     args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it
-    os.makedirs(args.workspace, exist_ok=True)
-    # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
-    os.makedirs(os.path.dirname(fit.workspace_path(args, args.model_prefix)) or ".", exist_ok=True)
+    if args.mode in ("train", "train_val"):
+        os.makedirs(args.workspace, exist_ok=True)
+        # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
+        os.makedirs(os.path.dirname(fit.workspace_path(args, args.model_prefix)) or ".", exist_ok=True)
+    if args.mode != "pred":
+        os.makedirs(os.path.dirname(os.path.abspath(fit.workspace_path(args, args.report))), exist_ok=True)
     lock = hold_workspace(args, dist)
     if args.seed is not None:
         random.seed(args.seed)
         mx.random.seed(args.seed)
         import numpy as np
         np.random.seed(args.seed)
+    warn_about(args, dist.is_primary)
     if dist.is_primary:
-        logging.info("Start with arguments %s", vars(args))
+        if args.mode != "pred":
+            logging.info("%s", header(args, dist.size))
 
     if args.dtype == "bfloat16":
         # Operators run in bfloat16 on oneDNN through MXNet's AMP (parameters stay float32). AMP patches
@@ -238,8 +306,10 @@ def main(args):
 
 
 def run(argv=None):
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
     args.cmd = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
+    args.given = settings.given_flags(parser, args.cmd[1:])  # flags typed, whatever their value
     try:
         main(args)
     except UsageError as error:

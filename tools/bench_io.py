@@ -55,7 +55,9 @@ def run_one(argv):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
+    from helptext import HelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--rec", help="RecordIO to read (default: build a photo set in --workdir)")
     parser.add_argument("--workdir", default="data/bench_io", help="where the photo set is built")
     parser.add_argument("--count", type=int, default=1024, help="images in the built photo set")
@@ -97,7 +99,7 @@ def main():
             if child.returncode:
                 parser.exit(1, f"bench_io.py: error: backend {backend} failed:\n{child.stderr[-2000:]}\n")
             rounds[-1][backend] = json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
-    reference = backends[0]
+    reference = backends[-1]  # "dali-cpu 1.63x" reads as in the README: DALI's speed over MXNet's
     print(f"{args.mode} pipeline, {args.threads} threads, batch {args.batch_size}, {args.repeats} rounds, {rec}")
     print(f"{'backend':<10} {'images/s (median)':>18} {'ratio to ' + reference + ' (median of rounds)':>36}")
     summary = {}

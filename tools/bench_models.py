@@ -127,7 +127,8 @@ def pytorch(batch_size):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from helptext import HelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--model", default="resnet50_v1.5", choices=models.list_models(), help="our model")
     parser.add_argument("--batch-size", type=int, default=16, help="images per batch")
     parser.add_argument("--iters", type=int, default=5, help="timed batches per measurement")

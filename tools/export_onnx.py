@@ -1,6 +1,8 @@
 """Export a checkpoint (`<prefix>-symbol.json` + `<prefix>-NNNN.params`) to ONNX and check it with onnxruntime.
 
-    python tools/export_onnx.py runs/demo/model 15 --image-shape 3,32,32
+    python tools/export_onnx.py runs/demo/model 16
+
+The input shape is the one the checkpoint was trained with (from its .state.json), unless --image-shape says.
 
 writes `<prefix>-NNNN.onnx` (batch dimension left free), then runs a random batch through MXNet and
 onnxruntime and fails unless the logits agree within --rtol (relative to the largest logit). Needs the
@@ -54,14 +56,27 @@ def compare_with_onnxruntime(prefix, epoch, onnx_file, image_shape, batch_size=2
     return float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-12))
 
 
+def trained_image_shape(prefix, epoch):
+    """C,H,W recorded in the checkpoint's state file by train.py, or None (another kit's checkpoint)."""
+    import json
+    try:
+        with open(f"{prefix}-{epoch:04d}.state.json") as f:
+            return ",".join(str(v) for v in json.load(f)["args"]["image_shape"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from helptext import HelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("prefix", help="checkpoint prefix: <prefix>-symbol.json and <prefix>-NNNN.params")
     parser.add_argument("epoch", type=int, help="checkpoint epoch (the NNNN)")
-    parser.add_argument("--image-shape", default="3,224,224", help="C,H,W of the network input")
+    parser.add_argument("--image-shape", default=None,
+                        help="C,H,W of the network input (default: the checkpoint's, else 3,224,224)")
     parser.add_argument("--output", default=None, help="ONNX file (default <prefix>-NNNN.onnx)")
     parser.add_argument("--rtol", type=float, default=1e-4, help="largest accepted relative logit difference")
     args = parser.parse_args(argv)
+    args.image_shape = args.image_shape or trained_image_shape(args.prefix, args.epoch) or "3,224,224"
     try:
         image_shape = tuple(int(v) for v in args.image_shape.split(","))
     except ValueError:

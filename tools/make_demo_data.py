@@ -37,7 +37,9 @@ def write_images(out_dir, size, val_fraction, seed):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
+    from helptext import HelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("out_dir", help="output directory")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels")
     parser.add_argument("--val-fraction", type=float, default=0.2, help="share of images held out for validation")

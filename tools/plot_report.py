@@ -45,7 +45,9 @@ def plot(report_path, out_dir=None):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
+    from helptext import HelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("report", help="report JSON written by train.py --report")
     parser.add_argument("--out", default=None, help="output directory (default: beside the report)")
     args = parser.parse_args()

@@ -32,8 +32,12 @@ if [ "$TRAIN_CLASSES" != "$VAL_CLASSES" ]; then
     diff <(echo "$TRAIN_CLASSES") <(echo "$VAL_CLASSES") | grep '^[<>]' | head -5 >&2 || true
     exit 1
 fi
-PYTHON=${PYTHON:-python}
-IM2REC=$("$PYTHON" -c 'import os, mxnet; print(os.path.join(os.path.dirname(mxnet.__file__), "tools", "im2rec.py"))') \
+KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -z "${PYTHON:-}" ]; then  # the kit's .venv when there is one, so the script works without activating it
+    if [ -x "$KIT/.venv/bin/python" ]; then PYTHON=$KIT/.venv/bin/python; else PYTHON=python; fi
+fi
+IM2REC=$("$PYTHON" -c 'import os, mxnet; print(os.path.join(os.path.dirname(mxnet.__file__), "tools", "im2rec.py"))' \
+         2>/dev/null) \
     || { echo "error: MXNet is not importable by $PYTHON; run 'make setup' and use .venv/bin/python" >&2; exit 1; }
 THREADS=${THREADS:-$(nproc)}
 mkdir -p "$OUT"

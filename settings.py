@@ -1,0 +1,260 @@
+"""What a run takes when the user does not say, filled in before anything is built.
+
+The same defaults whether train.py is started by runner or alone: the data backend and precision of this
+machine, the record files of a data root (and each .idx beside its .rec), the workspace runs/<model>/, and for
+--mode val/pred the settings the scored checkpoint was trained with (model, classes, image shape, resize,
+normalisation), which a contradicting flag cannot silently override.
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import time
+
+import checkpoint
+import models
+
+DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"  # runner's default too
+RUNS_DIR = "runs"
+PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
+                "or run `make demo` to build the demo set")
+# What a checkpoint's state records about the data the network expects: scoring or predicting with other values
+# gives silently wrong answers (a 32-pixel digit resized to 256 and centre-cropped is a blur).
+CHECKPOINT_SETTINGS = ("num_classes", "image_shape", "data_val_resize", "rgb_mean", "rgb_std", "batchnorm_eps")
+MODEL_FLAGS = ("model", "arch", "num_layers", "num_groups")
+
+
+def given_flags(parser, argv):
+    """The destinations of the flags present in ``argv`` (typed by the user, or by runner), whatever their value."""
+    probe = argparse.ArgumentParser(add_help=False)  # abbreviations resolve as in train.py's parser
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            kwargs = {"action": "store_const", "const": True} if action.nargs == 0 else {"nargs": action.nargs}
+            probe.add_argument(*action.option_strings, dest=action.dest, default=argparse.SUPPRESS, **kwargs)
+    return set(vars(probe.parse_known_args(list(argv))[0]))
+
+
+def flag_name(dest):
+    return "--" + dest.replace("_", "-")
+
+
+def machine_defaults(args, num_gpus):
+    """runner's choices: float16 and dali-gpu with GPUs, float32 and dali-cpu without."""
+    if args.dtype is None:
+        args.dtype = "float16" if num_gpus else "float32"
+    if args.data_backend is None:
+        args.data_backend = "dali-gpu" if num_gpus else "dali-cpu"
+
+
+def index_beside(rec):
+    """The .idx next to a .rec (as im2rec and prepare_imagenet.sh write them), or "" if there is none."""
+    idx = os.path.splitext(rec)[0] + ".idx"
+    return idx if rec and os.path.isfile(idx) else ""
+
+
+def fill_data_files(args):
+    """--data-root DIR gives DIR/train.rec and DIR/val.rec (those that exist) for the files not given one by one;
+    without any data flag the default root is used, as runner does. Each index defaults to the .idx beside its
+    .rec."""
+    if args.data_backend != "synthetic" and args.mode != "pred" and \
+            (args.data_root or not (args.data_train or args.data_val)):
+        root = args.data_root or DEFAULT_DATA_ROOT
+        if not os.path.isdir(root):
+            raise ValueError(f"data root {root} does not exist; give --data-root DIR (with train.rec/val.rec) or "
+                             f"--data-train/--data-val; {PREPARE_HINT}")
+        needed = "val" if args.mode == "val" else "train"
+        for split in {"val": ["val"], "train": ["train"]}.get(args.mode, ["train", "val"]):
+            rec = os.path.join(root, f"{split}.rec")
+            if not getattr(args, f"data_{split}") and os.path.isfile(rec):
+                setattr(args, f"data_{split}", rec)
+        if not getattr(args, f"data_{needed}"):
+            raise ValueError(f"{os.path.join(root, needed + '.rec')} is missing; {PREPARE_HINT}")
+    if args.data_train and not args.data_train_idx:
+        args.data_train_idx = index_beside(args.data_train)
+    if args.data_val and not args.data_val_idx:
+        args.data_val_idx = index_beside(args.data_val)
+
+
+def default_workspace(model_name):
+    return os.path.join(RUNS_DIR, model_name)
+
+
+def checkpoint_to_score(args):
+    """--load, else the latest complete checkpoint of the workspace; None if there is none."""
+    if args.load:
+        return args.load
+    latest = checkpoint.find_latest(os.path.join(args.workspace, args.model_prefix))
+    return latest and latest["paths"]["params"]
+
+
+def trained_settings(params_path):
+    """The state (with its "args") saved with a checkpoint's parameters: beside <prefix>-NNNN[-stepS][-ema].params,
+    or, for <prefix>-best.params, the latest of the same run. None for a file without one (another kit's)."""
+    name = os.path.basename(params_path)
+    directory = os.path.dirname(params_path)
+    tagged = re.match(r"^(.*-\d{4}(?:-step\d{6})?)(?:-ema)?\.params$", name)
+    if tagged:
+        return checkpoint.read_state(os.path.join(directory, tagged.group(1) + checkpoint.STATE_SUFFIX))
+    best = re.match(r"^(.*)-best\.params$", name)
+    if best:
+        return checkpoint.find_latest(os.path.join(directory, best.group(1)))
+    return None
+
+
+def _differs(dest, given_value, saved_value):
+    if dest == "image_shape":  # 3 or 4 input channels load into each other; height and width must agree
+        return list(given_value)[1:] != list(saved_value)[1:]
+    if isinstance(saved_value, list):
+        return [float(v) for v in given_value] != [float(v) for v in saved_value]
+    return given_value != saved_value
+
+
+def apply_trained_settings(args, state, given, source):
+    """Take the model and data settings of a checkpoint's state; a given flag that contradicts one is a
+    ValueError naming both values. Keys a state lacks are left to the flags."""
+    saved = dict(state.get("args") or {})
+    saved_model = state.get("model") or saved.get("model_name")
+    if saved_model:
+        if given & set(MODEL_FLAGS):
+            wanted = models.model_name_from_args(args)
+            if wanted != saved_model:
+                flags = " ".join(f"{flag_name(d)} {getattr(args, d)}" for d in MODEL_FLAGS if d in given)
+                raise ValueError(f"{flags} asks for {wanted}, but {source} is a {saved_model} (another "
+                                 "architecture); leave the model flags out to use the checkpoint's")
+        args.model = saved_model
+        for dest in ("arch", "num_layers", "num_groups"):
+            if dest in saved:
+                setattr(args, dest, saved[dest])
+    for dest in CHECKPOINT_SETTINGS:
+        if dest not in saved:
+            continue
+        value = saved[dest]
+        if dest in given:
+            if _differs(dest, getattr(args, dest), value):
+                shown = ",".join(str(v) for v in value) if isinstance(value, list) else value
+                raise ValueError(f"{flag_name(dest)} {_show(getattr(args, dest))} contradicts {source}, trained "
+                                 f"with {flag_name(dest)} {_show(shown)}; leave the flag out to use the checkpoint's")
+            if dest == "image_shape":
+                value = [getattr(args, dest)[0]] + list(value)[1:]
+        setattr(args, dest, list(value) if isinstance(value, list) else value)
+
+
+def _show(value):
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if isinstance(value, list) \
+        else str(value)
+
+
+def score_report_beside(params_path):
+    """runs/x/model-0016.params -> runs/x/model-0016.score.json: each checkpoint's score beside it."""
+    return os.path.splitext(params_path)[0] + ".score.json"
+
+
+def complete(args, given, num_gpus):
+    """Fill every default that depends on the machine, the data root, the model or the scored checkpoint.
+    Returns the checkpoint path scored or predicted with (or None). Raises ValueError for bad input."""
+    machine_defaults(args, num_gpus)
+    fill_data_files(args)
+    if args.workspace is None:
+        args.workspace = default_workspace(models.model_name_from_args(args))
+    if args.mode not in ("val", "pred"):
+        return None
+    if args.num_epochs is None:
+        args.num_epochs = 1  # passes over the validation set, not the recipe's training epochs
+    path = checkpoint_to_score(args)
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise ValueError(f"--load {path} does not exist")
+    state = trained_settings(path)
+    if state is not None:
+        apply_trained_settings(args, state, given, path)
+    args.load = path
+    if args.report is None and args.mode == "val":
+        args.report = os.path.abspath(score_report_beside(path))
+    return path
+
+
+def class_count_problem(args):
+    """(error, warning) about --num-classes against the labels in the .lst files beside the record files."""
+    labels = set()
+    for rec in (args.data_train, args.data_val):
+        lst = os.path.splitext(rec)[0] + ".lst" if rec else ""
+        if lst and os.path.isfile(lst):
+            with open(lst) as f:
+                for line in f:  # im2rec: index \t label \t path
+                    parts = line.split("\t")
+                    if len(parts) >= 3:
+                        labels.add(int(float(parts[1])))
+    if not labels:
+        return None, None
+    classes = max(labels) + 1
+    if classes > args.num_classes:
+        return (f"the data has labels up to {classes - 1} but --num-classes is {args.num_classes}; "
+                f"use --num-classes {classes}"), None
+    if classes < args.num_classes:
+        return None, (f"--num-classes {args.num_classes}, but the data has {classes} classes (labels 0 to "
+                      f"{classes - 1}); use --num-classes {classes} unless the other classes are meant")
+    return None, None
+
+
+def set_aside(workspace, names, copies=()):
+    """Move files of an earlier run into <workspace>/previous-<time>/ so no later resume picks them up, and
+    copy ``copies`` (files still in use here) beside them; returns that folder (None if nothing moved)."""
+    paths = [os.path.join(workspace, n) for n in names if os.path.exists(os.path.join(workspace, n))]
+    if not paths:
+        return None
+    target = os.path.join(workspace, time.strftime("previous-%Y%m%d-%H%M%S"))
+    suffix = 1
+    while os.path.exists(target):
+        suffix += 1
+        target = os.path.join(workspace, time.strftime("previous-%Y%m%d-%H%M%S") + f"-{suffix}")
+    os.makedirs(target)
+    for path in paths:
+        os.replace(path, os.path.join(target, os.path.basename(path)))
+    for name in copies:
+        if os.path.isfile(os.path.join(workspace, name)):
+            shutil.copy2(os.path.join(workspace, name), os.path.join(target, name))
+    return target
+
+
+def previous_run_files(workspace, prefix, extra_names):
+    """Names of everything a run with ``prefix`` leaves in ``workspace``: checkpoints, best, scores, and the
+    report and JSON log named in ``extra_names``."""
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(workspace), glob.escape(prefix) + "-*"))]
+    names += [n for n in extra_names if n and not os.path.isabs(n)]
+    return sorted(set(names))
+
+
+def set_aside_superseded(workspace, prefix_name, state, other_files=()):
+    """Before a run that does not continue the latest checkpoint: with ``state`` None (--resume none) the whole
+    earlier run (checkpoints, best, scores, ``other_files`` such as its report and log), else (--resume PATH)
+    the checkpoints later than ``state``. Moved aside, not deleted, so that a later --resume auto cannot
+    continue the abandoned run. Returns the folder they went to, or None."""
+    if state is None:
+        names = previous_run_files(workspace, prefix_name, other_files)
+    else:
+        later = [s for s in checkpoint.list_complete(os.path.join(workspace, prefix_name))
+                 if (s["epoch"], s["step"]) > (state["epoch"], state["step"])]
+        names = [os.path.basename(path) for s in later for path in checkpoint.files_of(s)]
+        # The symbol file is shared with the checkpoints kept: a copy keeps the moved ones complete.
+        return set_aside(workspace, names, copies=[f"{prefix_name}-symbol.json"])
+    return set_aside(workspace, names)
+
+
+def bfloat16_unsupported(cpuinfo="/proc/cpuinfo"):
+    """Why this CPU cannot run --dtype bfloat16, or None. oneDNN's bfloat16 kernels need AVX-512 (its
+    avx512_core level: F, BW, VL, DQ); without it MXNet fails deep inside the first convolution with "could not
+    create a primitive descriptor iterator". None also where the flags cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    if flags is None:
+        return None
+    missing = [flag for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq") if flag not in flags]
+    if not missing:
+        return None
+    return (f"--dtype bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels) and this one lacks "
+            f"{', '.join(missing)}; use --dtype float32")
