@@ -9,6 +9,7 @@ import mxnet as mx
 import pytest
 
 import models
+import schedules
 import train
 from conftest import ROOT
 
@@ -48,7 +49,9 @@ def test_eight_gpus_float16_is_the_originals_settings_without_fusions(data_root)
     assert os.path.basename(command[0]) == "horovodrun" and command[1:6] == ["-np", "8", "-H", "localhost:8", "--gloo"]
     args = train_args(command)
     assert args.dtype == "float16" and args.data_backend == "dali-gpu" and args.kv_store == "horovod"
-    assert args.batch_size == 8 * 208 and args.lr == pytest.approx(0.256 * 8 * 208 / 256)
+    assert args.batch_size == 8 * 208 and args.lr is None  # no -l: train.py scales the recipe's LR per 256
+    schedules.apply_recipe(args, vars(train.get_args_parser().parse_args([])))
+    assert args.lr == pytest.approx(0.256 * 8 * 208 / 256)
     # The original's float16 flags (its runner, 2019-10): NHWC compute, 4-channel input; our input is NHWC too
     # (DALI writes HWC), and no fused BatchNorm ops, which upstream MXNet has no GPU kernel for.
     assert (args.conv_layout, args.batchnorm_layout, args.pooling_layout, args.input_layout) == ("NHWC",) * 4
