@@ -34,6 +34,7 @@ DEFAULT_BATCH_SIZES = {
     ("val", "float16"): [1, 2, 4, 64, 128, 192, 208],
     ("val", "float32"): [1, 2, 4, 32, 64, 96],
     ("val", "bfloat16"): [1, 2, 4, 32, 64, 96],
+    ("val", "int8"): [1, 2, 4, 32, 64, 96],  # INT8 (oneDNN, CPU) scores only
 }
 
 
@@ -337,6 +338,8 @@ def main(argv=None):
     if not Path(args.executable).is_file():
         error(f"{args.executable} does not exist")
     dtype = peek_dtype(passthrough)
+    if dtype == "int8" and args.mode != "val":
+        error("--dtype int8 benchmarks inference only: add --only-inference")
     if args.batch_sizes is None:
         args.batch_sizes = DEFAULT_BATCH_SIZES[("val" if args.mode == "val" else "train", dtype or "float32")]
     baseline = None

@@ -34,8 +34,9 @@ def add_fit_args(parser):
     group.add_argument("--kv-store", default="horovod", choices=["horovod", "device", "local"],
                        help="horovod: one process per device; device/local: one process, all --gpus")
     group.add_argument("--gpus", default=None, help="device mode: GPU ids, e.g. 0,1,2,3 (default: all)")
-    group.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                       help="model precision (float16: fp32 master weights and loss scaling; bfloat16: CPU)")
+    group.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8"],
+                       help="model precision (float16: fp32 master weights and loss scaling; bfloat16: CPU; "
+                            "int8: scoring on the CPU, the checkpoint quantized by oneDNN, see --calib-mode)")
     group.add_argument("--batch-size", type=int, default=192, help="global batch size (all workers)")
     group.add_argument("--num-epochs", type=int, default=None, help="epochs (recipe: 90)")
     group.add_argument("--run-epochs", type=int, default=-1, help="stop after this many epochs in this run")
@@ -609,6 +610,8 @@ def fit(args, net, make_train_iter, val_iter, ctxs, dist):
 
 def load_for_scoring(args, net, ctxs, dist):
     """--load, else the latest checkpoint in --workspace; synthetic data may score fresh weights."""
+    if hasattr(net, "loaded_from"):  # an INT8 graph made from the checkpoint already (train.int8_net)
+        return net.loaded_from
     path = args.load
     if path is None:
         state = checkpoint.find_latest(workspace_path(args, args.model_prefix))
@@ -635,6 +638,7 @@ def score(args, net, val_iter, ctxs, dist):
     load_for_scoring(args, net, ctxs, dist)
     dist.broadcast_parameters(net)
     report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=args.cmd)
+    report.info.update(getattr(net, "report_info", {}))  # e.g. how an INT8 graph was calibrated
     start = time.time()
     for epoch in range(args.num_epochs):
         metrics = evaluate(net, val_iter, ctxs, dist, args, args.benchmark_iters)

@@ -20,6 +20,7 @@ class Report:
         self.cmd = list(cmd)
         self.total_duration = 0.0
         self.metrics = OrderedDict(metrics or {})
+        self.info = OrderedDict()  # how the run was made, beyond cmd (e.g. an INT8 graph's calibration)
 
     def add(self, key, value):
         self.metrics.setdefault(key, []).append(value)
@@ -40,8 +41,11 @@ class Report:
             self.add(f"{mode}.total_ips", batch_size / float(np.mean(durations)))
 
     def to_dict(self):
-        return OrderedDict(model=self.model, ngpus=self.ngpus, total_duration=self.total_duration,
-                           cmd=self.cmd, metrics=self.metrics)
+        out = OrderedDict(model=self.model, ngpus=self.ngpus, total_duration=self.total_duration,
+                          cmd=self.cmd, metrics=self.metrics)
+        if self.info:
+            out["info"] = self.info
+        return out
 
     def save(self, path):
         """Write atomically, so a reader never sees half a report."""
@@ -56,6 +60,7 @@ class Report:
             raw = json.load(f, object_pairs_hook=OrderedDict)
         report = cls(raw["model"], raw["ngpus"], raw["cmd"], raw["metrics"])
         report.total_duration = raw["total_duration"]
+        report.info.update(raw.get("info", {}))
         return report
 
     def summary(self):

@@ -19,6 +19,7 @@ import data
 import dali
 import fit
 import models
+import quantize
 import schedules
 
 
@@ -41,6 +42,7 @@ def get_args_parser():
     data.add_data_args(parser)
     dali.add_dali_args(parser)
     data.add_data_aug_args(parser)
+    quantize.add_quantize_args(parser)
     return parser
 
 
@@ -102,6 +104,30 @@ def train_iterator_factory(args, dist, ctx, first):
     return make
 
 
+def int8_net(args, net, ctxs, dist, train_iter=None):
+    """--dtype int8: the float32 checkpoint (loaded here) as oneDNN's calibrated INT8 graph (quantize.py)."""
+    path = fit.load_for_scoring(args, net, ctxs, dist)
+    batch = args.batch_size // dist.size
+    channels, height, width = args.image_shape
+    shape = (batch, channels, height, width) if args.input_layout == "NCHW" else (batch, height, width, channels)
+
+    def calibration_batches():
+        if train_iter is not None:
+            return train_iter
+        if args.data_backend != "synthetic" and not args.data_train:
+            raise UsageError(f"--dtype int8 --calib-mode {args.calib_mode} calibrates on training records: give "
+                             "--data-train (or --calib-mode none)")
+        return data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs[0])[0]
+    source = quantize.calibration_source(args.data_backend, args.data_train)
+    calibration = quantize.describe_calibration(args.calib_mode, args.calib_batches, batch, source)
+    qnet, calibration = quantize.int8_net(net, path, shape, calibration, calibration_batches, dist.is_primary,
+                                          barrier=lambda: dist.sum([0.0], "int8.saved"))
+    qnet.loaded_from, qnet.report_info = path, {"int8": calibration}
+    if dist.is_primary:
+        logging.info(quantize.summary(calibration))
+    return qnet
+
+
 def main(args):
     import mxnet as mx
 
@@ -121,6 +147,10 @@ def main(args):
         import numpy as np
         np.random.seed(args.seed)
     ctxs = contexts(args, dist.local_rank)
+    if args.dtype == "int8":
+        why = quantize.int8_unavailable(args.mode, ctxs, args.conv_layout, args.calib_batches)
+        if why:
+            raise UsageError(why)
     if dist.is_primary:
         logging.info("Start with arguments %s", vars(args))
 
@@ -142,12 +172,14 @@ def main(args):
         param._finish_deferred_init()
     try:
         if args.mode == "pred":
-            return fit.predict(args, net, ctxs)
+            return fit.predict(args, int8_net(args, net, ctxs, dist) if args.dtype == "int8" else net, ctxs)
         train_iter, val_iter = data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank,
                                                        dist.local_size, ctxs[0])
         if args.test_io:  # time the data pipeline alone
             return data.test_io(args, train_iter, val_iter, dist)
         if args.mode == "val":
+            if args.dtype == "int8":
+                net = int8_net(args, net, ctxs, dist, train_iter)
             report = fit.score(args, net, val_iter, ctxs, dist)
         else:
             if train_iter is None:
