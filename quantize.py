@@ -64,6 +64,16 @@ def int8_unavailable(mode, ctxs, conv_layout, calib_batches, flags=None):
     return None
 
 
+def bfloat16_unavailable(flags=None):
+    """Why oneDNN cannot run bfloat16 convolutions on this CPU (one line), or None: it needs AVX-512 (native
+    bfloat16 with AVX512_BF16 or AMX); on AVX2 MXNet 1.9.1 fails with 'could not create a primitive descriptor'."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags or flags & {"avx512_bf16", "amx_bf16"} or {"avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return None
+    return ("--dtype bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels) and this one has none: use "
+            "--dtype float32 here (or --dtype int8 to score)")
+
+
 def vnni(flags=None):
     flags = cpu_flags() if flags is None else flags
     return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})

@@ -151,6 +151,8 @@ def main(args):
         why = quantize.int8_unavailable(args.mode, ctxs, args.conv_layout, args.calib_batches)
         if why:
             raise UsageError(why)
+    if args.dtype == "bfloat16" and ctxs[0].device_type == "cpu" and quantize.bfloat16_unavailable():
+        raise UsageError(quantize.bfloat16_unavailable())
     if dist.is_primary:
         logging.info("Start with arguments %s", vars(args))
 
