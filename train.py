@@ -9,6 +9,10 @@ import os
 import random
 import sys
 
+if "int8" in sys.argv[1:]:
+    # quantize.INT8_ENV: MXNet reads its oneDNN fusion switches once, as it loads, so they are set before the import.
+    os.environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")
+
 try:
     import mxnet  # noqa: F401  (every module below needs it)
 except ImportError:

@@ -28,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GFLOP_PER_IMAGE = {"inference": 8.2, "training": 24.5}  # ResNet-50 (v1 and v1.5) at 224 px
-WORKERS = ("mxnet-float32", "mxnet-bfloat16", "torch")
+WORKERS = ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16", "torch")
 
 
 def timed(step, batch_size, iters, warmup):
@@ -61,7 +61,9 @@ def mxnet_ceilings(mx, dtype, size=2048):
     if dtype == "bfloat16":
         return {"bfloat16": matmul_rate(fc(mx.nd.amp_cast(a, dtype="bfloat16"), mx.nd.amp_cast(w, dtype="bfloat16")),
                                         size)}
-    out = {"float32": matmul_rate(fc(a, w), size)}
+    if dtype == "float32":
+        return {"float32": matmul_rate(fc(a, w), size)}
+    out = {}
     qa, amin, amax = mx.nd.contrib.quantize_v2(a + 1, out_type="uint8")
     qw, wmin, wmax = mx.nd.contrib.quantize_v2(w, out_type="int8")
     out["int8"] = matmul_rate(lambda: mx.nd.contrib.quantized_fully_connected(
@@ -113,17 +115,19 @@ def mxnet_steps(kind, model, batch_size, image_size):
         net.bfloat16 = bfloat16
         return net
     precision = "bfloat16" if bfloat16 else "float32"
-    steps = {f"ours {precision} training step": mxnet_training(mx, fresh(), data, label)}
+    steps = {} if kind == "mxnet-int8" else {f"ours {precision} training step": mxnet_training(mx, fresh(), data, label)}
     inference_net = fresh()
     inference_net(data).wait_to_read()
+    if kind == "mxnet-int8":  # a worker of its own: the fusion switch it needs is process-wide
+        calibration = quantize.describe_calibration("naive", 1, batch_size, "synthetic")
+        int8 = quantize.quantize(inference_net, shape, calibration,
+                                 lambda: mx.io.NDArrayIter(data, batch_size=batch_size))
+        return {"ours int8 inference": lambda: int8(data).wait_to_read()}, mxnet_ceilings(mx, "int8"), None
     if bfloat16:  # in an amp.init process the hybridized graph already runs the AMP pass (bfloat16 convolutions)
         steps["ours bfloat16 inference"] = lambda: inference_net(data).wait_to_read()
     else:
         fused = models.optimize_for_inference(inference_net, shape)
         steps["ours float32 inference"] = lambda: fused(data).wait_to_read()
-        calibration = quantize.describe_calibration("naive", 1, batch_size, "synthetic")
-        int8 = quantize.quantize(inference_net, shape, calibration, lambda: mx.io.NDArrayIter(data, batch_size=batch_size))
-        steps["ours int8 inference"] = lambda: int8(data).wait_to_read()
     return steps, mxnet_ceilings(mx, precision), None
 
 
@@ -216,7 +220,10 @@ class Worker:
         command = [python, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
                    "--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]
         self.kind = kind
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = dict(os.environ)
+        if kind == "mxnet-int8":  # the INT8 graph: the fusion switch quantize.py needs, set before MXNet loads
+            env.update({"MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM": "1"})
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         hello = self.process.stdout.readline()
         if not hello:
             raise SystemExit(f"bench_models: error: the {kind} worker ({python}) failed to start; see above")
@@ -288,7 +295,7 @@ def main(argv=None):
         why = check_torch_python(args.torch_python)
         if why:
             parser.error(why)
-    workers = [Worker(sys.executable, "mxnet-float32", args), Worker(sys.executable, "mxnet-bfloat16", args)]
+    workers = [Worker(sys.executable, kind, args) for kind in ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16")]
     if args.torch_python:
         workers.append(Worker(args.torch_python, "torch", args))
     samples = {}
