@@ -132,6 +132,21 @@ def int8_net(args, net, ctxs, dist, train_iter=None):
     return qnet
 
 
+def fused_float32_net(args, net, ctxs, dist):
+    """float32 scoring on one CPU worker: the loaded checkpoint through oneDNN's conv+BN+ReLU(+add) fusion
+    (models.optimize_for_inference); ``net`` itself elsewhere (several workers: Horovod's broadcast cannot read the
+    weights oneDNN has reordered)."""
+    if dist.size > 1 or len(ctxs) > 1 or ctxs[0].device_type != "cpu":
+        return net
+    path = fit.load_for_scoring(args, net, ctxs, dist)
+    channels, height, width = args.image_shape
+    shape = (args.batch_size, channels, height, width) if args.input_layout == "NCHW" else \
+        (args.batch_size, height, width, channels)
+    fused = models.optimize_for_inference(net, shape, ctxs[0])
+    fused.loaded_from = path
+    return fused
+
+
 def main(args):
     import mxnet as mx
 
@@ -186,6 +201,8 @@ def main(args):
         if args.mode == "val":
             if args.dtype == "int8":
                 net = int8_net(args, net, ctxs, dist, train_iter)
+            elif args.dtype == "float32":  # the fastest correct graph for the dtype
+                net = fused_float32_net(args, net, ctxs, dist)
             report = fit.score(args, net, val_iter, ctxs, dist)
         else:
             if train_iter is None:
