@@ -111,3 +111,13 @@ def test_int8_needs_an_int8_capable_cpu():
     assert "AVX2" in quantize.int8_unavailable("val", [mx.cpu()], "NCHW", 1, flags=old_cpu)
     assert quantize.int8_unavailable("val", [mx.cpu()], "NCHW", 1, flags=old_cpu | {"avx512_vnni"}) is None
     assert "NCHW" in quantize.int8_unavailable("val", [mx.cpu()], "NHWC", 1, flags={"avx2"})
+
+
+def test_runner_refuses_int8_training_and_forwards_int8_scoring():
+    runner = [sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "--data-backend", "synthetic", "--dry-run"]
+    refused = subprocess.run(runner + ["--dtype", "int8"], env=venv_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--dtype int8 scores and predicts only" in refused.stderr, refused.stderr
+    scoring = subprocess.run(runner + ["--dtype", "int8", "--mode", "val", "--calib-batches", "3"], env=venv_env(),
+                             capture_output=True, text=True, timeout=120)
+    assert scoring.returncode == 0, scoring.stderr
+    assert "--dtype int8" in scoring.stdout and "--calib-batches 3" in scoring.stdout

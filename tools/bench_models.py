@@ -115,7 +115,9 @@ def mxnet_steps(kind, model, batch_size, image_size):
         net.bfloat16 = bfloat16
         return net
     precision = "bfloat16" if bfloat16 else "float32"
-    steps = {} if kind == "mxnet-int8" else {f"ours {precision} training step": mxnet_training(mx, fresh(), data, label)}
+    steps = {}
+    if kind != "mxnet-int8":
+        steps[f"ours {precision} training step"] = mxnet_training(mx, fresh(), data, label)
     inference_net = fresh()
     inference_net(data).wait_to_read()
     if kind == "mxnet-int8":  # a worker of its own: the fusion switch it needs is process-wide
@@ -323,7 +325,8 @@ def main(argv=None):
         if w.unavailable:
             print(f"not measured: {w.kind}: {w.unavailable}")
         for precision, rate in w.ceilings.items():
-            print(f"ceiling: {w.kind:<15} {precision:<9} matrix product {rate:8.1f} G{'OP' if precision == 'int8' else 'FLOP'}/s")
+            unit = "GOP/s" if precision == "int8" else "GFLOP/s"
+            print(f"ceiling: {w.kind:<15} {precision:<9} matrix product {rate:8.1f} {unit}")
     ratio = ratios(results)
     for key, value in ratio.items():
         print(f"{key:<60}{value:>6.2f}x")
