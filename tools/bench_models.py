@@ -302,10 +302,11 @@ def main(argv=None):
         workers.append(Worker(args.torch_python, "torch", args))
     samples = {}
     try:
-        for _ in range(args.rounds):  # interleaved: every variant once per round
+        for round_ in range(args.rounds):  # interleaved: every variant once per round
             for w in workers:
                 for key in w.steps:
                     samples.setdefault((w, key), []).append(w.time(key, args.iters, args.warmup))
+            print(f"bench_models: round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for w in workers:
             w.close()
