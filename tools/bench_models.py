@@ -31,6 +31,19 @@ GFLOP_PER_IMAGE = {"inference": 8.2, "training": 24.5}  # ResNet-50 (v1 and v1.5
 WORKERS = ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16", "torch")
 
 
+def bfloat16_missing():
+    """Why this CPU has no bfloat16 worth timing, or None. Without AVX-512, oneDNN (in both libraries) has no
+    bfloat16 kernels: MXNet fails and PyTorch emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return None
+    if not flags or flags & {"avx512_bf16", "amx_bf16"} or {"avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return None
+    return "bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels); this one has none"
+
+
 def timed(step, batch_size, iters, warmup):
     for _ in range(warmup):
         step()
@@ -99,8 +112,8 @@ def mxnet_steps(kind, model, batch_size, image_size):
     import models
     bfloat16 = kind == "mxnet-bfloat16"
     import quantize
-    if bfloat16 and quantize.bfloat16_unavailable():
-        return {}, {}, quantize.bfloat16_unavailable().replace("--dtype bfloat16", "bfloat16")
+    if bfloat16 and bfloat16_missing():
+        return {}, {}, bfloat16_missing()
     if bfloat16:
         from mxnet.contrib import amp
         amp.init(target_dtype="bfloat16")  # before the network is built: AMP patches MXNet's operators
@@ -172,7 +185,8 @@ def torch_steps(batch_size, image_size):
     data = torch.rand(batch_size, 3, image_size, image_size).to(memory_format=torch.channels_last)
     label = torch.arange(batch_size) % 1000
     steps = {}
-    for precision in ("float32", "bfloat16"):
+    precisions = ("float32",) if bfloat16_missing() else ("float32", "bfloat16")
+    for precision in precisions:
         autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bfloat16" \
             else contextlib.nullcontext
         train_net = torch_resnet50(torch).to(memory_format=torch.channels_last)
@@ -195,17 +209,17 @@ def torch_steps(batch_size, image_size):
         steps[f"PyTorch {precision} inference"] = inference
     size = 2048
     ceilings = {}
-    for precision, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+    for precision, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))[:len(precisions)]:
         a, b = torch.rand(size, size, dtype=dtype), torch.rand(size, size, dtype=dtype)
         ceilings[precision] = matmul_rate(lambda: torch.mm(a, b), size)
-    return steps, ceilings, torch.__version__
+    return steps, ceilings, torch.__version__, bfloat16_missing() and f"PyTorch {bfloat16_missing()}"
 
 
 def worker(kind, model, batch_size, image_size):
     """Build the steps, say which, then time the one asked for on each stdin line ('KEY\\titers\\twarmup')."""
     version = unavailable = None
     if kind == "torch":
-        steps, ceilings, version = torch_steps(batch_size, image_size)
+        steps, ceilings, version, unavailable = torch_steps(batch_size, image_size)
     else:
         steps, ceilings, unavailable = mxnet_steps(kind, model, batch_size, image_size)
     print(json.dumps({"steps": list(steps), "ceilings": ceilings, "version": version, "unavailable": unavailable}),
