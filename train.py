@@ -119,8 +119,8 @@ def int8_net(args, net, ctxs, dist, train_iter=None):
         if train_iter is not None:
             return train_iter
         if args.data_backend != "synthetic" and not args.data_train:
-            raise UsageError(f"--dtype int8 --calib-mode {args.calib_mode} calibrates on training records: give "
-                             "--data-train (or --calib-mode none)")
+            raise UsageError("--dtype int8 calibrates on training records: give --data-train (or run once with it: "
+                             "the INT8 graph is kept beside the checkpoint)")
         return data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs[0])[0]
     source = quantize.calibration_source(args.data_backend, args.data_train)
     calibration = quantize.describe_calibration(args.calib_mode, args.calib_batches, batch, source)
