@@ -45,6 +45,7 @@ DEFAULT_BATCH_SIZES = {
     ("val", "float16"): [1, 2, 4, 64, 128, 192, 208],
     ("val", "float32"): [1, 2, 4, 32, 64, 96],
     ("val", "bfloat16"): [1, 2, 4, 32, 64, 96],
+    ("val", "int8"): [1, 2, 4, 32, 64, 96],  # INT8 (oneDNN, CPU) scores only
 }
 
 
@@ -552,6 +553,9 @@ def check_args(args, given):
               "to time fresh weights")
     if given.load is not None and args.mode != "val":
         error(f"--load scores a checkpoint: it needs --only-inference (--mode val), not --mode {args.mode}")
+    dtype = peek_dtype(passthrough)
+    if dtype == "int8" and args.mode != "val":
+        error("--dtype int8 benchmarks inference only: add --only-inference")
     if args.batch_sizes is None:
         mode = "val" if args.mode == "val" else "train"
         args.batch_sizes = DEFAULT_BATCH_SIZES.get((mode, given.dtype or "float32"),

@@ -38,9 +38,10 @@ def add_fit_args(parser):
     group.add_argument("--cpu-contexts", type=int, default=1,
                        help="device mode without GPUs: split each batch over this many CPU contexts, one data "
                             "pipeline each (the multi-GPU code path on a CPU; no faster than 1)")
-    group.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+    group.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "int8"],
                        help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
-                            "weights and loss scaling; bfloat16: CPU)")
+                            "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
+                            "quantized by oneDNN, see --calib-mode)")
     group.add_argument("--batch-size", type=int, default=192, help="global batch size (all workers)")
     group.add_argument("--num-epochs", type=int, default=None, help=f"epochs ({schedules.recipe_help('num_epochs')})")
     group.add_argument("--run-epochs", type=int, default=-1, help="stop after this many epochs in this run")
@@ -779,6 +780,8 @@ def load_for_scoring(args, net, ctxs, dist):
     reported from them: on synthetic data, or with --no-metrics (a speed benchmark: the time a batch takes does
     not depend on the weights; the original kit benchmarked inference so). Elsewhere that is an error.
     """
+    if hasattr(net, "loaded_from"):  # an INT8 graph made from the checkpoint already (train.int8_net)
+        return net.loaded_from
     path = args.load
     if path is None:
         state = checkpoint.find_latest(workspace_path(args, args.model_prefix))
@@ -808,6 +811,7 @@ def score(args, net, val_iter, ctxs, dist):
     dist.broadcast_parameters(net)
     report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=args.cmd)
     report.weights = os.path.abspath(loaded) if loaded else "fresh"
+    report.info.update(getattr(net, "report_info", {}))  # e.g. how an INT8 graph was calibrated
     start = time.time()
     for epoch in range(args.num_epochs):
         metrics = evaluate(net, val_iter, ctxs, dist, args, args.benchmark_iters)

@@ -443,8 +443,13 @@ def model_kwargs_from_args(args):
     return dict(num_classes=args.num_classes, bn_eps=args.batchnorm_eps, bn_mom=args.batchnorm_mom,
                 zero_init_last_gamma=args.zero_init_last_gamma, layout=args.conv_layout,
                 input_layout=getattr(args, "input_layout", "NCHW"), in_channels=image_shape[0],
-                dtype=getattr(args, "dtype", "float32"), fuse_bn_relu=bool(args.fuse_bn_relu),
+                dtype=FLOAT_NETWORK.get(getattr(args, "dtype", "float32"), getattr(args, "dtype", "float32")),
+                fuse_bn_relu=bool(args.fuse_bn_relu),
                 fuse_bn_add_relu=bool(args.fuse_bn_add_relu))
+
+
+# --dtype int8 builds the float32 network; quantize.py turns the loaded checkpoint into the INT8 graph.
+FLOAT_NETWORK = {"int8": "float32"}
 
 
 def model_name_from_args(args):

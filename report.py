@@ -22,6 +22,7 @@ class Report:
         self.total_duration = 0.0
         self.metrics = OrderedDict(metrics or {})
         self.weights = None  # --mode val: what was scored
+        self.info = OrderedDict()  # how the run was made, beyond cmd (e.g. an INT8 graph's calibration)
 
     def add(self, key, value):
         self.metrics.setdefault(key, []).append(value)
@@ -47,6 +48,8 @@ class Report:
                           cmd=self.cmd, metrics=self.metrics)
         if self.weights is not None:
             out["weights"] = self.weights
+        if self.info:
+            out["info"] = self.info
         return out
 
     def save(self, path):
@@ -63,6 +66,7 @@ class Report:
         report = cls(raw["model"], raw["ngpus"], raw["cmd"], raw["metrics"])
         report.total_duration = raw["total_duration"]
         report.weights = raw.get("weights")
+        report.info.update(raw.get("info", {}))
         return report
 
     def summary(self):

@@ -16,6 +16,9 @@ EARLY_STOPS = []
 if __name__ == "__main__":
     for _sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(_sig, lambda signum, frame: EARLY_STOPS.append(signum))
+if "int8" in sys.argv[1:]:
+    # quantize.INT8_ENV: MXNet reads its oneDNN fusion switches once, as it loads, so they are set before the import.
+    os.environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")
 
 try:
     import mxnet  # noqa: F401  (every module below needs it)
@@ -28,6 +31,7 @@ import dali
 import fit
 from helptext import HelpFormatter
 import models
+import quantize
 import run_lock
 import schedules
 import settings
@@ -53,6 +57,7 @@ def get_args_parser():
     data.add_data_args(parser)
     dali.add_dali_args(parser)
     data.add_data_aug_args(parser)
+    quantize.add_quantize_args(parser)
     return parser
 
 
@@ -218,6 +223,46 @@ def hold_workspace(args, dist):
     return lock
 
 
+def int8_net(args, net, ctxs, dist, train_iter=None):
+    """--dtype int8: the float32 checkpoint (loaded here) as oneDNN's calibrated INT8 graph (quantize.py)."""
+    path = fit.load_for_scoring(args, net, ctxs, dist)
+    batch = args.batch_size // dist.size
+    channels, height, width = args.image_shape
+    shape = (batch, channels, height, width) if args.input_layout == "NCHW" else (batch, height, width, channels)
+
+    def calibration_batches():
+        if train_iter is not None:
+            return train_iter
+        if args.data_backend != "synthetic" and not args.data_train:
+            raise UsageError("--dtype int8 calibrates on training records: give --data-train (or run once with it: "
+                             "the INT8 graph is kept beside the checkpoint)")
+        return data.get_data_iterators(args, dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs[0])[0]
+    source = quantize.calibration_source(args.data_backend, args.data_train)
+    calibration = quantize.describe_calibration(args.calib_mode, args.calib_batches, batch, source)
+    qnet, calibration = quantize.int8_net(net, path, shape, calibration, calibration_batches, dist.is_primary,
+                                          barrier=lambda: dist.sum([0.0], "int8.saved"))
+    calibration["cpu_vnni"] = quantize.vnni()  # without VNNI oneDNN's INT8 kernels are about half as fast
+    qnet.loaded_from, qnet.report_info = path, {"int8": calibration}
+    if dist.is_primary:
+        logging.info(quantize.summary(calibration))
+    return qnet
+
+
+def fused_float32_net(args, net, ctxs, dist):
+    """float32 scoring on one CPU worker: the loaded checkpoint through oneDNN's conv+BN+ReLU(+add) fusion
+    (models.optimize_for_inference); ``net`` itself elsewhere (several workers: Horovod's broadcast cannot read the
+    weights oneDNN has reordered)."""
+    if dist.size > 1 or len(ctxs) > 1 or ctxs[0].device_type != "cpu":
+        return net
+    path = fit.load_for_scoring(args, net, ctxs, dist)
+    channels, height, width = args.image_shape
+    shape = (args.batch_size, channels, height, width) if args.input_layout == "NCHW" else \
+        (args.batch_size, height, width, channels)
+    fused = models.optimize_for_inference(net, shape, ctxs[0])
+    fused.loaded_from = path
+    return fused
+
+
 def main(args):
     import mxnet as mx
 
@@ -253,6 +298,10 @@ def main(args):
         import numpy as np
         np.random.seed(args.seed)
     warn_about(args, dist.is_primary)
+    if args.dtype == "int8":
+        why = quantize.int8_unavailable(args.mode, ctxs, args.conv_layout, args.calib_batches)
+        if why:
+            raise UsageError(why)
     if dist.is_primary:
         if args.mode != "pred":
             logging.info("%s", header(args, dist.size))
@@ -278,12 +327,16 @@ def main(args):
         param._finish_deferred_init()
     try:
         if args.mode == "pred":
-            return fit.predict(args, net, ctxs)
+            return fit.predict(args, int8_net(args, net, ctxs, dist) if args.dtype == "int8" else net, ctxs)
         train_iter, val_iter = data.get_data_iterators_per_device(args, dist.rank, dist.size, dist.local_rank,
                                                                   dist.local_size, ctxs)
         if args.test_io:  # time the data pipeline alone
             return data.test_io(args, train_iter, val_iter, dist)
         if args.mode == "val":
+            if args.dtype == "int8":
+                net = int8_net(args, net, ctxs, dist, train_iter)
+            elif args.dtype == "float32":  # the fastest correct graph for the dtype
+                net = fused_float32_net(args, net, ctxs, dist)
             report = fit.score(args, net, val_iter, ctxs, dist)
         else:
             if train_iter is None:

@@ -61,7 +61,7 @@ def test_benchmark_scripts_forward_arguments(script, tmp_path):
         assert words_after(line, "--mode") == (["val"] if "INFER" in name else ["train"])
 
 
-@pytest.mark.parametrize("precision", ["FP16", "FP32"])
+@pytest.mark.parametrize("precision", ["FP16", "FP32", "INT8"])
 def test_score_scripts_find_the_checkpoint_and_forward(precision, tmp_path):
     script = os.path.join(ROOT, "examples", f"SCORE_{precision}.sh")
     (tmp_path / "model-0003.params").write_bytes(b"")

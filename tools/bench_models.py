@@ -1,24 +1,47 @@
-"""Benchmark (not a test): ResNet-50 v1.5 images/s on this CPU, ours beside a reference measured in the same run.
+"""Benchmark (not a test): our ResNet-50 v1.5 beside PyTorch's on this CPU, each in its own process.
 
-Ours: float32 inference (plain and with oneDNN's conv+BN+ReLU fusion), bfloat16 inference (MXNet AMP), and a
-float32 training step (forward, backward, SGD update) on synthetic data. Reference: PyTorch's ResNet-50 v1.5
-in channels_last when PyTorch is installed, otherwise Gluon's model-zoo resnet50_v1. Prints a table and, with
---json, writes the numbers. Timings are noisy on a shared machine: compare the ratios of one run.
+Ours (MXNet 1.9.1, oneDNN): float32 and bfloat16 (MXNet AMP) training steps (forward, backward, SGD update) and
+inference with the graph scoring uses (oneDNN's conv+BN+ReLU fusion; bfloat16 through the AMP graph pass), plus
+INT8 inference (quantize.py's oneDNN graph, naive calibration). PyTorch: the same network in channels_last,
+float32 and torch.autocast("cpu", dtype=torch.bfloat16), training step and inference. Every variant runs in
+interleaved rounds (one batch group of each in turn, again and again), so load from other processes hits them
+alike; the median of the rounds is kept and the ratios ours/PyTorch are printed. Each worker also measures the
+practical ceiling of its precision (a large matrix product through the same library), and every figure is given
+as a fraction of the best of them (ResNet-50 at 224 px: 8.2 GFLOP per image forward, 24.5 per training image).
 
-    python tools/bench_models.py --batch-size 16 --iters 5
+PyTorch is optional and never a dependency of the kit: give its interpreter with --torch-python, e.g.
+
+    python3.11 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
+    .venv/bin/python tools/bench_models.py --torch-python .venv-torch/bin/python --rounds 5
+
+Separate processes, because two OpenMP runtimes in one process distort both. Timings on a shared machine are
+noisy: compare the ratios of one run, not figures across runs.
 """
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+GFLOP_PER_IMAGE = {"inference": 8.2, "training": 24.5}  # ResNet-50 (v1 and v1.5) at 224 px
+WORKERS = ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16", "torch")
 
-import mxnet as mx  # noqa: E402
-from mxnet import autograd, gluon  # noqa: E402
 
-import models  # noqa: E402
+def bfloat16_missing():
+    """Why this CPU has no bfloat16 worth timing, or None. Without AVX-512, oneDNN (in both libraries) has no
+    bfloat16 kernels: MXNet fails and PyTorch emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return None
+    if not flags or flags & {"avx512_bf16", "amx_bf16"} or {"avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return None
+    return "bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels); this one has none"
 
 
 def timed(step, batch_size, iters, warmup):
@@ -30,49 +53,100 @@ def timed(step, batch_size, iters, warmup):
     return batch_size * iters / (time.perf_counter() - start)
 
 
-def mxnet_inference(net, data):
-    return lambda: net(data).wait_to_read()
+def matmul_rate(product, size, iters=5):
+    """GFLOP/s (GOP/s for integers) of ``product()``, a size x size x size matrix product."""
+    product()
+    start = time.perf_counter()
+    for _ in range(iters):
+        product()
+    return 2 * size ** 3 * iters / (time.perf_counter() - start) / 1e9
 
 
-def mxnet_training(net, data, label):
+# --- MXNet workers -----------------------------------------------------------------------------------------
+
+def mxnet_ceilings(mx, dtype, size=2048):
+    """Large matrix products through oneDNN (FullyConnected), in this worker's precisions."""
+    a = mx.nd.random.uniform(-1, 1, shape=(size, size))
+    w = mx.nd.random.uniform(-1, 1, shape=(size, size))
+
+    def fc(x, weight):
+        return lambda: mx.nd.FullyConnected(x, weight, num_hidden=size, no_bias=True).wait_to_read()
+    if dtype == "bfloat16":
+        return {"bfloat16": matmul_rate(fc(mx.nd.amp_cast(a, dtype="bfloat16"), mx.nd.amp_cast(w, dtype="bfloat16")),
+                                        size)}
+    if dtype == "float32":
+        return {"float32": matmul_rate(fc(a, w), size)}
+    out = {}
+    qa, amin, amax = mx.nd.contrib.quantize_v2(a + 1, out_type="uint8")
+    qw, wmin, wmax = mx.nd.contrib.quantize_v2(w, out_type="int8")
+    out["int8"] = matmul_rate(lambda: mx.nd.contrib.quantized_fully_connected(
+        qa, qw, None, amin, amax, wmin, wmax, None, None, num_hidden=size, no_bias=True)[0].wait_to_read(), size)
+    return out
+
+
+def mxnet_training(mx, net, data, label):
+    from mxnet import autograd, gluon
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-5})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    amp = None
+    if net.bfloat16:
+        from mxnet.contrib import amp
+        amp.init_trainer(trainer)
 
     def step():
         with autograd.record():
             loss = loss_fn(net(data), label)
-        loss.backward()
+            if amp:
+                with amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+        if not amp:
+            loss.backward()
         trainer.step(data.shape[0])
-        loss.wait_to_read()
         mx.nd.waitall()
     return step
 
 
-def ours(name, batch_size):
-    data = mx.nd.random.uniform(shape=(batch_size, 3, 224, 224))
-    label = mx.nd.array(list(range(batch_size)))
-    results = {}
-    net = models.get_model(name)
-    net.initialize()
-    net.hybridize(static_alloc=True, static_shape=True)
-    results["ours float32 inference"] = mxnet_inference(net, data)
-    results["ours float32 training step"] = mxnet_training(net, data, label)
-    fused = models.optimize_for_inference(net, data.shape)
-    results["ours float32 inference (oneDNN fused)"] = mxnet_inference(fused, data)
-    bf16 = models.to_bfloat16(net, data.shape)
-    results["ours bfloat16 inference"] = mxnet_inference(bf16, data)
-    return results
+def mxnet_steps(kind, model, batch_size, image_size):
+    sys.path.insert(0, ROOT)
+    import mxnet as mx
+    import models
+    bfloat16 = kind == "mxnet-bfloat16"
+    import quantize
+    if bfloat16 and bfloat16_missing():
+        return {}, {}, bfloat16_missing()
+    if bfloat16:
+        from mxnet.contrib import amp
+        amp.init(target_dtype="bfloat16")  # before the network is built: AMP patches MXNet's operators
+    shape = (batch_size, 3, image_size, image_size)
+    data = mx.nd.random.uniform(-1, 1, shape=shape)
+    label = mx.nd.array([i % 1000 for i in range(batch_size)])
+
+    def fresh():
+        net = models.get_model(model)
+        net.initialize(mx.init.Xavier())
+        net.hybridize(static_alloc=True, static_shape=True)
+        net.bfloat16 = bfloat16
+        return net
+    precision = "bfloat16" if bfloat16 else "float32"
+    steps = {}
+    if kind != "mxnet-int8":
+        steps[f"ours {precision} training step"] = mxnet_training(mx, fresh(), data, label)
+    inference_net = fresh()
+    inference_net(data).wait_to_read()
+    if kind == "mxnet-int8":  # a worker of its own: the fusion switch it needs is process-wide
+        calibration = quantize.describe_calibration("naive", 1, batch_size, "synthetic")
+        int8 = quantize.quantize(inference_net, shape, calibration,
+                                 lambda: mx.io.NDArrayIter(data, batch_size=batch_size))
+        return {"ours int8 inference": lambda: int8(data).wait_to_read()}, mxnet_ceilings(mx, "int8"), None
+    if bfloat16:  # in an amp.init process the hybridized graph already runs the AMP pass (bfloat16 convolutions)
+        steps["ours bfloat16 inference"] = lambda: inference_net(data).wait_to_read()
+    else:
+        fused = models.optimize_for_inference(inference_net, shape)
+        steps["ours float32 inference"] = lambda: fused(data).wait_to_read()
+    return steps, mxnet_ceilings(mx, precision), None
 
 
-def gluon_zoo(batch_size):
-    data = mx.nd.random.uniform(shape=(batch_size, 3, 224, 224))
-    label = mx.nd.array(list(range(batch_size)))
-    net = gluon.model_zoo.vision.resnet50_v1()
-    net.initialize(mx.init.Xavier())
-    net.hybridize(static_alloc=True, static_shape=True)
-    return {"model-zoo resnet50_v1 float32 inference": mxnet_inference(net, data),
-            "model-zoo resnet50_v1 float32 training step": mxnet_training(net, data, label)}
-
+# --- PyTorch worker ----------------------------------------------------------------------------------------
 
 def torch_resnet50(torch):
     """ResNet-50 v1.5 in plain PyTorch (torchvision's layout: stride on the 3x3 convolution)."""
@@ -105,70 +179,188 @@ def torch_resnet50(torch):
     return nn.Sequential(*layers)
 
 
-def pytorch(batch_size):
+def torch_steps(batch_size, image_size):
+    import contextlib
     import torch
-    net = torch_resnet50(torch).to(memory_format=torch.channels_last)
-    data = torch.rand(batch_size, 3, 224, 224).to(memory_format=torch.channels_last)
+    data = torch.rand(batch_size, 3, image_size, image_size).to(memory_format=torch.channels_last)
     label = torch.arange(batch_size) % 1000
-    def inference():
-        net.eval()
-        with torch.no_grad():
-            net(data)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    steps = {}
+    precisions = ("float32",) if bfloat16_missing() else ("float32", "bfloat16")
+    for precision in precisions:
+        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bfloat16" \
+            else contextlib.nullcontext
+        train_net = torch_resnet50(torch).to(memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(train_net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        infer_net = torch_resnet50(torch).to(memory_format=torch.channels_last).eval()
 
-    def step():
-        net.train()
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(net(data), label).backward()
-        optimizer.step()
-    return {f"PyTorch {torch.__version__} channels_last float32 inference": inference,
-            f"PyTorch {torch.__version__} channels_last float32 training step": step}
+        def step(net=train_net, optimizer=optimizer, autocast=autocast):
+            net.train()
+            optimizer.zero_grad(set_to_none=True)
+            with autocast():
+                loss = loss_fn(net(data), label)
+            loss.backward()
+            optimizer.step()
+
+        def inference(net=infer_net, autocast=autocast):
+            with torch.inference_mode(), autocast():
+                net(data)
+        steps[f"PyTorch {precision} training step"] = step
+        steps[f"PyTorch {precision} inference"] = inference
+    size = 2048
+    ceilings = {}
+    for precision, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))[:len(precisions)]:
+        a, b = torch.rand(size, size, dtype=dtype), torch.rand(size, size, dtype=dtype)
+        ceilings[precision] = matmul_rate(lambda: torch.mm(a, b), size)
+    return steps, ceilings, torch.__version__, bfloat16_missing() and f"PyTorch {bfloat16_missing()}"
+
+
+def worker(kind, model, batch_size, image_size):
+    """Build the steps, say which, then time the one asked for on each stdin line ('KEY\\titers\\twarmup')."""
+    version = unavailable = None
+    if kind == "torch":
+        steps, ceilings, version, unavailable = torch_steps(batch_size, image_size)
+    else:
+        steps, ceilings, unavailable = mxnet_steps(kind, model, batch_size, image_size)
+    print(json.dumps({"steps": list(steps), "ceilings": ceilings, "version": version, "unavailable": unavailable}),
+          flush=True)
+    for line in sys.stdin:
+        key, iters, warmup = line.rstrip("\n").split("\t")
+        print(json.dumps({"ips": timed(steps[key], batch_size, int(iters), int(warmup))}), flush=True)
+
+
+# --- the driver --------------------------------------------------------------------------------------------
+
+class Worker:
+    def __init__(self, python, kind, args):
+        command = [python, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
+                   "--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]
+        self.kind = kind
+        env = dict(os.environ)
+        if kind == "mxnet-int8":  # the INT8 graph: the fusion switch quantize.py needs, set before MXNet loads
+            env.update({"MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM": "1"})
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        hello = self.process.stdout.readline()
+        if not hello:
+            raise SystemExit(f"bench_models: error: the {kind} worker ({python}) failed to start; see above")
+        hello = json.loads(hello)
+        self.steps, self.ceilings, self.version = hello["steps"], hello["ceilings"], hello["version"]
+        self.unavailable = hello["unavailable"]
+
+    def time(self, key, iters, warmup):
+        self.process.stdin.write(f"{key}\t{iters}\t{warmup}\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())["ips"]
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def check_torch_python(path):
+    """Why ``path`` cannot be used as the PyTorch interpreter, or None."""
+    if not os.path.isfile(path):
+        return f"--torch-python {path} does not exist"
+    probe = subprocess.run([path, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    if probe.returncode:
+        return (f"--torch-python {path} cannot import torch; make one with `python3 -m venv .venv-torch && "
+                ".venv-torch/bin/pip install torch numpy`")
+    return None
+
+
+def fraction(key, ips, ceilings, model, image_size):
+    """Share of the precision's ceiling that ``ips`` images/s is, or None where the cost is not known."""
+    if not model.startswith("resnet50") or image_size != 224:
+        return None
+    precision = next((p for p in ("bfloat16", "int8", "float32") if p in key), None)
+    ceiling = ceilings.get(precision)
+    kind = "training" if "training" in key else "inference"
+    return ips * GFLOP_PER_IMAGE[kind] / ceiling if ceiling else None
+
+
+def ratios(results):
+    pairs = [("float32 training step", "float32 training step"), ("bfloat16 training step", "bfloat16 training step"),
+             ("float32 inference", "float32 inference"), ("bfloat16 inference", "bfloat16 inference"),
+             ("int8 inference", "bfloat16 inference"), ("int8 inference", "float32 inference")]
+    out = {}
+    for ours, theirs in pairs:
+        a, b = results.get(f"ours {ours}"), results.get(f"PyTorch {theirs}")
+        if a and b:
+            out[f"ours {ours} / PyTorch {theirs}"] = a["median"] / b["median"]
+    return out
 
 
 def main(argv=None):
     from helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--model", default="resnet50_v1.5", choices=models.list_models(), help="our model")
+    parser.add_argument("--model", default="resnet50_v1.5", choices=models.list_models(), help="our model (PyTorch's is always ResNet-50 v1.5)")
     parser.add_argument("--batch-size", type=int, default=16, help="images per batch")
-    parser.add_argument("--iters", type=int, default=5, help="timed batches per measurement")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed batches before each measurement")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best of each is kept")
-    parser.add_argument("--reference", default="auto", choices=["auto", "pytorch", "gluon-zoo", "none"],
-                        help="what to measure beside ours (auto: PyTorch if installed, else the model zoo)")
+    parser.add_argument("--image-size", type=int, default=224, help="image height and width")
+    parser.add_argument("--iters", type=int, default=3, help="timed batches per variant per round")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed batches before each timing")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    parser.add_argument("--torch-python", default=None,
+                        help="a Python with PyTorch (its own venv); without it only ours is measured")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    parser.add_argument("--worker", default=None, choices=WORKERS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.batch_size < 1 or args.iters < 1 or args.warmup < 0 or args.rounds < 1:
-        parser.error("--batch-size, --iters and --rounds must be positive, --warmup not negative")
-    reference = args.reference
-    if reference == "auto":
-        try:
-            import torch  # noqa: F401
-            reference = "pytorch"
-        except ImportError:
-            reference = "gluon-zoo"
-    steps = {}
-    if reference == "pytorch":
-        steps.update(pytorch(args.batch_size))
-    elif reference == "gluon-zoo":
-        steps.update(gluon_zoo(args.batch_size))
-    steps.update(ours(args.model, args.batch_size))
-    # Interleaved rounds, best round kept: load from other processes hits every variant alike.
-    results = {key: 0.0 for key in steps}
-    for _ in range(args.rounds):
-        for key, step in steps.items():
-            results[key] = max(results[key], timed(step, args.batch_size, args.iters, args.warmup))
-    ours_fp32 = results["ours float32 inference"]
-    print(f"# {args.model}, batch {args.batch_size}, {args.iters} timed batches, {os.cpu_count()} CPUs "
-          f"(images/s; noisy on a shared machine)")
-    for key, value in results.items():
-        print(f"{key:<60}{value:>8.2f}")
-    print(f"{'bfloat16 / float32 inference (ours)':<60}{results['ours bfloat16 inference'] / ours_fp32:>8.2f}x")
+    if args.worker:
+        return worker(args.worker, args.model, args.batch_size, args.image_size)
+    if min(args.batch_size, args.iters, args.rounds, args.image_size) < 1 or args.warmup < 0:
+        parser.error("--batch-size, --image-size, --iters and --rounds must be positive, --warmup not negative")
+    if args.torch_python:
+        why = check_torch_python(args.torch_python)
+        if why:
+            parser.error(why)
+    workers = [Worker(sys.executable, kind, args) for kind in ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16")]
+    if args.torch_python:
+        workers.append(Worker(args.torch_python, "torch", args))
+    samples = {}
+    try:
+        for round_ in range(args.rounds):  # interleaved: every variant once per round
+            for w in workers:
+                for key in w.steps:
+                    samples.setdefault((w, key), []).append(w.time(key, args.iters, args.warmup))
+            print(f"bench_models: round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    finally:
+        for w in workers:
+            w.close()
+    # The machine's practical ceiling per precision: the fastest matrix product either library reached.
+    ceilings = {}
+    for w in workers:
+        for precision, rate in w.ceilings.items():
+            ceilings[precision] = max(rate, ceilings.get(precision, 0.0))
+    results = {}
+    for (w, key), values in samples.items():
+        median = statistics.median(values)
+        results[key] = {"median": median, "min": min(values), "max": max(values), "rounds": values,
+                        "ceiling_fraction": fraction(key, median, ceilings, args.model, args.image_size)}
+    torch_version = next((w.version for w in workers if w.version), None)
+    print(f"# {args.model}, batch {args.batch_size}, {args.image_size} px, {args.rounds} interleaved rounds of "
+          f"{args.iters} timed batches, {os.cpu_count()} CPUs; images/s, median [min-max]"
+          + (f"; PyTorch {torch_version} channels_last" if torch_version else ""))
+    for key, r in results.items():
+        share = f"{100 * r['ceiling_fraction']:5.0f} % of ceiling" if r["ceiling_fraction"] else ""
+        print(f"{key:<34}{r['median']:>8.2f}  [{r['min']:.2f}-{r['max']:.2f}]  {share}")
+    for w in workers:
+        if w.unavailable:
+            print(f"not measured: {w.kind}: {w.unavailable}")
+        for precision, rate in w.ceilings.items():
+            unit = "GOP/s" if precision == "int8" else "GFLOP/s"
+            print(f"ceiling: {w.kind:<15} {precision:<9} matrix product {rate:8.1f} {unit}")
+    ratio = ratios(results)
+    for key, value in ratio.items():
+        print(f"{key:<60}{value:>6.2f}x")
     if args.json:
-        with open(args.json + ".tmp", "w") as out:
-            json.dump({"model": args.model, "batch_size": args.batch_size, "images_per_s": results}, out, indent=2)
+        out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
+               "rounds": args.rounds, "iters": args.iters, "torch": torch_version, "images_per_s": results,
+               "ceilings": {w.kind: w.ceilings for w in workers}, "ratios": ratio, "cmd": sys.argv,
+               "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable}}
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(out, f, indent=2)
         os.replace(args.json + ".tmp", args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
