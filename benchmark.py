@@ -210,10 +210,12 @@ def last_error(lines):
 
 
 def end_process_group(process):
-    """SIGTERM the run's process group (runner, the launcher, every worker), SIGKILL after 10 s."""
+    """SIGTERM the run's process group (runner, the launcher, every worker), SIGKILL after 30 s. runner relays the
+    SIGTERM to workers that are still starting up too, but only while it lives: the grace period covers a slow start
+    (a worker importing MXNet on a loaded machine) and a checkpoint save."""
     try:
         os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+        process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
