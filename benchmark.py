@@ -555,8 +555,7 @@ def check_args(args, given):
               "to time fresh weights")
     if given.load is not None and args.mode != "val":
         error(f"--load scores a checkpoint: it needs --only-inference (--mode val), not --mode {args.mode}")
-    dtype = peek_dtype(passthrough)
-    if dtype == "int8" and args.mode != "val":
+    if given.dtype == "int8" and args.mode != "val":
         error("--dtype int8 benchmarks inference only: add --only-inference")
     if args.batch_sizes is None:
         mode = "val" if args.mode == "val" else "train"
@@ -684,8 +683,7 @@ def main(argv=None):
         result["speedup"] = speedup(result["metrics"], baseline, keys[0])
     save_json(result, output)
     print(tables(result))
-    # No chart when nothing succeeded: an empty chart would look like a result.
-    chart = plot(result, output.with_suffix(".png")) if len(result["failed"]) < len(configs) else None
+    chart = plot(result, output.with_suffix(".png"))  # None, saying why, when nothing succeeded
     print(f"benchmark: results in {output}" + (f", chart {chart}" if chart else ""), file=sys.stderr)
     return 1 if len(result["failed"]) == len(configs) else 0
 

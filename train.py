@@ -284,6 +284,10 @@ def main(args):
     ctxs = contexts(args, dist.local_rank, dist.local_size)
     validate_args(args, dist.size * len(ctxs))
     check_fusions(args, ctxs)
+    if args.dtype == "int8":
+        why = quantize.int8_unavailable(args.mode, ctxs, args.conv_layout, args.calib_batches)
+        if why:
+            raise UsageError(why)
     args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it
     if args.mode in ("train", "train_val"):
         os.makedirs(args.workspace, exist_ok=True)
@@ -298,10 +302,6 @@ def main(args):
         import numpy as np
         np.random.seed(args.seed)
     warn_about(args, dist.is_primary)
-    if args.dtype == "int8":
-        why = quantize.int8_unavailable(args.mode, ctxs, args.conv_layout, args.calib_batches)
-        if why:
-            raise UsageError(why)
     if dist.is_primary:
         if args.mode != "pred":
             logging.info("%s", header(args, dist.size))

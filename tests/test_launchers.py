@@ -216,12 +216,19 @@ def test_workers_alone_under_mpirun_stop_with_one_line(tmp_path):
 
 def launcher_environments(launch):
     """The environment each of 2 workers gets from a real launcher."""
-    code = "import json, os; print(json.dumps(dict(os.environ)))"
-    result = subprocess.run([*launch, sys.executable, "-c", code], env=mpirun_root_env(), capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
-                  key=lambda env: int(world.launched_world(env).rank))
+    # Each worker writes a file of its own: two long lines on one shared stdout may interleave.
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        code = ("import json, os, sys; json.dump(dict(os.environ), "
+                "open(os.path.join(sys.argv[1], str(os.getpid()) + '.json'), 'w'))")
+        result = subprocess.run([*launch, sys.executable, "-c", code, folder], env=mpirun_root_env(),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        envs = []
+        for name in os.listdir(folder):
+            with open(os.path.join(folder, name)) as f:
+                envs.append(json.load(f))
+    return sorted(envs, key=lambda env: int(world.launched_world(env).rank))
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "srun"])

@@ -155,12 +155,22 @@ def killed_run(digits_data, tmp_path_factory):
     try:
         wait_for_steps(process, workspace, 2)
         holder = rank0_worker(process)
-        through_runner = run(command, timeout=120)
-        through_train = run([sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "dali-cpu",
-                             "--data-train", str(digits_data / "train.rec"),
-                             "--data-train-idx", str(digits_data / "train.idx"),
-                             "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32",
-                             "--batch-size", "32", "--num-epochs", "1", "--workspace", str(workspace)], timeout=120)
+        # The run is paused while the second ones start (several seconds each), or it would finish meanwhile;
+        # a paused rank 0 still holds the workspace's lock.
+        paused = run_processes(process)
+        for each in paused:
+            each.suspend()
+        try:
+            through_runner = run(command, timeout=120)
+            through_train = run([sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "dali-cpu",
+                                 "--data-train", str(digits_data / "train.rec"),
+                                 "--data-train-idx", str(digits_data / "train.idx"),
+                                 "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32",
+                                 "--batch-size", "32", "--num-epochs", "1", "--workspace", str(workspace)],
+                                timeout=120)
+        finally:
+            for each in paused:
+                each.resume()
         wait_for_steps(process, workspace, STEPS + 2)
         signal_every_process(process, signal.SIGKILL)
         process.wait(timeout=60)

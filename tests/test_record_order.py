@@ -45,7 +45,7 @@ def rank_epochs(args, rank, epochs):
     first = data.get_data_iterators(args, rank, 2, 0, 1, mx.cpu())[0]
     dist = fit.Distributed(None)
     dist.rank, dist.size = rank, 2
-    make = train.train_iterator_factory(args, dist, mx.cpu(), first)
+    make = train.train_iterator_factory(args, dist, [mx.cpu()], first)
     return [epoch_labels(make(epoch)) for epoch in range(epochs)]
 
 
@@ -74,7 +74,7 @@ def test_order_reproducible_with_seed_and_on_resume(sorted_rec):
     first = data.get_data_iterators(args, 0, 2, 0, 1, mx.cpu())[0]
     dist = fit.Distributed(None)
     dist.rank, dist.size = 0, 2
-    make = train.train_iterator_factory(args, dist, mx.cpu(), first)
+    make = train.train_iterator_factory(args, dist, [mx.cpu()], first)
     assert epoch_labels(make(2)) == run_a[2]
     assert rank_epochs(parse(rec, idx, "--seed", "6"), 0, 1)[0] != run_a[0]
 
