@@ -104,7 +104,7 @@ def test_stopping_the_sweep_ends_the_run_it_started(tmp_path, signum):
                               "--mode", "val", "-o", str(out), *TINY], env=venv_env(), stderr=subprocess.PIPE,
                              text=True)
     for line in sweep.stderr:
-        if "train.py" in line:  # the launch has begun
+        if "[0]" in line:  # worker 0 has started (its lines carry horovodrun's prefix)
             break
     time.sleep(2)
     sweep.send_signal(signum)  # as Ctrl-C or a batch system would
