@@ -14,6 +14,7 @@ import time
 
 import checkpoint
 import models
+import quantize
 
 DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"  # runner's default too
 RUNS_DIR = "runs"
@@ -246,12 +247,8 @@ def bfloat16_unsupported(cpuinfo="/proc/cpuinfo"):
     """Why this CPU cannot run --dtype bfloat16, or None. oneDNN's bfloat16 kernels need AVX-512 (its
     avx512_core level: F, BW, VL, DQ); without it MXNet fails deep inside the first convolution with "could not
     create a primitive descriptor iterator". None also where the flags cannot be read (not Linux)."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
-    except OSError:
-        return None
-    if flags is None:
+    flags = quantize.cpu_flags(cpuinfo)
+    if not flags:
         return None
     missing = [flag for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq") if flag not in flags]
     if not missing:
