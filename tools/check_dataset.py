@@ -287,10 +287,11 @@ def write_fixed(report, rec_path, out_rec, quality=95, shuffle_seed=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from helptext import HelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("rec", help="the RecordIO file (.rec)")
     parser.add_argument("--idx", help="its index (default: the .rec path with .idx)")
-    parser.add_argument("--num-classes", type=int, default=0, help="labels must be below this (0: no bound)")
+    parser.add_argument("--num-classes", type=int, default=0, help="labels must be below this (default: 0, no bound)")
     parser.add_argument("--fix", metavar="OUT.rec", help="write a repaired copy (and OUT.idx)")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoded images")
     parser.add_argument("--order", choices=["auto", "shuffle", "keep"], default="auto",
