@@ -1,4 +1,5 @@
 """The training loop: recipes, mixed precision with loss scaling, validation, checkpoints, resume, modes."""
+import dataclasses
 import logging
 import math
 import os
@@ -29,8 +30,9 @@ def add_fit_args(parser):
     group.add_argument("--mode", default="train_val", choices=["train_val", "train", "val", "pred"],
                        help="train_val: train and validate each epoch; train: no validation; val: score a "
                             "checkpoint --num-epochs times; pred: top-5 classes of --data-pred")
-    group.add_argument("--recipe", default="nvidia",
-                       help=f"hyper-parameter preset: {', '.join(schedules.RECIPES)}")
+    group.add_argument("--recipe", default=schedules.DEFAULT_RECIPE, choices=list(schedules.RECIPES),
+                       help="hyper-parameter preset: the defaults of the flags marked 'recipe:' (a flag given "
+                            "on the command line wins)")
     group.add_argument("--seed", type=int, default=None, help="random seed (python, numpy, MXNet and DALI)")
     group.add_argument("--kv-store", default="horovod", choices=["horovod", "device", "local"],
                        help="horovod: one process per device; device/local: one process, all --gpus")
@@ -102,10 +104,6 @@ def add_fit_args(parser):
                             "<checkpoint>.score.json beside the checkpoint scored)")
     group.add_argument("--json-log", default="log.jsonl",
                        help="JSON-lines log (relative: inside --workspace); empty to disable")
-    group.add_argument("--data-pred", default=None, help="pred: image file to classify")
-    group.add_argument("--class-names", default=None,
-                       help="pred: file with one class name per line (default: class folders from the .lst "
-                            "beside --data-train, else class indices)")
     return group
 
 
@@ -114,9 +112,7 @@ def workspace_path(args, name):
 
 
 def check_args(args):
-    """Raise ValueError for inconsistent hyper-parameters (after the recipe is applied)."""
-    if args.report is None:
-        args.report = "score.json" if args.mode == "val" else "report.json"
+    """Raise ValueError for inconsistent hyper-parameters."""
     if args.num_epochs <= 0:
         raise ValueError(f"--num-epochs must be positive, got {args.num_epochs}")
     if args.lr_schedule == "step":
@@ -132,10 +128,6 @@ def check_args(args):
                 raise ValueError
         except ValueError:
             raise ValueError(f"--loss-scale must be 'dynamic' or a positive number, got {args.loss_scale}")
-    if args.mode == "pred" and not args.data_pred:
-        raise ValueError("--mode pred needs an image: --data-pred IMAGE")
-    if args.data_pred and args.mode == "pred" and not os.path.isfile(args.data_pred):
-        raise ValueError(f"--data-pred {args.data_pred} does not exist")
 
 
 class Distributed:
@@ -247,27 +239,29 @@ class LossScaler:
         self.scale, self.clean_steps, self.bad_steps = state["scale"], state["clean_steps"], state["bad_steps"]
 
 
-def make_loss_scaler(args):
-    if args.loss_scale == "dynamic" or (args.loss_scale is None and args.dtype == "float16"):
+def make_loss_scaler(loss_scale, dtype):
+    """--loss-scale: 'dynamic' (the default for float16), a fixed number, or None (1 for other dtypes)."""
+    if loss_scale == "dynamic" or (loss_scale is None and dtype == "float16"):
         return LossScaler(2.0 ** 16, dynamic=True)
-    return LossScaler(float(args.loss_scale or 1.0))
+    return LossScaler(float(loss_scale or 1.0))
 
 
 def grads_finite(params):
     return all_finite([g for p in params if p.grad_req != "null" for g in p.list_grad()])
 
 
-def make_trainer(args, net, dist, kvstore):
-    """Multi-precision SGD/NAG; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
-    optimizer_params = {"learning_rate": 0.0, "wd": args.wd, "momentum": args.mom, "multi_precision": True}
+def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0):
+    """Multi-precision SGD/NAG (the LR is set every step); Horovod's DistributedTrainer or a Gluon Trainer on a
+    kvstore."""
+    optimizer_params = {"learning_rate": 0.0, "wd": wd, "momentum": momentum, "multi_precision": True}
     params = net.collect_params()
     if kvstore == "horovod":
         hvd = dist.hvd
-        compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-        return hvd.DistributedTrainer(params, args.optimizer, optimizer_params, compression=compression,
-                                      num_groups=args.horovod_num_groups)
+        compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+        return hvd.DistributedTrainer(params, optimizer, optimizer_params, compression=compression,
+                                      num_groups=num_groups)
     store = mx.kvstore.create(kvstore) if kvstore else None
-    return gluon.Trainer(params, args.optimizer, optimizer_params, kvstore=store, update_on_kvstore=False)
+    return gluon.Trainer(params, optimizer, optimizer_params, kvstore=store, update_on_kvstore=False)
 
 
 class StatsGuard:
@@ -368,14 +362,6 @@ def topk_counts(logits, label, valid):
     return hits[:, 0].sum(), hits.sum()
 
 
-def add_hits(acc, counted):
-    """Add [(top-1 NDArray, top-5 NDArray, valid)] of a step to ``acc``'s floats."""
-    for c1, c5, valid in counted:
-        acc["correct1"] += c1.asscalar()
-        acc["correct5"] += c5.asscalar()
-        acc["samples"] += valid
-
-
 def valid_counts(batch, sizes):
     """Samples that are not padding in each part of ``batch`` (parts of ``sizes``): a batch of per-device parts
     has one ``pads`` entry per part; a single batch split over devices has its padding at the end."""
@@ -420,7 +406,7 @@ def validation_batches(val_iter, max_iters=None):
         first_pass = False
 
 
-def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
+def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_iters=None):
     """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks (with
     ``max_iters``, that many batches are timed, the set cycled; the accuracy counts its first pass)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -428,10 +414,10 @@ def evaluate(net, val_iter, ctxs, dist, args, max_iters=None):
     durations = []
     tic = time.time()
     for batch, first_pass in validation_batches(val_iter, max_iters):
-        datas, labels = split(batch, ctxs, args.dtype)
+        datas, labels = split(batch, ctxs, dtype)
         for data, label, valid in zip(datas, labels, valid_counts(batch, [d.shape[0] for d in datas])):
             logits = net(data).astype("float32")
-            if args.no_metrics:
+            if no_metrics:
                 logits.wait_to_read()
             else:  # computed on every pass, so each timed batch does the same work
                 c1, c5 = topk_hits(logits, label, valid)
@@ -547,26 +533,17 @@ def load_params(net, path, ctxs):
                             "--num-classes")
 
 
-def restore(args, net, trainer, scaler, ema, state, ctxs):
-    load_params(net, state["paths"]["params"], ctxs)  # on every device: MXNet asserts the set
-    trainer.load_states(state["paths"]["states"])
-    scaler.load(state["loss_scaler"])
-    if ema is not None and "ema" in state["paths"]:
-        ema.load(state["paths"]["ema"])
-
-
-def resume_state(args):
-    """The checkpoint state to continue from, or None to start afresh."""
-    if args.resume == "none":
+def resume_state(resume, prefix):
+    """The checkpoint state --resume asks to continue from (``prefix``: the workspace's checkpoint prefix), or
+    None to start afresh."""
+    if resume == "none":
         return None
-    prefix = workspace_path(args, args.model_prefix)
-    if args.resume == "auto":
+    if resume == "auto":
         return checkpoint.find_latest(prefix)
-    path = args.resume
-    state = checkpoint.read_state(path) if path.endswith(checkpoint.STATE_SUFFIX) else \
-        checkpoint.state_for_params(path)
+    state = checkpoint.read_state(resume) if resume.endswith(checkpoint.STATE_SUFFIX) else \
+        checkpoint.state_for_params(resume)
     if state is None:
-        raise TrainingError(f"--resume {path}: not a complete checkpoint (need <prefix>-NNNN.params with "
+        raise TrainingError(f"--resume {resume}: not a complete checkpoint (need <prefix>-NNNN.params with "
                             f"its .states and {checkpoint.STATE_SUFFIX} beside it)")
     return state
 
@@ -574,10 +551,10 @@ def resume_state(args):
 PARTIAL_KEYS = ("loss", "steps", "correct1", "correct5", "samples")
 
 
-def gather_partial(acc, dist, name):
+def gather_partial(stats, dist, name):
     """Every rank's partial sums of an interrupted epoch, indexed by rank (a collective): the epoch's metrics are
     sums over the ranks, so the checkpoint keeps them all."""
-    return [dict(zip(PARTIAL_KEYS, values)) for values in dist.gather([acc[k] for k in PARTIAL_KEYS], name)]
+    return [dict(zip(PARTIAL_KEYS, values)) for values in dist.gather(stats.sums(), name)]
 
 
 def sum_partial(partials):
@@ -597,180 +574,294 @@ def resumed_partial(state, dist):
     return dict(total) if total and dist.is_primary else None
 
 
-def fit(args, net, make_train_iter, val_iter, ctxs, dist):
-    """Train ``net`` (initialised, hybridized); return (report, stopped_by_signal)."""
-    prefix = workspace_path(args, args.model_prefix)
-    state = resume_state(args)
-    if state is not None and state.get("model") not in (None, args.model_name):
-        raise TrainingError(f"the checkpoint {state['state_path']} comes from another architecture "
-                            f"({state['model']}; this run: {args.model_name}); use another "
-                            "--workspace/--model-prefix or --resume none")
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What train.py derived for this run, kept apart from the user's arguments: the model's name (checkpoints
+    record it, resume checks it), the command line, where the report goes, and ``record``, the run's description
+    saved in every checkpoint's state and the JSON log ({"args": every resolved value, "given": the flags typed,
+    "derived": what the kit filled in})."""
+    model_name: str
+    command: list
+    report_path: str
+    record: dict
+
+
+@dataclasses.dataclass
+class EpochStats:
+    """One rank's running sums over an epoch (carried across an interruption through the checkpoint)."""
+    loss: float = 0.0
+    steps: float = 0.0
+    correct1: float = 0.0
+    correct5: float = 0.0
+    samples: float = 0.0
+    durations: list = dataclasses.field(default_factory=list)  # seconds per step run in this process
+    started: float = dataclasses.field(default_factory=time.time)
+
+    @classmethod
+    def resumed(cls, partial):
+        return cls(**partial) if partial else cls()
+
+    def sums(self):
+        return [getattr(self, key) for key in PARTIAL_KEYS]
+
+    def add_hits(self, counted):
+        """Add [(top-1 NDArray, top-5 NDArray, valid)] of a step."""
+        for c1, c5, valid in counted:
+            self.correct1 += c1.asscalar()
+            self.correct5 += c5.asscalar()
+            self.samples += valid
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Everything the loop carries from step to step and into checkpoints."""
+    trainer: object
+    scaler: LossScaler
+    ema: object  # EMA or None
+    schedule: object  # fractional epoch -> LR
+    report: Report
+    epoch: int = 0  # the next epoch to run (0-based)
+    step: int = 0  # steps of that epoch already done (a checkpoint saved after a stop signal)
+    best_top1: float = -1.0
+    partial: dict = None  # this rank's sums of the interrupted epoch
+    run_start: float = dataclasses.field(default_factory=time.time)
+
+    def elapsed(self):
+        return self.report.total_duration + time.time() - self.run_start
+
+
+def prepare(args, run, net, ctxs, dist):
+    """A fresh TrainState: optimizer, loss scaler, EMA, LR schedule, report; rank 0's weights on every rank."""
     set_wd_groups(net, decay_all=args.wd_bn_bias)
     dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
-    trainer = make_trainer(args, net, dist, args.kv_store)
-    scaler = make_loss_scaler(args)
-    ema = EMA(net, args.ema_decay) if args.ema_decay else None
-    schedule = schedules.get_schedule(args.lr_schedule, args.lr, args.num_epochs, args.warmup_epochs,
-                                      args.lr_steps, args.lr_factor, args.lr_power)
-    report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=args.cmd)
-    start_epoch, start_step, best_top1, partial = 0, 0, -1.0, None
-    if state is not None:
-        restore(args, net, trainer, scaler, ema, state, ctxs)
-        start_epoch, start_step = state["epoch"], state["step"]
-        best_top1 = state["best_top1"]
-        report.metrics.update(state["metrics"])
-        report.total_duration = state.get("total_duration", 0.0)
-        partial = resumed_partial(state, dist)
-        if dist.is_primary:
-            log.info("Resuming from %s: %s", state["state_path"], f"after epoch {start_epoch}" if not start_step
-                     else f"epoch {start_epoch + 1}, step {start_step}")
+    return TrainState(
+        trainer=make_trainer(net, dist, args.kv_store, args.optimizer, args.wd, args.mom, args.fp16_allreduce,
+                             args.horovod_num_groups),
+        scaler=make_loss_scaler(args.loss_scale, args.dtype),
+        ema=EMA(net, args.ema_decay) if args.ema_decay else None,
+        schedule=schedules.get_schedule(args.lr_schedule, args.lr, args.num_epochs, args.warmup_epochs,
+                                        args.lr_steps, args.lr_factor, args.lr_power),
+        report=Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
+
+
+def resume(state, checkpoint_state, run, net, ctxs, dist):
+    """Continue ``state`` from a checkpoint's state (checkpoint.find_latest/read_state): weights, optimizer, loss
+    scale, EMA, metrics so far, where to start, and this rank's sums of an interrupted epoch."""
+    saved_model = checkpoint_state.get("model")
+    if saved_model not in (None, run.model_name):
+        raise TrainingError(f"the checkpoint {checkpoint_state['state_path']} comes from another architecture "
+                            f"({saved_model}; this run: {run.model_name}); use another --workspace/--model-prefix "
+                            "or --resume none")
+    paths = checkpoint_state["paths"]
+    load_params(net, paths["params"], ctxs)  # on every device: MXNet asserts the set
+    state.trainer.load_states(paths["states"])
+    state.scaler.load(checkpoint_state["loss_scaler"])
+    if state.ema is not None and "ema" in paths:
+        state.ema.load(paths["ema"])
+    state.epoch, state.step = checkpoint_state["epoch"], checkpoint_state["step"]
+    state.best_top1 = checkpoint_state["best_top1"]
+    state.report.metrics.update(checkpoint_state["metrics"])
+    state.report.total_duration = checkpoint_state.get("total_duration", 0.0)
+    state.partial = resumed_partial(checkpoint_state, dist)
+    if dist.is_primary:
+        log.info("Resuming from %s: %s", checkpoint_state["state_path"], f"after epoch {state.epoch}"
+                 if not state.step else f"epoch {state.epoch + 1}, step {state.step}")
+
+
+def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, partials=None, best=False):
+    """Rank 0: parameters, optimizer and the loop's state after ``step`` steps of ``epoch`` (0: a whole epoch),
+    with each rank's sums of an interrupted epoch (``partials``); keeps the newest ``keep_last``."""
+    saved = {"epoch": epoch, "step": step, "model": run.model_name, "best_top1": state.best_top1,
+             "loss_scaler": state.scaler.state(), "metrics": state.report.metrics, "seed": seed,
+             "total_duration": state.elapsed(), "partial": partials and sum_partial(partials),
+             "partial_ranks": partials, **run.record}
+    path = checkpoint.save(prefix, net, state.trainer, saved, state.ema.saveable() if state.ema else None, best)
+    log.info("Saved checkpoint %s", path)
+    checkpoint.prune(prefix, keep_last)
+
+
+def average_statistics(net, ema, dist):
+    """Each device and rank keeps its own BatchNorm statistics (and EMA of them): average them so validation and
+    checkpoints do not depend on the device or rank. Collective names stay the same from epoch to epoch, so
+    Horovod's response cache keeps serving them."""
+    average_over_devices(running_stats(net))  # the devices of one process (--kv-store device)
+    dist.average_(running_stats(net), "bn")
+    if ema is not None:
+        dist.average_(ema.running_stats(), "ema.bn")
+
+
+@dataclasses.dataclass
+class Loop:
+    """What every step of a run shares and does not change: the pieces train_one_epoch needs besides the state."""
+    net: object
+    ctxs: list
+    dist: Distributed
+    stop: StopFlag
+    guard: StatsGuard
+    progress: Progress
+    json_log: JsonLog
+    end_epoch: int
+    loss_fn: object = dataclasses.field(default_factory=lambda: gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False))
+
+
+def train_one_epoch(args, loop, state, train_iter, epoch, skip=0):
+    """Train ``epoch`` (0-based) from step ``skip``; returns (EpochStats of this rank, steps in the epoch,
+    the step after which a stop signal ended it, or None)."""
+    net, ctxs, dist = loop.net, loop.ctxs, loop.dist
+    steps = len(train_iter) if args.benchmark_iters is None else min(len(train_iter), args.benchmark_iters)
+    stats = EpochStats.resumed(state.partial)
+    state.partial = None
+    mix = args.mixup if epoch < args.num_epochs - args.mixup_off_epochs else 0.0
+    step_batch = args.batch_size // dist.size * len(ctxs) if args.kv_store == "horovod" else args.batch_size
+    tic = epoch_tic = stats.started
+    counted = []  # the last step's top-k hits, still on the device
+    for step, batch in enumerate(train_iter):
+        if step >= steps:
+            break
+        if step < skip:  # resumed inside an epoch: the reseeded reader replays the same batches
+            tic = time.time()
+            continue
+        lr = state.schedule(epoch + step / steps)
+        state.trainer.set_learning_rate(lr)
+        datas, labels = split(batch, ctxs, args.dtype)
+        # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
+        rng = np.random.RandomState(None if args.seed is None else [args.seed, epoch, dist.rank, step])
+        pairs = [make_targets(label, args.num_classes, args.label_smoothing, mix, rng, data)
+                 for data, label in zip(datas, labels)]
+        loss, outputs, applied = train_step(net, state.trainer, state.scaler, loop.loss_fn, [p[0] for p in pairs],
+                                            [p[1] for p in pairs], step_batch, loop.guard, loop.stop.vote,
+                                            scan_grads=args.dtype == "float16" or state.scaler.dynamic)
+        if not applied:
+            log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
+                        epoch + 1, step + 1, state.scaler.scale)
+            if state.scaler.bad_steps >= args.max_bad_steps:
+                raise TrainingError(f"{state.scaler.bad_steps} consecutive steps had NaN/inf loss or gradients "
+                                    f"(epoch {epoch + 1}, step {step + 1}); lower --lr or use float32")
+        elif state.ema is not None:
+            state.ema.update()
+        if applied:
+            stats.loss += loss
+            stats.steps += 1
+        if not args.no_metrics:
+            # Read one step late: the device has long finished them, so reading never stalls its queue.
+            stats.add_hits(counted)
+            counted = [(*topk_counts(out, label, valid), valid) for out, label, valid in
+                       zip(outputs, labels, valid_counts(batch, [out.shape[0] for out in outputs]))]
+        now = time.time()
+        stats.durations.append(now - tic)
+        tic = now
+        speed = args.batch_size * (step + 1 - skip) / max(now - epoch_tic, 1e-9)
+        left = (steps - step - 1) + (loop.end_epoch - epoch - 1) * steps
+        loop.progress.update(epoch + 1, step + 1, steps, speed, stats.loss / max(stats.steps, 1), lr,
+                             left * args.batch_size / max(speed, 1e-9))
+        loop.json_log.write("iter", epoch=epoch + 1, step=step, loss=loss, lr=lr,
+                            ips=args.batch_size / stats.durations[-1], loss_scale=state.scaler.scale)
+        if loop.stop.agreed and step + 1 < steps:
+            loop.progress.end_epoch()
+            stats.add_hits(counted)
+            return stats, steps, step + 1
+    stats.add_hits(counted)
+    loop.progress.end_epoch()
+    return stats, steps, None
+
+
+def validate(net, ema, val_iter, ctxs, dist, dtype, no_metrics, max_iters=None):
+    """evaluate() with the EMA weights when there are any (the live weights are put back after)."""
+    if ema is not None:
+        ema.swap()
+    try:
+        return evaluate(net, val_iter, ctxs, dist, dtype, no_metrics, max_iters)
+    finally:
+        if ema is not None:
+            ema.swap()
+
+
+def record_train_epoch(args, state, stats, epoch, dist):
+    """The epoch's training metrics, summed over the ranks, into the report and rank 0's log; returns them."""
+    sums = dist.sum(stats.sums(), "train")
+    loss = sums[0] / max(sums[1], 1)
+    values = {} if args.no_metrics else {"top1": sums[2] / max(sums[4], 1), "top5": sums[3] / max(sums[4], 1)}
+    state.report.add_epoch("train", durations=stats.durations, batch_size=args.batch_size, **values, loss=loss)
+    state.report.add("train.lr", state.schedule(epoch + 1 - 1e-9))
+    if dist.is_primary:
+        log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch + 1, loss,
+                 "" if args.no_metrics else f" top1 {values['top1']:.4f}",
+                 args.batch_size * len(stats.durations) / max(sum(stats.durations), 1e-9),
+                 format_seconds(time.time() - stats.started))
+    return {"train.loss": loss, **{f"train.{k}": v for k, v in values.items()}}
+
+
+def record_validation(args, state, metrics, epoch, dist):
+    state.report.add_epoch("val", top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
+                           durations=metrics["durations"], batch_size=args.batch_size)
+    if dist.is_primary:
+        log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
+                 metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
+    return {"val.top1": metrics["top1"], "val.top5": metrics["top5"], "val.loss": metrics["loss"],
+            "val.samples": metrics["samples"]}
+
+
+def fit(args, run, net, make_train_iter, val_iter, ctxs, dist):
+    """Train ``net`` (initialised, hybridized) as ``args`` say, ``run`` describing the run; returns (report,
+    stopped_by_signal)."""
+    prefix = workspace_path(args, args.model_prefix)
+    state = prepare(args, run, net, ctxs, dist)
+    resumed = resume_state(args.resume, prefix)
+    if resumed is not None:
+        resume(state, resumed, run, net, ctxs, dist)
     if args.resume != "auto" and dist.is_primary:
-        moved = settings.set_aside_superseded(args.workspace, args.model_prefix, state, [args.report, args.json_log])
+        moved = settings.set_aside_superseded(args.workspace, args.model_prefix, resumed, [run.report_path,
+                                                                                           args.json_log])
         if moved:
             log.info("--resume %s: moved the files of the run not continued to %s", args.resume, moved)
     json_log = JsonLog(workspace_path(args, args.json_log) if dist.is_primary and args.json_log else None)
-    json_log.write("params", args=vars(args), resumed_from=state and state["state_path"])
-    progress = Progress(dist.is_primary, args.disp_batches)
-    stop = StopFlag(dist)
-    guard = StatsGuard(net)
-    local_batch = args.batch_size // dist.size
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
-    end_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs, start_epoch + args.run_epochs)
-    run_start = time.time()
-    stopped = False
-    if start_epoch >= end_epoch and dist.is_primary:
+    json_log.write("params", **run.record, resumed_from=resumed and resumed["state_path"])
+    end_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs, state.epoch + args.run_epochs)
+    loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
+                progress=Progress(dist.is_primary, args.disp_batches), json_log=json_log, end_epoch=end_epoch)
+    if state.epoch >= end_epoch and dist.is_primary:
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
                  args.num_epochs)
 
-    def save(epoch, step, partials, best=False):
-        ckpt_state = {"epoch": epoch, "step": step, "model": args.model_name, "best_top1": best_top1,
-                      "loss_scaler": scaler.state(), "metrics": report.metrics, "seed": args.seed,
-                      "total_duration": report.total_duration + time.time() - run_start,
-                      "partial": partials and sum_partial(partials), "partial_ranks": partials,
-                      "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))}}
-        path = checkpoint.save(prefix, net, trainer, ckpt_state, ema.saveable() if ema else None, best)
-        log.info("Saved checkpoint %s", path)
-        checkpoint.prune(prefix, args.keep_last)
+    def save(epoch, step, partials=None, best=False):
+        save_checkpoint(prefix, net, state, run, epoch, step, args.keep_last, args.seed, partials, best)
 
-    for epoch in range(start_epoch, end_epoch):
-        train_iter = make_train_iter(epoch)
-        steps = len(train_iter) if args.benchmark_iters is None else min(len(train_iter), args.benchmark_iters)
-        acc = partial or {"loss": 0.0, "steps": 0.0, "correct1": 0.0, "correct5": 0.0, "samples": 0.0}
-        partial = None
-        skip = start_step if epoch == start_epoch else 0
-        mix = args.mixup if epoch < args.num_epochs - args.mixup_off_epochs else 0.0
-        durations, tic, epoch_tic = [], time.time(), time.time()
-        counted = []  # the last step's top-k hits, still on the device
-        for step, batch in enumerate(train_iter):
-            if step >= steps:
-                break
-            if step < skip:  # resumed inside an epoch: the reseeded reader replays the same batches
-                tic = time.time()
-                continue
-            lr = schedule(epoch + step / steps)
-            trainer.set_learning_rate(lr)
-            datas, labels = split(batch, ctxs, args.dtype)
-            # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
-            rng = np.random.RandomState(None if args.seed is None else
-                                        [args.seed, epoch, dist.rank, step])
-            pairs = [make_targets(label, args.num_classes, args.label_smoothing, mix, rng, data)
-                     for data, label in zip(datas, labels)]
-            loss, outputs, applied = train_step(net, trainer, scaler, loss_fn, [p[0] for p in pairs],
-                                                [p[1] for p in pairs], local_batch * len(ctxs)
-                                                if args.kv_store == "horovod" else args.batch_size, guard, stop.vote,
-                                                scan_grads=args.dtype == "float16" or scaler.dynamic)
-            if not applied:
-                log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
-                            epoch + 1, step + 1, scaler.scale)
-                if scaler.bad_steps >= args.max_bad_steps:
-                    raise TrainingError(f"{scaler.bad_steps} consecutive steps had NaN/inf loss or gradients "
-                                        f"(epoch {epoch + 1}, step {step + 1}); lower --lr or use float32")
-            elif ema is not None:
-                ema.update()
-            if applied:
-                acc["loss"] += loss
-                acc["steps"] += 1
-            if not args.no_metrics:
-                # Read one step late: the device has long finished them, so reading never stalls its queue.
-                add_hits(acc, counted)
-                counted = [(*topk_counts(out, label, valid), valid) for out, label, valid in
-                           zip(outputs, labels, valid_counts(batch, [out.shape[0] for out in outputs]))]
-            now = time.time()
-            durations.append(now - tic)
-            tic = now
-            done = step + 1 - skip
-            speed = args.batch_size * done / max(now - epoch_tic, 1e-9)
-            left = (steps - step - 1) + (end_epoch - epoch - 1) * steps
-            progress.update(epoch + 1, step + 1, steps, speed, acc["loss"] / max(acc["steps"], 1), lr,
-                            left * args.batch_size / max(speed, 1e-9))
-            json_log.write("iter", epoch=epoch + 1, step=step, loss=loss, lr=lr, ips=args.batch_size / durations[-1],
-                           loss_scale=scaler.scale)
-            if stop.agreed and step + 1 < steps:
-                progress.end_epoch()
-                add_hits(acc, counted)
-                average_over_devices(running_stats(net))
-                dist.average_(running_stats(net), "bn")
-                if ema is not None:  # as at the epoch's end: each rank's averages differ
-                    dist.average_(ema.running_stats(), "ema.bn")
-                partials = gather_partial(acc, dist, "partial")
-                if dist.is_primary:
-                    save(epoch, step + 1, partials)
-                stopped = True
-                break
-        if stopped:
+    stopped = False
+    for epoch in range(state.epoch, end_epoch):
+        stats, steps, stopped_at = train_one_epoch(args, loop, state, make_train_iter(epoch), epoch,
+                                                   skip=state.step if epoch == state.epoch else 0)
+        if stopped_at is not None:  # a stop signal: save this epoch's progress and end
+            average_statistics(net, state.ema, dist)  # as at the epoch's end: each rank's averages differ
+            partials = gather_partial(stats, dist, "partial")
+            if dist.is_primary:
+                save(epoch, stopped_at, partials)
+            stopped = True
             break
-        add_hits(acc, counted)
-        progress.end_epoch()
-        sums = dist.sum([acc["loss"], acc["steps"], acc["correct1"], acc["correct5"], acc["samples"]], "train")
-        train_loss = sums[0] / max(sums[1], 1)
-        values = {} if args.no_metrics else {"top1": sums[2] / max(sums[4], 1), "top5": sums[3] / max(sums[4], 1)}
-        report.add_epoch("train", durations=durations, batch_size=args.batch_size, **values, loss=train_loss)
-        report.add("train.lr", schedule(epoch + 1 - 1e-9))
-        # Each rank keeps its own BatchNorm statistics: average them so validation and checkpoints
-        # do not depend on the rank.
-        # Collective names stay the same from epoch to epoch, so Horovod's response cache keeps serving them.
-        average_over_devices(running_stats(net))  # so do the devices of one process (--kv-store device)
-        dist.average_(running_stats(net), "bn")
-        if ema is not None:  # the averages of those statistics differ by rank too
-            dist.average_(ema.running_stats(), "ema.bn")
-        if dist.is_primary:
-            log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch + 1, train_loss,
-                     "" if args.no_metrics else f" top1 {values['top1']:.4f}",
-                     args.batch_size * len(durations) / max(sum(durations), 1e-9),
-                     format_seconds(time.time() - epoch_tic))
-        epoch_record = {"train.loss": train_loss, **{f"train.{k}": v for k, v in values.items()}}
+        epoch_record = record_train_epoch(args, state, stats, epoch, dist)
+        average_statistics(net, state.ema, dist)
         improved = False
         if val_iter is not None and args.mode == "train_val":
-            if ema is not None:
-                ema.swap()
-            metrics = evaluate(net, val_iter, ctxs, dist, args, args.benchmark_iters)
-            if ema is not None:
-                ema.swap()
-            report.add_epoch("val", top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
-                             durations=metrics["durations"], batch_size=args.batch_size)
-            improved = metrics["top1"] > best_top1
-            best_top1 = max(best_top1, metrics["top1"])
-            epoch_record.update({"val.top1": metrics["top1"], "val.top5": metrics["top5"],
-                                 "val.loss": metrics["loss"], "val.samples": metrics["samples"]})
-            if dist.is_primary:
-                log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
-                         metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
+            metrics = validate(net, state.ema, val_iter, ctxs, dist, args.dtype, args.no_metrics,
+                               args.benchmark_iters)
+            epoch_record.update(record_validation(args, state, metrics, epoch, dist))
+            improved = metrics["top1"] > state.best_top1
+            state.best_top1 = max(state.best_top1, metrics["top1"])
         json_log.write("epoch", epoch=epoch + 1, **epoch_record)
         last = epoch + 1 == end_epoch
         due = args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0
         if dist.is_primary and (due or last or improved):
-            save(epoch + 1, 0, None, best=improved)
-        if stop.agreed_now() and not last:
+            save(epoch + 1, 0, best=improved)
+        if loop.stop.agreed_now() and not last:
             if dist.is_primary and not (due or improved):
-                save(epoch + 1, 0, None)
+                save(epoch + 1, 0)
             stopped = True
             break
-    report.total_duration += time.time() - run_start
+    state.report.total_duration = state.elapsed()
     if dist.is_primary:
-        report.save(workspace_path(args, args.report))
-        json_log.write("summary", total_duration=report.total_duration, stopped=stopped)
+        state.report.save(workspace_path(args, run.report_path))
+        json_log.write("summary", total_duration=state.report.total_duration, stopped=stopped)
     json_log.close()
-    return report, stopped
+    return state.report, stopped
 
 
 def load_for_scoring(args, net, ctxs, dist):
@@ -802,19 +893,19 @@ def load_for_scoring(args, net, ctxs, dist):
     return path
 
 
-def score(args, net, val_iter, ctxs, dist):
+def score(args, run, net, val_iter, ctxs, dist):
     """--mode val: --num-epochs passes over the validation data (with --benchmark-iters, that many batches per
     pass, the set cycled); returns the report, which names the weights scored."""
     if val_iter is None:
         raise TrainingError("--mode val needs validation data (--data-val)")
     loaded = load_for_scoring(args, net, ctxs, dist)
     dist.broadcast_parameters(net)
-    report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=args.cmd)
+    report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
     report.weights = os.path.abspath(loaded) if loaded else "fresh"
     report.info.update(getattr(net, "report_info", {}))  # e.g. how an INT8 graph was calibrated
     start = time.time()
     for epoch in range(args.num_epochs):
-        metrics = evaluate(net, val_iter, ctxs, dist, args, args.benchmark_iters)
+        metrics = evaluate(net, val_iter, ctxs, dist, args.dtype, args.no_metrics, args.benchmark_iters)
         values = {} if args.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
         report.add_epoch("val", durations=metrics["durations"], batch_size=args.batch_size, **values)
         if dist.is_primary:
@@ -824,65 +915,5 @@ def score(args, net, val_iter, ctxs, dist):
                      metrics["samples"])
     report.total_duration = time.time() - start
     if dist.is_primary:
-        report.save(workspace_path(args, args.report))
+        report.save(workspace_path(args, run.report_path))
     return report
-
-
-def class_names(args):
-    """Class names from --class-names, else the class folders in the .lst beside --data-train, else None."""
-    if args.class_names:
-        with open(args.class_names) as f:
-            return [line.strip() for line in f if line.strip()]
-    candidates = []
-    if args.data_train:
-        candidates.append(os.path.splitext(args.data_train)[0] + ".lst")
-        candidates.append(os.path.join(os.path.dirname(args.data_train), "train.lst"))
-    for lst in candidates:
-        if os.path.isfile(lst):
-            names = {}
-            with open(lst) as f:
-                for line in f:  # im2rec: index \t label \t relative/path
-                    parts = line.rstrip("\n").split("\t")
-                    if len(parts) >= 3:
-                        names[int(float(parts[1]))] = parts[-1].replace("\\", "/").split("/")[0]
-            return [names.get(i, str(i)) for i in range(max(names) + 1)] if names else None
-    return None
-
-
-def load_image(args, path):
-    """The validation transform: shorter side to --data-val-resize, centre crop, normalise, layout."""
-    import cv2
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    if image is None:
-        raise TrainingError(f"--data-pred {path} is not a readable image")
-    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-    channels, height, width = args.image_shape
-    h, w = image.shape[:2]
-    scale = args.data_val_resize / min(h, w)
-    image = cv2.resize(image, (max(width, round(w * scale)), max(height, round(h * scale))),
-                       interpolation=cv2.INTER_LINEAR)
-    top, left = (image.shape[0] - height) // 2, (image.shape[1] - width) // 2
-    image = image[top:top + height, left:left + width].astype("float32")
-    image = (image - np.array(args.rgb_mean, "float32")) / np.array(args.rgb_std, "float32")
-    if channels == 4:
-        image = np.concatenate([image, np.zeros_like(image[..., :1])], axis=-1)
-    if args.input_layout == "NCHW":
-        image = image.transpose(2, 0, 1)
-    return image[None]
-
-
-def predict(args, net, ctxs):
-    """--mode pred: print the top-5 classes of --data-pred; returns [(probability, class index, name)]."""
-    load_for_scoring(args, net, ctxs, Distributed(None))
-    image = mx.nd.array(load_image(args, args.data_pred), ctx=ctxs[0])
-    probs = net(image.astype(out_dtype(args.dtype))).astype("float32").softmax()[0].asnumpy()
-    names = class_names(args)
-    if names is None:
-        log.info("No class names (--class-names, or a .lst beside --data-train): printing class indices")
-    top = np.argsort(-probs)[:5]
-    result = []
-    for rank, index in enumerate(top, 1):
-        name = names[index] if names and index < len(names) else str(index)
-        print(f"{rank}. {100 * probs[index]:6.2f}% -> {name}")
-        result.append((float(probs[index]), int(index), name))
-    return result

@@ -1,6 +1,6 @@
 """Training recipes (named hyper-parameter presets) and learning-rate schedules.
 
-A recipe fills every hyper-parameter the user did not give on the command line. `--lr` is the absolute
+A recipe gives the parser its defaults: a flag on the command line wins. `--lr` is the absolute
 learning rate for the global batch (runner passes it already scaled); when it is not given, the recipe's
 LR per 256 images is scaled linearly: lr = lr_per_256 * batch_size / 256.
 """
@@ -22,27 +22,25 @@ RECIPES = {
 SCHEDULES = ["cosine", "step", "poly", "linear"]
 
 
-def apply_recipe(args, parser_defaults):
-    """Fill the hyper-parameters left unset (None) from ``args.recipe``; return the names filled.
+DEFAULT_RECIPE = "nvidia"
+# Not parser defaults: the LR depends on the global batch, the epochs on --mode (scoring makes 1 pass).
+DERIVED_FIELDS = ("lr_per_256", "num_epochs")
 
-    Flags owned by other modules (e.g. --min-random-area) have ordinary defaults: the recipe changes them
-    only while they still hold their parser default.
-    """
-    if args.recipe not in RECIPES:
-        raise ValueError(f"unknown recipe '{args.recipe}'; choose one of: {', '.join(RECIPES)}")
-    filled = []
-    for name, value in RECIPES[args.recipe].items():
-        if name == "lr_per_256":
-            continue
-        current = getattr(args, name, None)
-        if current is None or (name in parser_defaults and current == parser_defaults[name]):
-            if current != value:
-                filled.append(name)
-            setattr(args, name, value)
-    if args.lr is None:
-        args.lr = RECIPES[args.recipe]["lr_per_256"] * args.batch_size / 256
-        filled.append("lr")
-    return filled
+
+def recipe_defaults(name):
+    """The parser defaults a recipe sets (command line > recipe > parser defaults, as timm's config files)."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe '{name}'; choose one of: {', '.join(RECIPES)}")
+    return {key: value for key, value in RECIPES[name].items() if key not in DERIVED_FIELDS}
+
+
+def recipe_lr(name, batch_size):
+    """The recipe's LR for a global batch: its LR per 256 images, scaled linearly (Goyal et al. 2017)."""
+    return RECIPES[name]["lr_per_256"] * batch_size / 256
+
+
+def recipe_epochs(name):
+    return RECIPES[name]["num_epochs"]
 
 
 def get_schedule(kind, base_lr, num_epochs, warmup_epochs=0.0, steps=(), factor=0.1, power=2.0, final_lr=0.0):

@@ -4,6 +4,7 @@ Usually started by `runner`, once per worker under horovodrun; it also runs alon
 """
 import argparse
 import copy
+import dataclasses
 import logging
 import os
 import random
@@ -31,6 +32,7 @@ import dali
 import fit
 from helptext import HelpFormatter
 import models
+import predict
 import quantize
 import run_lock
 import schedules
@@ -50,7 +52,8 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def get_args_parser():
+def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
+    """train.py's flags, with ``recipe``'s hyper-parameters as their defaults."""
     parser = OneLineParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
@@ -58,7 +61,26 @@ def get_args_parser():
     dali.add_dali_args(parser)
     data.add_data_aug_args(parser)
     quantize.add_quantize_args(parser)
+    predict.add_pred_args(parser)
+    parser.set_defaults(**schedules.recipe_defaults(recipe))
     return parser
+
+
+def chosen_recipe(argv):
+    """--recipe's value in ``argv`` (the default recipe without one); a bad name is left to the full parser."""
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--recipe", default=schedules.DEFAULT_RECIPE)
+    recipe = probe.parse_known_args(argv)[0].recipe
+    return recipe if recipe in schedules.RECIPES else schedules.DEFAULT_RECIPE
+
+
+def parse_args(argv=None, prog=None):
+    """The command line over --recipe's defaults over the parser's own (timm's order for its config files)."""
+    argv = sys.argv[1:] if argv is None else [str(arg) for arg in argv]
+    parser = get_args_parser(chosen_recipe(argv))
+    if prog:
+        parser.prog = prog
+    return parser.parse_args(argv)
 
 
 def setup_logging(rank):
@@ -66,11 +88,17 @@ def setup_logging(rank):
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def apply_recipe(args):
-    """Fill the hyper-parameters not given on the command line from --recipe (idempotent)."""
+def fill_hyper_parameters(args):
+    """The defaults that depend on other flags: the recipe's epochs for training, and its LR per 256 images
+    scaled to the global batch. Then every hyper-parameter is checked."""
+    if args.num_epochs is None:
+        args.num_epochs = schedules.recipe_epochs(args.recipe)
+    if args.lr is None:
+        args.lr = schedules.recipe_lr(args.recipe, args.batch_size)
     try:
-        schedules.apply_recipe(args, vars(get_args_parser().parse_args([])))
         fit.check_args(args)
+        if args.mode == "pred":
+            predict.check_pred_args(args.data_pred)
     except ValueError as error:
         raise UsageError(str(error))
 
@@ -78,9 +106,35 @@ def apply_recipe(args):
 def check_flags(argv):
     """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag (runner calls this
     before starting any worker)."""
-    parser = get_args_parser()
-    parser.prog = "train.py"
-    parser.parse_args(argv)
+    parse_args(argv, prog="train.py")
+
+
+def json_values(namespace):
+    """The values of ``namespace`` a JSON state file keeps (None and objects left out)."""
+    return {k: v for k, v in vars(namespace).items() if isinstance(v, (int, float, str, list))}
+
+
+def run_info(args, typed, given, command):
+    """fit.RunInfo: what this run derived, apart from what the user typed. ``typed``: the arguments as parsed,
+    before the kit filled in the defaults that depend on the machine, the data, the recipe or a checkpoint."""
+    model_name = models.model_name_from_args(args)
+    report_path = args.report or ("score.json" if args.mode == "val" else "report.json")
+    resolved = json_values(args)
+    derived = {k: v for k, v in resolved.items() if typed.get(k) != v}
+    derived.update(model_name=model_name, report=report_path)
+    record = {"args": resolved, "given": sorted(given), "derived": derived}
+    return fit.RunInfo(model_name=model_name, command=list(command), report_path=report_path, record=record)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What main() leaves behind: the network (trained or scored), and the report, the prediction or the data
+    pipeline's rate, by mode."""
+    net: object = None
+    report: object = None
+    stopped: bool = False
+    prediction: list = None
+    io: dict = None
 
 
 def attach_console(rank):
@@ -101,14 +155,14 @@ def attach_console(rank):
     sys.stdout.reconfigure(line_buffering=True)
 
 
-def header(args, size):
+def header(args, size, report_path):
     """One line on what runs and where its results go (every argument is in the JSON log)."""
     model = f"{models.model_name_from_args(args)} ({args.num_classes} classes, " \
             f"{'x'.join(str(v) for v in args.image_shape)})"
     machine = f"{size} worker(s), batch {args.batch_size}, {args.dtype}, {args.data_backend}"
     if args.mode == "val":
         return (f"Scoring {args.load or 'freshly initialised weights'}: {model}, resize {args.data_val_resize}, "
-                f"{machine}; data {args.data_val or 'synthetic'}; results in {fit.workspace_path(args, args.report)}")
+                f"{machine}; data {args.data_val or 'synthetic'}; results in {fit.workspace_path(args, report_path)}")
     data_files = "synthetic" if args.data_backend == "synthetic" else \
         ", ".join(f for f in (args.data_train, args.data_val) if f)
     return (f"Training {model} on {machine}; recipe {args.recipe}, LR {args.lr:g}, {args.num_epochs} epochs; "
@@ -223,6 +277,16 @@ def hold_workspace(args, dist):
     return lock
 
 
+def predict_image(args, net, ctxs, dist):
+    """--mode pred: the top-5 classes of --data-pred by the checkpoint (as INT8 with --dtype int8)."""
+    if args.dtype == "int8":
+        net = int8_net(args, net, ctxs, dist)
+    fit.load_for_scoring(args, net, ctxs, dist)
+    image = predict.load_image(args.data_pred, args.image_shape, args.data_val_resize, args.rgb_mean, args.rgb_std,
+                               args.input_layout)
+    return predict.predict(net, image, ctxs[0], args.dtype, predict.class_names(args.class_names, args.data_train))
+
+
 def int8_net(args, net, ctxs, dist, train_iter=None):
     """--dtype int8: the float32 checkpoint (loaded here) as oneDNN's calibrated INT8 graph (quantize.py)."""
     path = fit.load_for_scoring(args, net, ctxs, dist)
@@ -263,8 +327,14 @@ def fused_float32_net(args, net, ctxs, dist):
     return fused
 
 
-def main(args):
+def main(args, command=None, given=()):
+    """Run ``args`` (from parse_args); ``command``: the command line, for the records; ``given``: the
+    destinations of the flags typed (settings.given_flags). Returns an Outcome."""
     import mxnet as mx
+
+    command = list(command or [sys.argv[0]])
+    given = set(given)
+    typed = json_values(args)
 
     hvd = None
     if args.kv_store == "horovod":
@@ -275,12 +345,12 @@ def main(args):
     attach_console(dist.rank)
     setup_logging(dist.rank)
     try:
-        settings.complete(args, getattr(args, "given", set()), mx.context.num_gpus())
+        settings.complete(args, given, mx.context.num_gpus())
     except ValueError as error:
         raise UsageError(str(error))
     if args.dtype == "bfloat16" and settings.bfloat16_unsupported():
         raise UsageError(settings.bfloat16_unsupported())
-    apply_recipe(args)
+    fill_hyper_parameters(args)
     ctxs = contexts(args, dist.local_rank, dist.local_size)
     validate_args(args, dist.size * len(ctxs))
     check_fusions(args, ctxs)
@@ -288,13 +358,13 @@ def main(args):
         why = quantize.int8_unavailable(args.mode, ctxs, args.conv_layout, args.calib_batches)
         if why:
             raise UsageError(why)
-    args.model_name = models.model_name_from_args(args)  # checkpoints record it; resume checks it
+    run = run_info(args, typed, given, command)
     if args.mode in ("train", "train_val"):
         os.makedirs(args.workspace, exist_ok=True)
         # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
         os.makedirs(os.path.dirname(fit.workspace_path(args, args.model_prefix)) or ".", exist_ok=True)
     if args.mode != "pred":
-        os.makedirs(os.path.dirname(os.path.abspath(fit.workspace_path(args, args.report))), exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(fit.workspace_path(args, run.report_path))), exist_ok=True)
     lock = hold_workspace(args, dist)
     if args.seed is not None:
         random.seed(args.seed)
@@ -304,7 +374,7 @@ def main(args):
     warn_about(args, dist.is_primary)
     if dist.is_primary:
         if args.mode != "pred":
-            logging.info("%s", header(args, dist.size))
+            logging.info("%s", header(args, dist.size, run.report_path))
 
     if args.dtype == "bfloat16":
         # Operators run in bfloat16 on oneDNN through MXNet's AMP (parameters stay float32). AMP patches
@@ -325,27 +395,28 @@ def main(args):
     net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=data.out_dtype(args.dtype)))
     for param in net.collect_params().values():
         param._finish_deferred_init()
+    stopped = False
     try:
         if args.mode == "pred":
-            return fit.predict(args, int8_net(args, net, ctxs, dist) if args.dtype == "int8" else net, ctxs)
+            return Outcome(net=net, prediction=predict_image(args, net, ctxs, dist))
         train_iter, val_iter = data.get_data_iterators_per_device(args, dist.rank, dist.size, dist.local_rank,
                                                                   dist.local_size, ctxs)
         if args.test_io:  # time the data pipeline alone
-            return data.test_io(args, train_iter, val_iter, dist)
+            return Outcome(net=net, io=data.test_io(args, train_iter, val_iter, dist))
         if args.mode == "val":
             if args.dtype == "int8":
                 net = int8_net(args, net, ctxs, dist, train_iter)
             elif args.dtype == "float32":  # the fastest correct graph for the dtype
                 net = fused_float32_net(args, net, ctxs, dist)
-            report = fit.score(args, net, val_iter, ctxs, dist)
+            report = fit.score(args, run, net, val_iter, ctxs, dist)
         else:
             if train_iter is None:
                 raise UsageError(f"--mode {args.mode} needs training data (--data-train)")
-            report, stopped = fit.fit(args, net, train_iterator_factory(args, dist, ctxs, train_iter),
+            report, stopped = fit.fit(args, run, net, train_iterator_factory(args, dist, ctxs, train_iter),
                                       val_iter, ctxs, dist)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
-    except (fit.TrainingError, data.DataError) as error:
+    except (fit.TrainingError, data.DataError, predict.PredictionError) as error:
         raise UsageError(str(error))
     dist.finish()
     if lock is not None and dist.is_primary:  # every rank has finished cleanly: tell runner how
@@ -354,17 +425,16 @@ def main(args):
         top1 = report.metrics.get("val.top1")
         if top1:
             print(f"Validation top-1: {top1[-1]:.4f}")
-        print(f"Report: {os.path.abspath(fit.workspace_path(args, args.report))}")
-    return report
+        print(f"Report: {os.path.abspath(fit.workspace_path(args, run.report_path))}")
+    return Outcome(net=net, report=report, stopped=stopped)
 
 
 def run(argv=None):
-    parser = get_args_parser()
-    args = parser.parse_args(argv)
-    args.cmd = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
-    args.given = settings.given_flags(parser, args.cmd[1:])  # flags typed, whatever their value
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    given = settings.given_flags(get_args_parser(), argv)  # flags typed, whatever their value
     try:
-        main(args)
+        main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -10,19 +10,10 @@ import train  # noqa: E402
 
 def main():
     out_dir = sys.argv[1]
-    args = train.get_args_parser().parse_args(sys.argv[2:])
-    args.cmd = sys.argv
+    args = train.parse_args(sys.argv[2:])
     import horovod.mxnet as hvd
-    net_holder = {}
-    original = train.models.get_model_from_args
-
-    def keep_net(a):
-        net_holder["net"] = original(a)
-        return net_holder["net"]
-
-    train.models.get_model_from_args = keep_net
-    train.main(args)
-    params = {name: p.data().asnumpy() for name, p in net_holder["net"].collect_params().items()}
+    outcome = train.main(args, sys.argv)
+    params = {name: p.data().asnumpy() for name, p in outcome.net.collect_params().items()}
     np.savez(os.path.join(out_dir, f"params-rank{hvd.rank()}.npz"), **params)
 
 

@@ -21,12 +21,8 @@ def check_flags(argv):
 
 
 def main():
-    args = train.get_args_parser().parse_args(sys.argv[1:])
-    args.cmd = sys.argv
-    nets = []
-    build = train.models.get_model_from_args
-    train.models.get_model_from_args = lambda a: nets.append(build(a)) or nets[-1]
-    train.main(args)
+    args = train.parse_args(sys.argv[1:])
+    outcome = train.main(args, sys.argv)
 
     import horovod.mxnet as hvd
     launched = world.launched_world(os.environ)
@@ -40,7 +36,7 @@ def main():
                            ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include")}}
     with open(os.path.join(args.workspace, f"world-rank{hvd.rank()}.json"), "w") as f:
         json.dump(seen, f)
-    params = {name: p.data().asnumpy() for name, p in nets[-1].collect_params().items()}
+    params = {name: p.data().asnumpy() for name, p in outcome.net.collect_params().items()}
     np.savez(os.path.join(args.workspace, f"params-rank{hvd.rank()}.npz"), **params)
 
 

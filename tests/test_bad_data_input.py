@@ -69,7 +69,7 @@ KINDS = ["empty rec", "empty idx", "past the end", "between records", "garbage l
 def test_index_checked_against_the_file_before_any_pipeline(kind, backend, tmp_path, good):
     rec, idx, words = bad_files(kind, tmp_path, *good)
     for split in ("train", "val"):
-        args = train.get_args_parser().parse_args(
+        args = train.parse_args(
             ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
              "--image-shape", "3,32,32"])
         with pytest.raises(data.DataError) as error:
@@ -149,7 +149,7 @@ def test_iterators_name_the_record_that_does_not_decode(tmp_path, backend, split
     # (The mxnet backend's validation iterator is left out: MXNet's ImageRecordIter with resize= dies of a
     # floating point exception in C++ on such an image, before Python can report anything.)
     rec, idx = undecodable_file(tmp_path)
-    args = train.get_args_parser().parse_args(
+    args = train.parse_args(
         ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
          "--image-shape", "3,32,32", "--data-val-resize", "32", "--dali-threads", "1", "--data-mxnet-threads", "1"])
     with pytest.raises(data.DataError) as error:  # ImageRecordIter decodes its first batch when it is made
@@ -219,7 +219,7 @@ def test_a_pipeline_error_without_a_named_record_is_still_one_telling_line(tmp_p
     """When no record can be blamed (here the finder is switched off), the line names DALI's failing operator
     and what it met, not the C++ stack."""
     rec, idx = undecodable_file(tmp_path)
-    args = train.get_args_parser().parse_args(["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx",
+    args = train.parse_args(["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx",
                                                idx, "--batch-size", "8", "--image-shape", "3,32,32"])
     iterator = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())[0]
     iterator.failing_record = None

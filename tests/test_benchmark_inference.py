@@ -143,7 +143,7 @@ class CountingIterator:
 
 
 def val_args(data_root, workspace, *extra):
-    return train.get_args_parser().parse_args(
+    return train.parse_args(
         ["--mode", "val", "--data-backend", "mxnet", "--batch-size", "4", "--data-val", str(data_root / "val.rec"),
          "--data-val-idx", str(data_root / "val.idx"), "--workspace", str(workspace), "--data-mxnet-threads", "1",
          *TINY_MODEL, *extra])
@@ -165,16 +165,16 @@ def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_
     assert len(labels) == VAL_COUNT
     expected_top1 = float(np.mean(logits.argmax(axis=1) == labels))
     counting = CountingIterator(val_iter)
-    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args, max_iters=7)
+    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args.dtype, max_iters=7)
     assert counting.drawn == 7 and len(metrics["durations"]) == 7  # 3 batches per pass: cycled twice and one
     assert metrics["samples"] == VAL_COUNT
     assert metrics["top1"] == pytest.approx(expected_top1)
     counting.drawn = 0
-    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args)  # a plain scoring pass
+    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args.dtype)  # a plain scoring pass
     assert counting.drawn == 3 and metrics["samples"] == VAL_COUNT
     assert metrics["top1"] == pytest.approx(expected_top1)
     counting.drawn = 0
-    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args, max_iters=2)  # a shorter cap
+    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args.dtype, max_iters=2)  # a shorter cap
     assert counting.drawn == 2 == len(metrics["durations"]) and metrics["samples"] == 8
 
 

@@ -13,7 +13,7 @@ from conftest import ROOT, venv_env
 
 
 def parse(*argv):
-    return train.get_args_parser().parse_args([str(a) for a in argv])
+    return train.parse_args([str(a) for a in argv])
 
 
 def rec_args(backend, rec, idx, batch_size, *extra):

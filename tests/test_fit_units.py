@@ -121,18 +121,23 @@ def test_schedules_match_their_formulas():
         schedules.get_schedule("exp", 1.0, 10)
 
 
-def test_recipe_fills_only_unset_fields_and_scales_lr_per_256():
+def test_recipe_gives_the_defaults_and_the_command_line_wins():
     import train
-    args = train.get_args_parser().parse_args(["--recipe", "he", "--batch-size", "512", "--mom", "0.8"])
-    defaults = vars(train.get_args_parser().parse_args([]))
-    schedules.apply_recipe(args, defaults)
+    args = train.parse_args(["--recipe", "he", "--batch-size", "512", "--mom", "0.8"])
+    train.fill_hyper_parameters(args)
     assert args.optimizer == "nag" and args.mom == 0.8 and args.lr == pytest.approx(0.2)
     assert args.lr_steps == [30, 60, 80] and args.wd == 1e-4 and args.num_epochs == 90
-    args = train.get_args_parser().parse_args(["--recipe", "nvidia-2019", "--lr", "0.3"])
-    schedules.apply_recipe(args, defaults)
+    args = train.parse_args(["--recipe", "nvidia-2019", "--lr", "0.3"])
+    train.fill_hyper_parameters(args)
     assert args.lr == 0.3 and args.min_random_area == 0.05 and args.lr_schedule == "step"
-    args = train.get_args_parser().parse_args([])
-    schedules.apply_recipe(args, defaults)
+    # A flag typed with the value the parser would default to still wins over the recipe (apply_recipe, before,
+    # took a value equal to the parser default for unset: this trained with 0.05).
+    args = train.parse_args(["--recipe", "nvidia-2019", "--min-random-area", "0.08", "--mom", "0.875"])
+    assert args.min_random_area == 0.08 and args.mom == 0.875 and args.wd == 1e-4
+    args = train.parse_args(["--rec", "he"])  # an abbreviation, as argparse accepts for every flag
+    assert args.recipe == "he" and args.optimizer == "nag"
+    args = train.parse_args([])
+    train.fill_hyper_parameters(args)
     assert args.lr == pytest.approx(0.256 * 192 / 256) and args.mom == 0.875 and args.wd == 1 / 32768
     assert args.label_smoothing == 0.1 and args.lr_schedule == "cosine" and math.isclose(args.warmup_epochs, 5)
 

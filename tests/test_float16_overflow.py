@@ -5,7 +5,6 @@ network has float16 convolution/FC parameters and float32 BatchNorm parameters, 
 many contexts as asked. The kit's own check (fit.grads_finite, fit.StatsGuard) and loss-scaling update run on
 those arrays here, against numpy's verdict on the same values.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -57,7 +56,7 @@ def test_overflow_caught_in_every_gradient_group_of_every_architecture(name):
     for group in groups:
         assert len(group) <= 200
         assert len({(a.context, np.dtype(a.dtype)) for a in group}) == 1
-    scaler = fit.make_loss_scaler(argparse.Namespace(dtype="float16", loss_scale=None))
+    scaler = fit.make_loss_scaler(None, "float16")
     assert numpy_all_finite(grads) and fit.grads_finite(params)  # gradients start as zeros
     scaler.update(fit.grads_finite(params))
     assert scaler.scale == 2.0 ** 16 and scaler.clean_steps == 1

@@ -41,7 +41,7 @@ def plan(argv, gpus, cores, environ=None):
 def train_args(command):
     """The planned train.py arguments, parsed by train.py's own parser."""
     start = next(i for i, word in enumerate(command) if word.endswith("train.py")) + 1
-    return train.get_args_parser().parse_args(command[start:])
+    return train.parse_args(command[start:])
 
 
 def test_eight_gpus_float16_is_the_originals_settings_without_fusions(data_root):
@@ -50,7 +50,7 @@ def test_eight_gpus_float16_is_the_originals_settings_without_fusions(data_root)
     args = train_args(command)
     assert args.dtype == "float16" and args.data_backend == "dali-gpu" and args.kv_store == "horovod"
     assert args.batch_size == 8 * 208 and args.lr is None  # no -l: train.py scales the recipe's LR per 256
-    schedules.apply_recipe(args, vars(train.get_args_parser().parse_args([])))
+    train.fill_hyper_parameters(args)
     assert args.lr == pytest.approx(0.256 * 8 * 208 / 256)
     # The original's float16 flags (its runner, 2019-10): NHWC compute, 4-channel input; our input is NHWC too
     # (DALI writes HWC), and no fused BatchNorm ops, which upstream MXNet has no GPU kernel for.
@@ -175,10 +175,10 @@ def test_gpu_of_each_rank():
 
 
 def test_fused_bn_relu_is_refused_where_upstream_has_no_kernel():
-    args = train.get_args_parser().parse_args(["--fuse-bn-relu", "1"])
+    args = train.parse_args(["--fuse-bn-relu", "1"])
     with pytest.raises(train.UsageError, match="CPUs only"):
         train.check_fusions(args, [mx.gpu(0)])
     train.check_fusions(args, [mx.cpu()])
-    args = train.get_args_parser().parse_args(["--fuse-bn-relu", "1", "--conv-layout", "NHWC"])
+    args = train.parse_args(["--fuse-bn-relu", "1", "--conv-layout", "NHWC"])
     with pytest.raises(ValueError, match="axis 1 only"):
         models.get_model_from_args(args)

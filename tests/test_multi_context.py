@@ -2,7 +2,6 @@
 
 Each device gets its own data pipeline reading its own shard; training, resuming and scoring go through
 train.py's real code, and parameters are loaded on every context (MXNet asserts the context set)."""
-import argparse
 import json
 import os
 import subprocess
@@ -21,7 +20,7 @@ TWO = [mx.cpu(0), mx.cpu(1)]
 
 def test_one_pipeline_and_shard_per_device(unique_label_rec):
     rec, idx, count = unique_label_rec
-    args = train.get_args_parser().parse_args(
+    args = train.parse_args(
         ["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx", idx, "--data-val", rec,
          "--data-val-idx", idx, "--batch-size", "4", "--image-shape", "3,16,16", "--data-val-resize", "16",
          "--dali-threads", "1", "--dali-validation-threads", "1", "--seed", "1"])
@@ -40,8 +39,7 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
     assert len(val_iter) == 14 and batch.pads[0] == 2
     net = mx.gluon.nn.Dense(count, in_units=3 * 16 * 16, flatten=True)
     net.initialize(ctx=TWO)
-    metrics = fit.evaluate(net, val_iter, TWO, fit.Distributed(None), argparse.Namespace(dtype="float32",
-                                                                                       no_metrics=False))
+    metrics = fit.evaluate(net, val_iter, TWO, fit.Distributed(None), "float32")
     assert metrics["samples"] == count and 0 <= metrics["correct1"] <= metrics["correct5"] <= count
     trained = [set(), set()]
     for step, batch in enumerate(train_iter):

@@ -47,7 +47,7 @@ def prepared(tmp_path_factory):
 @pytest.mark.parametrize("backend", ["dali-cpu", "mxnet"])
 def test_pipelines_read_prepared_records_with_right_labels(prepared, backend):
     out = prepared / "out"
-    args = train.get_args_parser().parse_args([
+    args = train.parse_args([
         "--data-backend", backend, "--data-train", str(out / "train.rec"), "--data-train-idx", str(out / "train.idx"),
         "--data-val", str(out / "val.rec"), "--data-val-idx", str(out / "val.idx"), "--batch-size", "4",
         "--image-shape", "3,32,32", "--data-val-resize", "36", "--rgb-mean", "0,0,0", "--rgb-std", "1,1,1",

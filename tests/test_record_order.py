@@ -27,7 +27,7 @@ def sorted_rec(tmp_path_factory):
 
 
 def parse(rec, idx, *extra):
-    return train.get_args_parser().parse_args(
+    return train.parse_args(
         ["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx", idx, "--batch-size",
          str(GLOBAL_BATCH), "--image-shape", "3,16,16", "--dali-threads", "1", *extra])
 

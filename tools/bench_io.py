@@ -48,7 +48,7 @@ def run_one(argv):
     import mxnet as mx
     import data
     import train
-    args = train.get_args_parser().parse_args(argv)
+    args = train.parse_args(argv)
     train_iter, val_iter = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())
     result = data.test_io(args, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
     print(json.dumps(dict(result, backend=args.data_backend)))
