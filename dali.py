@@ -1,40 +1,16 @@
-"""DALI pipelines reading ImageNet RecordIO, and our own DALI-to-MXNet iterator.
+"""DALI pipelines reading ImageNet RecordIO, and the copy of their outputs into MXNet NDArrays.
 
-DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliIterator` hands DALI's outputs to MXNet
-itself: on CPU through numpy, on GPU by copying straight into the NDArray's device memory.
+DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliBatches` hands DALI's outputs to MXNet itself:
+on CPU through numpy, on GPU by copying straight into the NDArray's device memory. Imports nothing of the kit:
+data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
-import collections
 import ctypes
-import logging
-import math
 
 import mxnet as mx
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
-import records
-from data import DataError, default_threads, describe_failure
-
 READER_NAME = "Reader"
-log = logging.getLogger(__name__)
-
-
-def add_dali_args(parser):
-    group = parser.add_argument_group("DALI data backend", "used with --data-backend dali-gpu or dali-cpu")
-    group.add_argument("--dali-separ-val", action="store_true",
-                       help="every process validates on the whole validation set (no sharding)")
-    group.add_argument("--dali-threads", type=int, default=None,
-                       help="CPU threads per training pipeline (default: cores per process)")
-    group.add_argument("--dali-validation-threads", type=int, default=None,
-                       help="CPU threads per validation pipeline (default: cores per process)")
-    group.add_argument("--dali-prefetch-queue", type=int, default=5, help="DALI prefetch queue depth")
-    group.add_argument("--dali-nvjpeg-memory-padding", type=int, default=64,
-                       help="memory padding value for nvJPEG, in MB (dali-gpu only)")
-    group.add_argument("--dali-fuse-decoder", type=int, default=1, choices=[0, 1],
-                       help="fuse decoding and random cropping (0 = decode, then random-resized-crop)")
-    group.add_argument("--dali-dont-use-mmap", action="store_true",
-                       help="read the RecordIO with plain reads instead of mmap (better on network file systems)")
-    return group
 
 
 def _normalize(images, image_shape, mean, std, dtype, layout, mirror, crop=True):
@@ -94,41 +70,6 @@ def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, st
     return images, labels.gpu() if device == "gpu" else labels
 
 
-class ShuffledShardSource:
-    """The training pipeline's records: this rank's shard of one permutation of the whole file per epoch.
-
-    Every epoch draws a new permutation of all records from (seed, epoch), the same on every rank, and rank r
-    reads its slice [N*r//S, N*(r+1)//S) of it: shards are disjoint, each record is read once per epoch, and each
-    rank's batches are a uniform sample of the whole file whatever order it was written in. DALI's own reader
-    cannot do this: it splits the file into contiguous ranges (``shuffle_after_epoch`` only reorders whole files)
-    and its ``random_shuffle`` mixes a window of ``initial_fill`` neighbouring records.
-    Called by ``fn.external_source`` once per batch: returns the encoded images and their labels.
-    """
-
-    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16):
-        self.records = record_file
-        self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
-        self.batch_size = batch_size
-        self.recent = collections.deque(maxlen=remember)  # record numbers of the batches handed to DALI last
-
-    def __call__(self):
-        picks = self.order.take(self.batch_size)
-        self.recent.append(picks)
-        images = [self.records.image(i) for i in picks]
-        labels = self.records.labels[picks].astype(np.float32).reshape(-1, 1)
-        return images, labels
-
-    def failing_record(self):
-        """(record file, record number) of the batches in flight that does not decode, or None."""
-        bad = records.first_undecodable(self.records, [i for batch in self.recent for i in batch])
-        return None if bad is None else (self.records, bad)
-
-
-def shard_size(total, shard_id, num_shards):
-    """Samples in one shard, as DALI's readers split them: shard s reads [N*s//S, N*(s+1)//S)."""
-    return total * (shard_id + 1) // num_shards - total * shard_id // num_shards
-
-
 def _copy_into(dali_tensor, out):
     """Copy one DALI batch (a dense TensorList) into the NDArray ``out``, in one copy into its own buffer, as
     DALI's old MXNet plugin did: host to host for dali-cpu, device to device for dali-gpu (no round trip
@@ -151,110 +92,34 @@ _DALI_TO_NUMPY = {types.FLOAT: "float32", types.FLOAT16: "float16", types.INT32:
                   types.UINT8: "uint8", types.INT64: "int64"}
 
 
-class DaliIterator:
-    """Iterates a built DALI pipeline as MXNet ``DataBatch``es for ``size`` samples per epoch.
+class DaliBatches:
+    """Runs a built DALI pipeline and copies each batch (images, labels) into NDArrays on ``ctx``.
 
-    The last batch of an epoch keeps its full shape (static shapes for hybridized nets); ``batch.pad``
-    says how many trailing samples are padding and must not be counted.
     Batches are copied into ``buffers`` sets of NDArrays used in turn, as DALI's old plugin and MXNet's own
     iterators do (a fresh 40 MB array per batch costs a third of the CPU pipeline's speed in page faults):
     a batch stays valid until ``buffers`` more are drawn; copy it to keep it longer.
     """
 
-    def __init__(self, pipeline, size, ctx, buffers=2, failing_record=None):
+    def __init__(self, pipeline, ctx, buffers=2):
         self.pipeline = pipeline
-        self.failing_record = failing_record  # finds the record a pipeline error came from, or None
-        self.size = size
         self.batch_size = pipeline.max_batch_size
         self.ctx = ctx
-        self._served = 0
         self._slots = [[None, None] for _ in range(max(1, buffers))]
         self._next_slot = 0
 
-    def __len__(self):
-        return math.ceil(self.size / self.batch_size)
-
-    def __iter__(self):
-        self._served = 0
-        return self
-
-    def reset(self):
-        self._served = 0
-
-    def __next__(self):
-        if self._served >= self.size:
-            raise StopIteration
-        try:
-            images, labels = self.pipeline.run()
-        except RuntimeError as error:  # DALI reports a bad image as a multi-page C++ stack: name the record
-            raise DataError(describe_failure(self.failing_record, error)) from None
+    def next(self):
+        """(images, labels) of the next batch; a pipeline failure (e.g. an image that does not decode) raises
+        DALI's RuntimeError."""
+        images, labels = self.pipeline.run()
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         for i, tensor_list in enumerate((images, labels)):
             tensor = tensor_list.as_tensor()
             slot[i] = _matching(slot[i], tensor, self.ctx)
             _copy_into(tensor, slot[i])
-        valid = min(self.batch_size, self.size - self._served)
-        self._served += valid
-        return mx.io.DataBatch(data=[slot[0]], label=[slot[1].reshape((-1,))], pad=self.batch_size - valid)
+        return slot[0], slot[1].reshape((-1,))
 
 
-def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files):
-    """Train and val iterators for this rank. ``args.batch_size`` is the global batch; ``record_files`` holds the
-    checked records.RecordFile of "train" and "val" (data.open_record_files)."""
-    device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
-    if device == "gpu" and ctx.device_type != "gpu":
-        raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
-    device_id = ctx.device_id if device == "gpu" else None  # the GPU of this rank (or of this part of a batch)
-    local_batch = args.batch_size // num_workers
-    threads = args.dali_threads or default_threads(local_size)
-    val_threads = args.dali_validation_threads or default_threads(local_size)
-    seed = None if args.seed is None else args.seed + rank  # each rank augments differently
-    common = dict(image_shape=args.image_shape, mean=args.rgb_mean, std=args.rgb_std, dtype=args.dtype,
-                  layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding)
-    train_iter = val_iter = None
-    if args.data_train:
-        train_records = record_files["train"]
-        # The record order must be the same on every rank (disjoint shards): seeded by --seed, not by the rank.
-        # Without --seed it is seed 0's order (augmentation stays random).
-        source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
-                                     seed=0 if args.seed is None else args.seed,
-                                     remember=args.dali_prefetch_queue + 4)  # the batches DALI may hold
-        pipe = train_pipeline(
-            source=source, random_area=(args.min_random_area, args.max_random_area),
-            random_aspect_ratio=(args.min_random_aspect_ratio, args.max_random_aspect_ratio),
-            random_mirror=bool(args.random_mirror), fuse_decoder=bool(args.dali_fuse_decoder),
-            batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
-            prefetch_queue_depth=args.dali_prefetch_queue, **common)
-        pipe.build()
-        total = len(train_records)
-        num_examples = args.num_examples or total
-        if num_examples < total and rank == 0:
-            log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
-                        "data (a random part of a new shuffle each epoch)", num_examples, total, args.data_train)
-        # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
-        steps = math.ceil(num_examples / args.batch_size)
-        train_iter = DaliIterator(pipe, steps * local_batch, ctx, failing_record=source.failing_record)
-    if args.data_val:
-        shard_id, num_shards = (0, 1) if args.dali_separ_val else (rank, num_workers)
-        pipe = val_pipeline(
-            rec_path=args.data_val, idx_path=args.data_val_idx, shard_id=shard_id, num_shards=num_shards,
-            resize_shorter=args.data_val_resize, batch_size=local_batch, num_threads=val_threads,
-            device_id=device_id, seed=seed, prefetch_queue_depth=args.dali_prefetch_queue,
-            dont_use_mmap=args.dali_dont_use_mmap, **common)
-        pipe.build()
-        total = pipe.reader_meta(READER_NAME)["epoch_size"]
-        val_iter = DaliIterator(pipe, shard_size(total, shard_id, num_shards), ctx)
-        val_iter.failing_record = sequential_failure_finder(record_files["val"], val_iter, shard_id, num_shards,
-                                                            lookahead=(args.dali_prefetch_queue + 2) * local_batch)
-    return train_iter, val_iter
-
-
-def sequential_failure_finder(record_file, iterator, shard_id, num_shards, lookahead):
-    """For a pipeline reading its shard in file order: the undecodable record among those in flight."""
-    def find():
-        start, end = records.shard_bounds(len(record_file), shard_id, num_shards)
-        first = start + iterator._served
-        bad = records.first_undecodable(record_file, range(first, min(end, first + lookahead)))
-        return None if bad is None else (record_file, bad)
-    return find
+def reader_epoch_size(pipeline):
+    """Records the pipeline's RecordIO reader reads per epoch (all shards)."""
+    return pipeline.reader_meta(READER_NAME)["epoch_size"]

@@ -1,10 +1,16 @@
-"""Data flags shared by every backend, the non-DALI backends, the backend dispatch and --test-io."""
+"""The data flags (DALI's too), the backends' iterators, the backend dispatch and --test-io.
+
+dali.py (the DALI pipelines) is imported only when a DALI backend is chosen: DALI is a large import, and the
+mxnet and synthetic backends do not need it installed.
+"""
+import collections
 import logging
 import math
 import os
 import time
 
 import mxnet as mx
+import numpy as np
 
 import records
 
@@ -75,6 +81,24 @@ def add_data_aug_args(parser):
     return group
 
 
+def add_dali_args(parser):
+    group = parser.add_argument_group("DALI data backend", "used with --data-backend dali-gpu or dali-cpu")
+    group.add_argument("--dali-separ-val", action="store_true",
+                       help="every process validates on the whole validation set (no sharding)")
+    group.add_argument("--dali-threads", type=int, default=None,
+                       help="CPU threads per training pipeline (default: cores per process)")
+    group.add_argument("--dali-validation-threads", type=int, default=None,
+                       help="CPU threads per validation pipeline (default: cores per process)")
+    group.add_argument("--dali-prefetch-queue", type=int, default=5, help="DALI prefetch queue depth")
+    group.add_argument("--dali-nvjpeg-memory-padding", type=int, default=64,
+                       help="memory padding value for nvJPEG, in MB (dali-gpu only)")
+    group.add_argument("--dali-fuse-decoder", type=int, default=1, choices=[0, 1],
+                       help="fuse decoding and random cropping (0 = decode, then random-resized-crop)")
+    group.add_argument("--dali-dont-use-mmap", action="store_true",
+                       help="read the RecordIO with plain reads instead of mmap (better on network file systems)")
+    return group
+
+
 def check_data_files(args):
     """Return a one-line message naming the first missing data file, or None."""
     needed = []
@@ -114,6 +138,43 @@ def out_dtype(dtype):
     return "float16" if dtype == "float16" else "float32"
 
 
+class BatchIterator:
+    """The contract fit.py relies on, shared by every backend: ``len()`` batches per epoch of ``size`` samples,
+    one epoch per ``for`` (or ``reset()``), full-shape batches whose ``pad`` counts the trailing samples that
+    are padding. A backend gives ``next_arrays(valid)``: the (data, label) of the next batch, of which the first
+    ``valid`` samples count; and ``restart()`` if it must do something at the start of an epoch."""
+
+    def __init__(self, size, batch_size):
+        self.size = size
+        self.batch_size = batch_size
+        self._served = 0  # samples of this epoch handed out so far
+
+    def __len__(self):
+        return math.ceil(self.size / self.batch_size)
+
+    def __iter__(self):
+        self._served = 0
+        self.restart()
+        return self
+
+    def reset(self):
+        self.__iter__()
+
+    def restart(self):
+        pass
+
+    def next_arrays(self, valid):
+        raise NotImplementedError
+
+    def __next__(self):
+        if self._served >= self.size:
+            raise StopIteration
+        valid = min(self.batch_size, self.size - self._served)
+        data, label = self.next_arrays(valid)
+        self._served += valid
+        return mx.io.DataBatch(data=[data], label=[label], pad=self.batch_size - valid)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # mxnet backend: MXNet's own ImageRecordIter, for users without DALI.
 
@@ -129,9 +190,8 @@ def count_index_entries(idx_path):
         return sum(1 for line in index if line.strip())
 
 
-class RecordIterator:
-    """Wraps an ``mx.io.ImageRecordIter`` in the contract fit.py relies on: ``len()``, one epoch per ``for``,
-    full-shape batches with ``pad`` on ``ctx`` in the network's dtype and layout.
+class RecordIterator(BatchIterator):
+    """An ``mx.io.ImageRecordIter`` as a BatchIterator: batches on ``ctx`` in the network's dtype and layout.
 
     ImageRecordIter reports ``pad`` = 0 even with ``round_batch=False`` (the tail of its last batch is stale
     memory), so the valid count is computed from the shard size here. Training epochs have a fixed number
@@ -140,25 +200,15 @@ class RecordIterator:
     """
 
     def __init__(self, record_iter, size, batch_size, ctx, channels, dtype, layout, wrap):
+        super().__init__(size, batch_size)
         self.record_iter = record_iter
-        self.size = size
-        self.batch_size = batch_size
         self.ctx = ctx
         self.channels, self.dtype, self.layout = channels, dtype, layout
         self.wrap = wrap
-        self._served = 0
 
-    def __len__(self):
-        return math.ceil(self.size / self.batch_size)
-
-    def __iter__(self):
-        self._served = 0
+    def restart(self):
         if not self.wrap:
             self.record_iter.reset()
-        return self
-
-    def reset(self):
-        self.__iter__()
 
     def _next_record_batch(self):
         try:
@@ -174,17 +224,13 @@ class RecordIterator:
 
     failing_record = None  # finds (RecordFile, record number) of an image that does not decode, or None
 
-    def __next__(self):
-        if self._served >= self.size:
-            raise StopIteration
+    def next_arrays(self, valid):
         batch = self._next_record_batch()
-        valid = min(self.batch_size, self.size - self._served)
-        self._served += valid
         data = to_layout(batch.data[0], self.channels, self.dtype, self.layout).as_in_context(self.ctx)
         label = batch.label[0].reshape((-1,))
         if valid < self.batch_size:  # the stale tail may hold NaNs: give it a harmless label
             label = mx.nd.concat(label[:valid], mx.nd.zeros((self.batch_size - valid,)), dim=0)
-        return mx.io.DataBatch(data=[data], label=[label.as_in_context(self.ctx)], pad=self.batch_size - valid)
+        return data, label.as_in_context(self.ctx)
 
 
 def describe_failure(failing_record, error):
@@ -267,7 +313,7 @@ def get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files=N
 # ---------------------------------------------------------------------------------------------------------
 # synthetic backend
 
-class SyntheticIterator:
+class SyntheticIterator(BatchIterator):
     """Random images made once on the device, for compute-only benchmarks, with learnable labels.
 
     Each label is a fixed random linear rule applied to the image (argmax over classes of ``W . features``,
@@ -291,26 +337,10 @@ class SyntheticIterator:
                 data = data.transpose((0, 2, 3, 1))
             self.batches.append((data.astype(dtype), label.astype("float32")))
         mx.nd.waitall()
-        self.num_batches = num_batches
-        self.size = num_batches * batch_size
-        self._index = 0
+        super().__init__(num_batches * batch_size, batch_size)
 
-    def __len__(self):
-        return self.num_batches
-
-    def __iter__(self):
-        self._index = 0
-        return self
-
-    def reset(self):
-        self._index = 0
-
-    def __next__(self):
-        if self._index >= self.num_batches:
-            raise StopIteration
-        data, label = self.batches[self._index % len(self.batches)]
-        self._index += 1
-        return mx.io.DataBatch(data=[data], label=[label], pad=0)
+    def next_arrays(self, valid):
+        return self.batches[self._served // self.batch_size % len(self.batches)]
 
 
 def quadrant_means(data):
@@ -329,6 +359,128 @@ def get_synthetic_iterators(args, rank, num_workers, ctx):
     train = SyntheticIterator(num_batches=steps, image_seed=seed * 1000 + 2 * rank + 1, **common)
     val = SyntheticIterator(num_batches=max(1, steps // 4), image_seed=seed * 1000 + 2 * rank + 2, **common)
     return train, val
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DALI backends: dali.py's pipelines, fed and wrapped here.
+
+class ShuffledShardSource:
+    """The training pipeline's records: this rank's shard of one permutation of the whole file per epoch.
+
+    Every epoch draws a new permutation of all records from (seed, epoch), the same on every rank, and rank r
+    reads its slice [N*r//S, N*(r+1)//S) of it: shards are disjoint, each record is read once per epoch, and each
+    rank's batches are a uniform sample of the whole file whatever order it was written in. DALI's own reader
+    cannot do this: it splits the file into contiguous ranges (``shuffle_after_epoch`` only reorders whole files)
+    and its ``random_shuffle`` mixes a window of ``initial_fill`` neighbouring records.
+    Called by ``fn.external_source`` once per batch: returns the encoded images and their labels.
+    """
+
+    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16):
+        self.records = record_file
+        self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
+        self.batch_size = batch_size
+        self.recent = collections.deque(maxlen=remember)  # record numbers of the batches handed to DALI last
+
+    def __call__(self):
+        picks = self.order.take(self.batch_size)
+        self.recent.append(picks)
+        images = [self.records.image(i) for i in picks]
+        labels = self.records.labels[picks].astype(np.float32).reshape(-1, 1)
+        return images, labels
+
+    def failing_record(self):
+        """(record file, record number) of the batches in flight that does not decode, or None."""
+        bad = records.first_undecodable(self.records, [i for batch in self.recent for i in batch])
+        return None if bad is None else (self.records, bad)
+
+
+def shard_size(total, shard_id, num_shards):
+    """Samples in one shard, as DALI's readers split them: shard s reads [N*s//S, N*(s+1)//S)."""
+    return total * (shard_id + 1) // num_shards - total * shard_id // num_shards
+
+
+class DaliIterator(BatchIterator):
+    """A DALI pipeline's batches (dali.DaliBatches) for ``size`` samples per epoch: the last batch of an epoch
+    keeps its full shape (static shapes for hybridized nets), its ``pad`` says how many trailing samples are
+    padding. A batch stays valid until two more are drawn. A pipeline failure names its record
+    (``failing_record``: finds (RecordFile, record number) or None)."""
+
+    def __init__(self, batches, size, failing_record=None):
+        super().__init__(size, batches.batch_size)
+        self.batches = batches
+        self.failing_record = failing_record
+
+    def next_arrays(self, valid):
+        try:
+            return self.batches.next()
+        except RuntimeError as error:  # DALI reports a bad image as a multi-page C++ stack: name the record
+            raise DataError(describe_failure(self.failing_record, error)) from None
+
+
+_warned_partial_epochs = set()
+
+
+def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files):
+    """Train and val iterators for this rank. ``args.batch_size`` is the global batch; ``record_files`` holds the
+    checked records.RecordFile of "train" and "val" (data.open_record_files)."""
+    import dali  # only now: DALI is a large import, and only its backends need it
+    device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
+    if device == "gpu" and ctx.device_type != "gpu":
+        raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
+    device_id = ctx.device_id if device == "gpu" else None  # the GPU of this rank (or of this part of a batch)
+    local_batch = args.batch_size // num_workers
+    threads = args.dali_threads or default_threads(local_size)
+    val_threads = args.dali_validation_threads or default_threads(local_size)
+    seed = None if args.seed is None else args.seed + rank  # each rank augments differently
+    common = dict(image_shape=args.image_shape, mean=args.rgb_mean, std=args.rgb_std, dtype=args.dtype,
+                  layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding)
+    train_iter = val_iter = None
+    if args.data_train:
+        train_records = record_files["train"]
+        # The record order must be the same on every rank (disjoint shards): seeded by --seed, not by the rank.
+        # Without --seed it is seed 0's order (augmentation stays random).
+        source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
+                                     seed=0 if args.seed is None else args.seed,
+                                     remember=args.dali_prefetch_queue + 4)  # the batches DALI may hold
+        pipe = dali.train_pipeline(
+            source=source, random_area=(args.min_random_area, args.max_random_area),
+            random_aspect_ratio=(args.min_random_aspect_ratio, args.max_random_aspect_ratio),
+            random_mirror=bool(args.random_mirror), fuse_decoder=bool(args.dali_fuse_decoder),
+            batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
+            prefetch_queue_depth=args.dali_prefetch_queue, **common)
+        pipe.build()
+        total = len(train_records)
+        num_examples = args.num_examples or total
+        if num_examples < total and rank == 0 and args.data_train not in _warned_partial_epochs:
+            _warned_partial_epochs.add(args.data_train)  # the pipeline is rebuilt each epoch: say it once
+            log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
+                        "data (a random part of a new shuffle each epoch)", num_examples, total, args.data_train)
+        # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
+        steps = math.ceil(num_examples / args.batch_size)
+        train_iter = DaliIterator(dali.DaliBatches(pipe, ctx), steps * local_batch, source.failing_record)
+    if args.data_val:
+        shard_id, num_shards = (0, 1) if args.dali_separ_val else (rank, num_workers)
+        pipe = dali.val_pipeline(
+            rec_path=args.data_val, idx_path=args.data_val_idx, shard_id=shard_id, num_shards=num_shards,
+            resize_shorter=args.data_val_resize, batch_size=local_batch, num_threads=val_threads,
+            device_id=device_id, seed=seed, prefetch_queue_depth=args.dali_prefetch_queue,
+            dont_use_mmap=args.dali_dont_use_mmap, **common)
+        pipe.build()
+        total = dali.reader_epoch_size(pipe)
+        val_iter = DaliIterator(dali.DaliBatches(pipe, ctx), shard_size(total, shard_id, num_shards))
+        val_iter.failing_record = sequential_failure_finder(record_files["val"], val_iter, shard_id, num_shards,
+                                                            lookahead=(args.dali_prefetch_queue + 2) * local_batch)
+    return train_iter, val_iter
+
+
+def sequential_failure_finder(record_file, iterator, shard_id, num_shards, lookahead):
+    """For a pipeline reading its shard in file order: the undecodable record among those in flight."""
+    def find():
+        start, end = records.shard_bounds(len(record_file), shard_id, num_shards)
+        first = start + iterator._served
+        bad = records.first_undecodable(record_file, range(first, min(end, first + lookahead)))
+        return None if bad is None else (record_file, bad)
+    return find
 
 
 _opened = {}  # (path, index, mmap, sizes, mtimes) -> RecordFile: train.py rebuilds the training pipeline per epoch
@@ -376,8 +528,7 @@ def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     """(train, val) iterators for this rank; either is None when its data is not given."""
     if args.data_backend in ("dali-gpu", "dali-cpu"):
         record_files = open_record_files(args)
-        import dali  # DALI is imported only when used
-        return dali.get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files)
+        return get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files)
     if args.data_backend == "mxnet":
         record_files = open_record_files(args)
         if "train" in record_files:

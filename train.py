@@ -28,7 +28,6 @@ except ImportError:
              ".venv/bin/python (or `source .venv/bin/activate`)")
 
 import data
-import dali
 import fit
 from helptext import HelpFormatter
 import models
@@ -58,7 +57,7 @@ def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
     models.add_model_args(parser)
     fit.add_fit_args(parser)
     data.add_data_args(parser)
-    dali.add_dali_args(parser)
+    data.add_dali_args(parser)
     data.add_data_aug_args(parser)
     quantize.add_quantize_args(parser)
     predict.add_pred_args(parser)

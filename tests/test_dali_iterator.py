@@ -5,6 +5,7 @@ import mxnet as mx
 import pytest
 
 import dali
+import data
 
 
 def val_labels(rec, idx, shard_id, num_shards, batch_size):
@@ -12,8 +13,8 @@ def val_labels(rec, idx, shard_id, num_shards, batch_size):
                              image_shape=(3, 16, 16), mean=[0, 0, 0], std=[1, 1, 1], resize_shorter=16,
                              batch_size=batch_size, num_threads=1, device_id=None, seed=1)
     pipe.build()
-    total = pipe.reader_meta(dali.READER_NAME)["epoch_size"]
-    iterator = dali.DaliIterator(pipe, dali.shard_size(total, shard_id, num_shards), mx.cpu())
+    total = dali.reader_epoch_size(pipe)
+    iterator = data.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), data.shard_size(total, shard_id, num_shards))
     epochs = []
     for _ in range(2):  # a second epoch must give the same samples again
         labels = []
@@ -36,5 +37,5 @@ def test_validation_sees_every_sample_exactly_once_over_two_ranks(unique_label_r
 
 
 def test_shard_size_matches_reader_split():
-    assert sum(dali.shard_size(53, s, 2) for s in range(2)) == 53
-    assert [dali.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
+    assert sum(data.shard_size(53, s, 2) for s in range(2)) == 53
+    assert [data.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]

@@ -8,6 +8,7 @@ import pytest
 import sklearn.datasets
 
 import dali
+import data
 import records
 from conftest import write_record_file
 
@@ -48,7 +49,7 @@ def run_val(rec, idx, dtype, layout, channels, batch_size=4):
                              mean=MEAN, std=STD, dtype=dtype, layout=layout, resize_shorter=128,
                              batch_size=batch_size, num_threads=1, device_id=None, seed=1)
     pipe.build()
-    iterator = dali.DaliIterator(pipe, 13, mx.cpu())
+    iterator = data.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), 13)
     outputs = {}
     for batch in iterator:
         images = batch.data[0].asnumpy()
@@ -107,7 +108,7 @@ def crop_boxes(batches, size=200, out=32):
 
 
 def run_train(rec, idx, area, mirror, fuse, batches=4, batch_size=64):
-    source = dali.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=7)
+    source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=7)
     pipe = dali.train_pipeline(source=source, image_shape=(3, 32, 32),
                                mean=[0, 0, 0], std=[1, 1, 1], random_area=area, random_mirror=mirror,
                                fuse_decoder=fuse, batch_size=batch_size, num_threads=1, device_id=None, seed=7)
@@ -154,7 +155,7 @@ def test_gpu_pipeline_matches_cpu_pipeline(photo_rec):
                              mean=MEAN, std=STD, resize_shorter=128, device="gpu", batch_size=4, num_threads=1,
                              device_id=0, seed=1)
     pipe.build()
-    for batch in dali.DaliIterator(pipe, 13, mx.gpu(0)):
+    for batch in data.DaliIterator(dali.DaliBatches(pipe, mx.gpu(0)), 13):
         assert batch.data[0].context == mx.gpu(0)
         images = batch.data[0].asnumpy()
         for i, label in enumerate(batch.label[0].asnumpy()[:4 - batch.pad].astype(int)):

@@ -9,7 +9,6 @@ import mxnet as mx
 import pytest
 
 import models
-import schedules
 import train
 from conftest import ROOT
 

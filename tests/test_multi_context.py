@@ -47,7 +47,7 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
             break
         for d, labels in enumerate(batch.label):
             trained[d] |= set(labels.asnumpy().astype(int).tolist())
-    # One permutation of the whole file per epoch, cut into a shard per device (dali.ShuffledShardSource): disjoint,
+    # One permutation of the whole file per epoch, cut into a shard per device (data.ShuffledShardSource): disjoint,
     # and each drawn from the whole file rather than from a contiguous range of records.
     assert not trained[0] & trained[1]
     for d in range(2):

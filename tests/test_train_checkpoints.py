@@ -158,7 +158,7 @@ def digest(folder):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--recipe", "fast"], "unknown recipe 'fast'"),
+    (["--recipe", "fast"], "--recipe: invalid choice: 'fast'"),
     (["--batch-size", "0"], "--batch-size must be positive"),
     (["--lr-schedule", "step", "--lr-steps", "1,5"], "beyond the last epoch"),
     (["--mode", "pred"], "--mode pred needs an image"),

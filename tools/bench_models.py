@@ -291,9 +291,12 @@ def ratios(results):
 
 
 def main(argv=None):
+    sys.path.insert(0, ROOT)
     from helptext import HelpFormatter
+    import models
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--model", default="resnet50_v1.5", choices=models.list_models(), help="our model (PyTorch's is always ResNet-50 v1.5)")
+    parser.add_argument("--model", default="resnet50_v1.5", choices=models.list_models(),
+                        help="our model (PyTorch's is always ResNet-50 v1.5)")
     parser.add_argument("--batch-size", type=int, default=16, help="images per batch")
     parser.add_argument("--image-size", type=int, default=224, help="image height and width")
     parser.add_argument("--iters", type=int, default=3, help="timed batches per variant per round")
