@@ -15,8 +15,6 @@ trust the numbers (machine, library versions, dtype, layout, data, weights, comm
 and Markdown tables on stdout.
 """
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
 import platform
@@ -32,6 +30,9 @@ import threading
 import time
 from collections import OrderedDict, deque
 from pathlib import Path
+
+import cli
+import launch
 
 HERE = Path(__file__).resolve().parent
 LATENCIES = ["latency_avg", "latency_50", "latency_90", "latency_95", "latency_99", "latency_100"]
@@ -52,9 +53,8 @@ DEFAULT_BATCH_SIZES = {
 def reexec_in_venv():
     """Run under the Python runner would pick (MXNet for train.py --help, matplotlib for the chart): $RN50_PYTHON,
     else this one when it has MXNet (e.g. .venv-gpu's), else the kit's .venv; the runs it starts get the same."""
-    runner = load_runner(HERE / "runner")
-    runner.rerun_under_chosen_python(Path(__file__).resolve(), "benchmark.py")
-    os.environ[runner.PYTHON_VARIABLE] = sys.executable  # runner, started by its #! line, runs under this one too
+    cli.rerun_under_chosen_python(Path(__file__).resolve(), "benchmark.py", HERE)
+    os.environ[cli.PYTHON_VARIABLE] = sys.executable  # runner, started by its #! line, runs under this one too
 
 
 def int_list(text):
@@ -142,25 +142,16 @@ def runner_command(args, ngpus, batch_size, report, workspace, passthrough, flag
     return command + passthrough
 
 
-def load_runner(path):
-    """The runner script as a module, to reuse its own parser and checks (it has no .py suffix)."""
-    loader = importlib.machinery.SourceFileLoader("kit_runner", str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("kit_runner", loader))
-    loader.exec_module(module)
-    return module
-
-
 def no_data_reason(executable, mode, passthrough):
     """Why runner would find no records for ``mode`` at its data root, or None; only for our own runner and
     when no --data-backend is chosen."""
     if Path(executable).resolve() != (HERE / "runner").resolve() or "--data-backend" in passthrough:
         return None
-    runner = load_runner(executable)
-    args, extra = runner.get_args_parser().parse_known_args(passthrough + ["--mode", mode])
+    args, extra = launch.get_args_parser().parse_known_args(passthrough + ["--mode", mode])
     args.data_backend = None
     try:
-        runner.check_data_root(args, runner.peek_extra(extra))
-    except runner.UsageError as problem:
+        launch.check_data_root(args, launch.peek_extra(extra))
+    except cli.UsageError as problem:
         return str(problem)
     return None
 

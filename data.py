@@ -12,13 +12,13 @@ import time
 import mxnet as mx
 import numpy as np
 
+import cli
 import records
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ["dali-gpu", "dali-cpu", "mxnet", "synthetic"]
-PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
-                "or run `make demo` to build the demo set")
+BACKENDS = cli.DATA_BACKENDS
+PREPARE_HINT = cli.PREPARE_HINT
 
 
 class DataError(Exception):

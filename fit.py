@@ -11,6 +11,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import checkpoint
+import cli
 import models
 import schedules
 import settings
@@ -34,13 +35,13 @@ def add_fit_args(parser):
                        help="hyper-parameter preset: the defaults of the flags marked 'recipe:' (a flag given "
                             "on the command line wins)")
     group.add_argument("--seed", type=int, default=None, help="random seed (python, numpy, MXNet and DALI)")
-    group.add_argument("--kv-store", default="horovod", choices=["horovod", "device", "local"],
+    group.add_argument("--kv-store", default="horovod", choices=cli.KV_STORES,
                        help="horovod: one process per device; device/local: one process, all --gpus")
     group.add_argument("--gpus", default=None, help="device mode: GPU ids, e.g. 0,1,2,3 (default: all)")
     group.add_argument("--cpu-contexts", type=int, default=1,
                        help="device mode without GPUs: split each batch over this many CPU contexts, one data "
                             "pipeline each (the multi-GPU code path on a CPU; no faster than 1)")
-    group.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "int8"],
+    group.add_argument("--dtype", default=None, choices=cli.DTYPES,
                        help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
                             "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
                             "quantized by oneDNN, see --calib-mode)")

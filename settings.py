@@ -13,13 +13,13 @@ import shutil
 import time
 
 import checkpoint
+import cli
 import models
 import quantize
 
-DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"  # runner's default too
+DEFAULT_DATA_ROOT = cli.DEFAULT_DATA_ROOT  # runner's default too
 RUNS_DIR = "runs"
-PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
-                "or run `make demo` to build the demo set")
+PREPARE_HINT = cli.PREPARE_HINT
 # What a checkpoint's state records about the data the network expects: scoring or predicting with other values
 # gives silently wrong answers (a 32-pixel digit resized to 256 and centre-cropped is a blur).
 CHECKPOINT_SETTINGS = ("num_classes", "image_shape", "data_val_resize", "rgb_mean", "rgb_std", "batchnorm_eps")

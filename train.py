@@ -27,6 +27,8 @@ except ImportError:
     sys.exit("train.py: error: MXNet is not installed for this Python; run `make setup`, then use "
              ".venv/bin/python (or `source .venv/bin/activate`)")
 
+import cli
+from cli import OneLineParser, UsageError
 import data
 import fit
 from helptext import HelpFormatter
@@ -37,18 +39,6 @@ import run_lock
 import schedules
 import settings
 import world
-
-
-class UsageError(Exception):
-    """A problem with the user's input: reported as one line, without a traceback."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one `error:` line (the usage is in --help)."""
-
-    def error(self, message):
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
 
 
 def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
@@ -435,8 +425,7 @@ def run(argv=None):
     try:
         main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
-        print(f"train.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("train.py", str(error))
 
 
 if __name__ == "__main__":

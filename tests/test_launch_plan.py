@@ -1,28 +1,17 @@
 """runner's plan for machines described, not detected: an 8-GPU node (float16, float32, one process for all GPUs),
 several nodes, and a CPU machine. The planned train.py arguments go through train.py's own parser and model
 builder, so GPU command lines are checked on a CPU without launching anything."""
-import importlib.machinery
-import importlib.util
 import os
 
 import mxnet as mx
 import pytest
 
+import launch as runner  # runner's logic, importable
 import models
 import train
 from conftest import ROOT
 
 EIGHT_GPUS = dict(gpus=8, cores=64)
-
-
-def load_runner():
-    loader = importlib.machinery.SourceFileLoader("kit_runner_plan", os.path.join(ROOT, "runner"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("kit_runner_plan", loader))
-    loader.exec_module(module)
-    return module
-
-
-runner = load_runner()
 
 
 @pytest.fixture()

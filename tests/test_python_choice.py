@@ -4,8 +4,6 @@ silently under the kit's .venv: a second environment, like a .venv-gpu, is honou
 The second environment is a real venv with this environment's packages on its path (through a .pth file), as
 `make setup VENV=.venv-gpu` would give one with its own; a line in the .pth records every process it runs."""
 import glob
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,13 +15,6 @@ from conftest import ROOT, venv_env
 
 TINY = ["--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32",
         "--num-classes", "10"]
-
-
-def load_runner():
-    loader = importlib.machinery.SourceFileLoader("kit_runner_choice", os.path.join(ROOT, "runner"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("kit_runner_choice", loader))
-    loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +49,7 @@ def interpreter_of_train(command):
 
 
 def test_choice_rules():
-    runner = load_runner()
+    import cli as runner  # what runner and benchmark.py choose with
     kit = "/kit/.venv/bin/python"
     assert runner.python_to_use("/x/.venv-gpu/bin/python", None, True, kit) is None
     assert runner.python_to_use("/usr/bin/python3", None, False, kit) == kit

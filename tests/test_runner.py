@@ -134,8 +134,8 @@ def test_bad_numbers_are_one_line():
 
 def test_a_failing_worker_ends_in_its_own_message_and_one_runner_line(tmp_path):
     result = run_runner("-n", "2", "-b", "2", "-e", "1", "--data-backend", "synthetic", "--dtype", "float32",
-                        "--recipe", "no-such-recipe", "--workspace", str(tmp_path))
+                        "--lr-schedule", "step", "--lr-steps", "3", "--workspace", str(tmp_path))
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert "no-such-recipe" in result.stderr  # train.py's own one-line message reaches the user
+    assert "--lr-steps [3.0] lie at or beyond" in result.stderr  # train.py's own one-line message reaches the user
     assert result.stderr.strip().splitlines()[-1].startswith("runner: error: worker ")

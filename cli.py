@@ -1,0 +1,64 @@
+"""What the kit's commands share without importing MXNet (runner chooses its Python before it can import it):
+the choices of the precision, data and gradient flags, the data defaults, one-line errors, and the Python that
+runner and benchmark.py run under."""
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+
+DTYPES = ["float32", "float16", "bfloat16", "int8"]
+DATA_BACKENDS = ["dali-gpu", "dali-cpu", "mxnet", "synthetic"]
+KV_STORES = ["horovod", "device", "local"]
+DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"
+PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
+                "or run `make demo` to build the demo set")
+PYTHON_VARIABLE = "RN50_PYTHON"  # the Python runner and benchmark.py run under, when set
+
+
+class UsageError(Exception):
+    """A problem with the user's input: reported as one line, without a traceback."""
+
+
+def fail(prog, message):
+    """``prog: error: message`` on stderr, exit status 2 (argparse's convention)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one `error:` line (the usage is in --help)."""
+
+    def error(self, message):
+        fail(self.prog, f"{message} (see --help)")
+
+
+def python_to_use(current, named, current_has_mxnet, kit_python):
+    """The Python to re-run under, or None to stay in ``current``: the one named in $RN50_PYTHON, else the current
+    one when it has MXNet (an activated .venv-gpu, or `.venv-gpu/bin/python runner`), else the kit's .venv
+    (``kit_python``, None when there is none). Paths are compared unresolved: venvs link the same binary."""
+    if named:
+        named = shutil.which(named) or named
+        return None if os.path.abspath(named) == os.path.abspath(current) else os.path.abspath(named)
+    if current_has_mxnet or kit_python is None:
+        return None
+    return kit_python
+
+
+def rerun_under_chosen_python(script, prog, kit_dir):
+    """Re-execute ``script`` under the Python python_to_use picks (``kit_dir``/.venv's when this one has no
+    MXNet), saying so when it is not the user's choice."""
+    kit_python = os.path.join(kit_dir, ".venv", "bin", "python")
+    has_mxnet = importlib.util.find_spec("mxnet") is not None
+    chosen = python_to_use(sys.executable, os.environ.get(PYTHON_VARIABLE), has_mxnet,
+                           kit_python if os.path.isfile(kit_python) else None)
+    if chosen is None:
+        return
+    if not os.access(chosen, os.X_OK) or os.path.isdir(chosen):
+        fail(prog, f"{PYTHON_VARIABLE}={os.environ[PYTHON_VARIABLE]} is not a Python interpreter; name one, e.g. "
+                   ".venv-gpu/bin/python")
+    if not os.environ.get(PYTHON_VARIABLE):
+        print(f"{prog}: note: {sys.executable} has no MXNet; running under {chosen} (set {PYTHON_VARIABLE}=PYTHON "
+              "or start with the Python of your environment to choose another)", file=sys.stderr, flush=True)
+    os.environ[PYTHON_VARIABLE] = chosen
+    os.execv(chosen, [chosen, str(script)] + sys.argv[1:])

@@ -1,0 +1,646 @@
+"""Launch training or scoring on N workers: scales batch and LR, then runs `horovodrun -np N python train.py ...`.
+
+The logic of `runner` (a thin script over this module), importable: plan_launch() computes what runs for a
+machine description, so tests plan an 8-GPU launch on a CPU machine in-process.
+
+-b is the batch per worker and -l the LR per 256 images; train.py gets the global batch (b*N) and the
+scaled LR (l*b*N/256). Every flag runner does not know goes through to train.py (`python train.py --help`).
+On a machine without a usable GPU, -n counts worker processes, and the defaults become
+--dtype float32 --data-backend dali-cpu (the original's are float16 and dali-gpu).
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import cli
+from cli import PREPARE_HINT, UsageError
+from helptext import HelpFormatter
+import run_lock
+import world
+
+KIT_DIR = Path(__file__).resolve().parent  # where train.py is, unless runner says otherwise
+DEFAULT_DATA_ROOT = Path(cli.DEFAULT_DATA_ROOT)
+
+# Variables of the original runner, each checked against the sources of upstream MXNet 1.9.1 and Horovod 0.28.1:
+# kept only where the library reads it AND the value differs from its default. Left out: MXNET_EXEC_ENABLE_ADDTO,
+# MXNET_USE_TENSORRT, MXNET_ASYNC_GPU_ENGINE, MXNET_HOROVOD_NUM_GROUPS and HOROVOD_GROUPED_ALLREDUCES (read only by
+# NVIDIA's container builds); MXNET_UPDATE_ON_KVSTORE (gluon.Trainer ignores it when update_on_kvstore is given,
+# and both our trainers give it: python/mxnet/gluon/trainer.py, Horovod's DistributedTrainer passes kvstore=None);
+# MXNET_GPU_WORKER_NTHREADS=2 (the default, src/common/utils.h); HOROVOD_BATCH_D2D_MEMCOPIES=1 (the default: only 0
+# changes anything, horovod/common/operations.cc); HOROVOD_ENABLE_ASYNC_COMPLETION (with MXNet 1.x Horovod's
+# callback waits for the GPU event anyway, horovod/mxnet/mpi_ops.cc: no MXNET_ASYNC_GPU_ENGINE_SUPPORTED upstream).
+# A value already in the environment wins, so users can still tune each one.
+COMMON_ENV = {
+    # CachedOp (hybridized training) bulks this many operators per engine op, forward and backward
+    # (include/mxnet/imperative.h, read as CachedOpConfig's defaults; MXNet's default is 15 each): the whole
+    # forward pass in one, smaller backward bulks so Horovod's allreduce of finished gradients starts earlier.
+    "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD": "999",
+    "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD": "25",
+    "HOROVOD_FUSION_THRESHOLD": "67108864",  # 64 MiB tensor-fusion buffer, the original's (Horovod's default: 128)
+}
+GPU_ENV = {
+    # ms between Horovod's fusion cycles (default 1): its background thread has a CPU core to itself on a GPU node
+    "HOROVOD_CYCLE_TIME": "0.1",
+    # SGD (not NAG) updates this many weights per multi-tensor kernel (python/mxnet/optimizer/optimizer.py, default
+    # 4; the kernel holds at most 60, src/operator/optimizer_op-inl.h): fewer launches on a GPU. On CPU the fused
+    # kernel is slower than one update per weight (measured: a quarter of a ResNet-18 training step).
+    "MXNET_OPTIMIZER_AGGREGATION_SIZE": "60",
+    "MXNET_GPU_COPY_NTHREADS": "1",  # copy threads per GPU (default 2; src/engine/threaded_engine_perdevice.cc)
+    # cuDNN's heuristics pick convolution algorithms instead of a slow autotune at start-up (default 1, autotune;
+    # src/operator/nn/cudnn/cudnn_convolution-inl.h)
+    "MXNET_CUDNN_AUTOTUNE_DEFAULT": "0",
+    # Replay each bulked segment of a static hybridized graph as a CUDA graph (default off): CachedOp's static
+    # segments run through CudaGraphsExec (src/imperative/imperative_utils.h, src/executor/cuda_graphs.h) in
+    # builds with CUDA >= 10.2, as the mxnet-cu112/cu117 wheels are; train.py hybridizes with static_alloc.
+    "MXNET_ENABLE_CUDA_GRAPHS": "1",
+    "OMP_NUM_THREADS": "1",  # the GPU computes; CPU operators only feed it, and DALI has its own threads
+}
+# Open MPI's mpirun refuses to start as root without both (CI and containers run as root).
+MPIRUN_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+# What mpirun passes on to every worker, remote ones included: runner's variables, and these when set.
+MPIRUN_EXPORTS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+MPIRUN_EXPORT_PREFIXES = ("HOROVOD_", "NCCL_", "MXNET_", "OMP_", "DALI_", "CUDA_VISIBLE_DEVICES")
+# The original's float16 settings on GPUs (its runner, 2019-10): compute in NHWC, the layout of the tensor-core
+# convolutions (upstream MXNet runs NHWC float16 convolutions in cuDNN with float32 accumulation, and NHWC
+# BatchNorm and pooling in cuDNN too: src/operator/nn/convolution.cu, cudnn/cudnn_batch_norm-inl.h,
+# cudnn/cudnn_pooling-inl.h), and a zero 4th input channel from DALI (not from the mxnet backend). The input stays
+# NHWC as DALI writes it, so no transpose is needed. No fusions: upstream's BatchNormWithReLU is a CPU (oneDNN)
+# kernel for axis 1 only (src/operator/contrib/batch_norm_relu.cc) and BatchNormAddRelu exists only in NVIDIA's
+# builds.
+FLOAT16_GPU_LAYOUT = ["--input-layout", "NHWC", "--conv-layout", "NHWC", "--batchnorm-layout", "NHWC",
+                      "--pooling-layout", "NHWC"]
+LAYOUT_FLAGS = ("--input-layout", "--conv-layout", "--batchnorm-layout", "--pooling-layout")
+TRAIN_FLAGS_EPILOG = (
+    "Every other flag goes to train.py (`python train.py --help` lists them all) and is checked before any worker "
+    "starts. Common ones: --workspace DIR (default: runs/<model>), --resume auto|none|PATH, "
+    "--mode train_val|train|val|pred, --recipe nvidia|nvidia-2019|he, --seed N, --num-layers N or --model NAME, "
+    "--num-classes N, --image-shape C,H,W, --data-val-resize N, --load PATH (val/pred), --keep-last K, "
+    "--save-frequency N.")
+
+
+def get_args_parser():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False,
+                                     formatter_class=HelpFormatter, epilog=TRAIN_FLAGS_EPILOG)
+    parser.add_argument("-n", "--ngpus", type=int, default=1,
+                        help="number of workers in all: GPUs, or processes on a machine without GPUs")
+    parser.add_argument("-b", "--batch-size", type=int, default=192, help="batch size per worker")
+    parser.add_argument("-e", "--num-epochs", type=int, default=None,
+                        help="number of epochs (default: the recipe's, 90), or of scoring passes with --mode val "
+                             "(default: 1)")
+    parser.add_argument("-l", "--lr", type=float, default=None,
+                        help="learning rate per 256 images (default: the recipe's, 0.256 for nvidia, 0.1 for he "
+                             "and nvidia-2019)")
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT,
+                        help="directory with train.rec/.idx and val.rec/.idx")
+    parser.add_argument("--dtype", default=None, choices=cli.DTYPES,
+                        help="precision (default: float16 with GPUs, float32 without; int8: scoring on the CPU)")
+    parser.add_argument("--kv-store", default="horovod", choices=cli.KV_STORES,
+                        help="gradient reduction: horovod (one process per worker) or one process for all GPUs")
+    parser.add_argument("--data-backend", default=None, choices=cli.DATA_BACKENDS,
+                        help="data loading backend (default: dali-gpu with GPUs, dali-cpu without)")
+    parser.add_argument("--launcher", default="horovod", choices=["horovod", "mpi", "slurm"],
+                        help="horovodrun, mpirun, or none (srun has already started one process per worker)")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", default=None,
+                       help="multi-node: host:slots list for horovodrun/mpirun, e.g. host1:8,host2:8")
+    hosts.add_argument("--hostfile", type=Path, default=None, help="multi-node: file of `host slots=N` lines")
+    parser.add_argument("--network-interface", default=None, metavar="IFACE[,IFACE]",
+                        help="multi-node: the network interface(s) for Horovod's Gloo, NCCL and MPI traffic "
+                             "(default: horovodrun finds the common ones; MPI and NCCL choose their own)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check runner's arguments, print the environment and the command, do not run it "
+                             "(train.py checks its own flags when the run starts)")
+    return parser
+
+
+def fail(message):
+    cli.fail("runner", message)
+
+
+# --- the machine ---------------------------------------------------------------------------------------------
+
+class Machine:
+    def __init__(self, gpus, cores, note=""):
+        self.gpus = gpus  # GPUs MXNet can use
+        self.cores = cores
+        self.note = note  # why GPUs that are present cannot be used, if so
+
+
+def nvidia_gpu_count():
+    """GPUs the NVIDIA driver reports, without starting CUDA (fast; 0 without a driver)."""
+    proc = Path("/proc/driver/nvidia/gpus")
+    if proc.is_dir():
+        count = len(list(proc.iterdir()))
+    elif shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            return 0
+        count = sum(line.startswith("GPU ") for line in out.splitlines())
+    else:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [v for v in visible.split(",") if v.strip()]
+        if "-1" in [v.strip() for v in entries]:
+            entries = entries[:[v.strip() for v in entries].index("-1")]
+        count = min(count, len(entries))
+    return count
+
+
+def detect_machine():
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    physical = nvidia_gpu_count()
+    if physical == 0:
+        return Machine(0, cores)
+    # GPUs are present: only now is it worth importing MXNet, whose CPU build cannot use them.
+    try:
+        import mxnet as mx
+        usable = mx.context.num_gpus()
+    except Exception as error:  # a broken CUDA set-up must not stop a CPU run
+        return Machine(0, cores, f"MXNet cannot use the {physical} GPU(s) here ({error})")
+    if usable == 0:
+        return Machine(0, cores, f"the installed MXNet is the CPU build, so the {physical} GPU(s) here are "
+                                 "unused (see README, Environment: GPU)")
+    return Machine(min(usable, physical), cores)
+
+
+# --- checks --------------------------------------------------------------------------------------------------
+
+def peek_extra(extra):
+    """The train.py flags runner must know about (mode, explicit data files, workspace), left in `extra` as they
+    are."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--mode", "--data-train", "--data-val", "--workspace", "--fuse-bn-relu", "--image-shape",
+                 *LAYOUT_FLAGS):
+        parser.add_argument(flag)
+    return parser.parse_known_args(extra)[0]
+
+
+def host_slots(args):
+    """Slots per host of -H or --hostfile, or None for a single-node run."""
+    if args.hosts:
+        slots = []
+        for entry in args.hosts.split(","):
+            host, _, count = entry.partition(":")
+            if not host or (count and not count.isdigit()):
+                raise UsageError(f"-H {args.hosts}: expected host:slots entries, e.g. host1:8,host2:8")
+            slots.append(int(count or 1))
+        return slots
+    if args.hostfile:
+        if not args.hostfile.is_file():
+            raise UsageError(f"--hostfile {args.hostfile} does not exist")
+        slots = []
+        for line in args.hostfile.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line:
+                count = [w.split("=")[1] for w in line.split()[1:] if w.startswith("slots=")]
+                slots.append(int(count[0]) if count and count[0].isdigit() else 1)
+        return slots
+    return None
+
+
+def workers_per_node(args, environ):
+    """How many workers share one machine's cores."""
+    slots = host_slots(args)
+    if slots:
+        return max(1, min(args.ngpus, max(slots)))
+    if args.launcher == "slurm":
+        if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):
+            return 1  # Slurm bound this task to its own cores (task/affinity, task/cgroup): they are its share
+        return slurm_tasks_on_this_node(environ) or args.ngpus
+    return args.ngpus
+
+
+def slurm_tasks_on_this_node(environ):
+    """Tasks of this srun step on this task's node: SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID."""
+    counts = []
+    for part in environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            return None
+        counts += [int(match[1])] * int(match[2] or 1)
+    node = environ.get("SLURM_NODEID", "0")
+    return counts[int(node)] if node.isdigit() and int(node) < len(counts) else None
+
+
+def resolve_and_check(args, extra, machine):
+    """Fill the machine-dependent defaults and refuse what cannot run here, before anything is started."""
+    if args.ngpus < 1:
+        raise UsageError(f"-n must be at least 1, got {args.ngpus}")
+    if args.batch_size < 1:
+        raise UsageError(f"-b must be at least 1, got {args.batch_size}")
+    if args.lr is not None and args.lr < 0:
+        raise UsageError(f"-l must not be negative, got {args.lr}")
+    check_launcher(args)
+    gpu = machine.gpus > 0
+    why = f" ({machine.note})" if machine.note else ""
+    if args.dtype is None:
+        args.dtype = "float16" if gpu else "float32"
+    if args.data_backend is None:
+        args.data_backend = "dali-gpu" if gpu else "dali-cpu"
+    if args.dtype == "float16" and not gpu:
+        raise UsageError(f"--dtype float16 needs a GPU and this machine has none{why}; "
+                         "use --dtype float32 or --dtype bfloat16 on the CPU")
+    if args.dtype == "bfloat16" and gpu:
+        raise UsageError("--dtype bfloat16 runs on the CPU only in MXNet 1.9 (oneDNN); use --dtype float16 on GPUs")
+    if args.dtype == "int8" and (peek_extra(extra).mode or "train_val") not in ("val", "pred"):
+        raise UsageError("--dtype int8 scores and predicts only (--mode val or pred): train in float32 or "
+                         "bfloat16, then score the checkpoint with --dtype int8")
+    if args.dtype == "int8" and gpu:
+        raise UsageError("--dtype int8 runs on the CPU only (oneDNN); use --dtype float16 on GPUs")
+    if args.data_backend == "dali-gpu" and not gpu:
+        raise UsageError(f"--data-backend dali-gpu needs a GPU and this machine has none{why}; "
+                         "use --data-backend dali-cpu (or synthetic)")
+    if gpu and peek_extra(extra).fuse_bn_relu == "1":
+        raise UsageError("--fuse-bn-relu 1 runs on CPUs only: upstream MXNet's BatchNormWithReLU has a oneDNN kernel "
+                         "and no GPU one; leave it out on GPUs")
+    slots = host_slots(args)
+    if slots is not None:
+        slots = sum(slots)
+        if args.ngpus > slots:
+            raise UsageError(f"-n {args.ngpus} is more than the {slots} slots in the host list")
+        if args.kv_store != "horovod":
+            raise UsageError(f"--kv-store {args.kv_store} runs one process on one machine; "
+                             "use --kv-store horovod with -H/--hostfile")
+    elif args.launcher != "slurm":  # srun places the processes, possibly on several nodes
+        if gpu and args.ngpus > machine.gpus:
+            raise UsageError(f"-n {args.ngpus} is more than the {machine.gpus} GPU(s) on this machine; "
+                             f"use -n {machine.gpus} or fewer, or -H host1:N,host2:N for several machines")
+        if not gpu and args.ngpus > machine.cores:
+            raise UsageError(f"-n {args.ngpus} worker processes is more than the {machine.cores} CPU cores of "
+                             f"this machine, which has no GPU{why}; use -n {machine.cores} or fewer")
+        if not gpu and args.kv_store != "horovod" and args.ngpus > 1:
+            raise UsageError(f"--kv-store {args.kv_store} runs one process, which drives GPUs; "
+                             f"on a machine without GPUs use --kv-store horovod for -n {args.ngpus}")
+    check_data_root(args, peek_extra(extra))
+
+
+def check_launcher(args):
+    """mpirun and srun start the workers themselves: Horovod must be built with MPI to join them into one world
+    (else each trains alone), and under srun the world is srun's (-n comes from it)."""
+    if args.launcher == "horovod" or args.kv_store != "horovod":
+        return
+    if args.launcher == "mpi" and shutil.which("mpirun") is None:
+        raise UsageError(f"--launcher mpi: mpirun is not installed; {world.MPI_ADVICE}, or use --launcher horovod")
+    if not horovod_has_mpi():
+        raise UsageError(f"--launcher {args.launcher} needs Horovod built with MPI, and this one has none (each "
+                         f"worker would train alone); {world.MPI_ADVICE}, or use --launcher horovod")
+    if args.launcher == "slurm":
+        use_srun_step(args, os.environ)
+
+
+def horovod_has_mpi():
+    """Whether the installed Horovod was built with MPI (imports MXNet, so only asked for mpi and slurm)."""
+    try:
+        import horovod.mxnet as hvd
+    except ImportError as error:
+        raise UsageError(f"Horovod for MXNet does not import ({error}); run `make setup`")
+    return hvd.mpi_built()
+
+
+def use_srun_step(args, environ):
+    """Under --launcher slurm, srun has started one runner per worker: take the world's size from it."""
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if not tasks.isdigit():
+        if args.dry_run:
+            return  # show what each task would run
+        raise UsageError("--launcher slurm runs inside an srun step, one runner per worker, e.g. "
+                         "`srun -n 8 ./runner --launcher slurm ...` in an sbatch script or a salloc shell")
+    if args.ngpus not in (1, int(tasks)):  # 1 is the default: -n was not given
+        raise UsageError(f"-n {args.ngpus} but srun started {tasks} tasks; leave -n out under --launcher slurm")
+    args.ngpus = int(tasks)
+    mpi_type = environ.get("SLURM_MPI_TYPE", "none")
+    # Open MPI joins srun's tasks through PMIx only (with pmi2 or none its MPI_Init aborts, checked with 4.1.4).
+    if mpi_type == "none" or (not mpi_type.startswith("pmix") and shutil.which("ompi_info")):
+        raise UsageError(f"srun started the tasks with --mpi={mpi_type}, through which MPI cannot join them; "
+                         "run `srun --mpi=pmix ...` (`srun --mpi=list` shows what this Slurm offers)")
+
+
+def check_data_root(args, given):
+    """The record files the mode needs must be in --data-root, unless given to train.py directly."""
+    mode = given.mode or "train_val"
+    if args.data_backend == "synthetic" or mode == "pred":
+        return
+    needed = []
+    if mode in ("train_val", "train") and not given.data_train:
+        needed += ["train.rec", "train.idx"]
+    if mode == "val" and not given.data_val:
+        needed += ["val.rec", "val.idx"]
+    if not needed:
+        return
+    if not args.data_root.is_dir():
+        raise UsageError(f"data root {args.data_root} does not exist; {PREPARE_HINT}")
+    for name in needed:
+        if not (args.data_root / name).is_file():
+            raise UsageError(f"{args.data_root / name} is missing; {PREPARE_HINT}")
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+
+def build_env(args, machine, environ):
+    """The variables runner sets (values already in ``environ`` win)."""
+    env = dict(COMMON_ENV)
+    if machine.gpus:
+        env.update(GPU_ENV)
+        if args.kv_store != "horovod" and "CUDA_VISIBLE_DEVICES" not in environ:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(args.ngpus))  # one process, N GPUs
+    else:
+        # The cores are shared: one OpenMP thread team per worker, each with its share.
+        env["OMP_NUM_THREADS"] = str(max(1, machine.cores // workers_per_node(args, environ)))
+        # Horovod's background thread polls every cycle; at the GPU setting (0.1 ms) it takes a core's share
+        # from the workers' compute (ResNet-18, 224 px, 2 workers on 2 cores: 23 img/s at 0.1 ms, 34 at 20 ms).
+        env["HOROVOD_CYCLE_TIME"] = "20"
+    if args.launcher == "mpi" and os.geteuid() == 0:
+        env.update(MPIRUN_ROOT_ENV)
+    env.update(interface_env(args.launcher, args.network_interface))
+    return {key: environ.get(key, value) for key, value in env.items()}
+
+
+def interface_env(launcher, interfaces):
+    """--network-interface for mpirun's and srun's workers: Open MPI's TCP transport (mpirun passes OMPI_MCA_*
+    on to its daemons and workers) and NCCL. horovodrun takes it as a flag instead: it sets both variables
+    itself, from the interfaces it finds or is given."""
+    if not interfaces or launcher == "horovod":
+        return {}
+    return {"OMPI_MCA_btl_tcp_if_include": interfaces, "OMPI_MCA_oob_tcp_if_include": interfaces,
+            "NCCL_SOCKET_IFNAME": interfaces}
+
+
+def build_command(args, extra, env=(), kit_dir=KIT_DIR):
+    """The full command line: launcher prefix, then train.py (``kit_dir``'s) with the global batch and the
+    scaled LR."""
+    batch_size = args.batch_size * args.ngpus
+    train = [str(kit_dir / "train.py")] if (kit_dir / "train.py").is_file() else ["-m", "train"]  # repo or installed
+    command = launcher_prefix(args, env) + [sys.executable, *train]
+    if args.data_backend != "synthetic":
+        mode = peek_extra(extra).mode or "train_val"
+        root = args.data_root
+        calibrates = args.dtype == "int8" and (root / "train.rec").is_file()  # INT8 calibrates on training records
+        if mode in ("train_val", "train") or calibrates:
+            command += ["--data-train", str(root / "train.rec"), "--data-train-idx", str(root / "train.idx")]
+        if mode == "val" or (mode == "train_val" and (root / "val.rec").is_file()):  # optional in train_val
+            command += ["--data-val", str(root / "val.rec"), "--data-val-idx", str(root / "val.idx")]
+    command += ["--dtype", args.dtype, "--kv-store", args.kv_store, "--data-backend", args.data_backend,
+                "--batch-size", str(batch_size)]
+    if args.num_epochs is not None:
+        command += ["--num-epochs", str(args.num_epochs)]
+    if args.lr is not None:  # else train.py scales the recipe's LR per 256 images by the same rule
+        command += ["--lr", f"{args.lr * batch_size / 256:.10g}"]
+    return command + float16_gpu_flags(args, peek_extra(extra)) + extra
+
+
+def float16_gpu_flags(args, given):
+    """FLOAT16_GPU_LAYOUT and the 4-channel input for float16 (a GPU run), where the user has not chosen."""
+    if args.dtype != "float16":
+        return []
+    flags = []
+    if not any(getattr(given, flag[2:].replace("-", "_")) for flag in LAYOUT_FLAGS):
+        flags += FLOAT16_GPU_LAYOUT
+        if args.data_backend == "mxnet":  # ImageRecordIter writes NCHW: the network's transpose runs on the GPU
+            flags[1] = "NCHW"
+    if given.image_shape is None and args.data_backend != "mxnet":
+        flags += ["--image-shape", "4,224,224"]
+    return flags
+
+
+def launcher_prefix(args, env=()):
+    if args.kv_store != "horovod" or args.launcher == "slurm":
+        return []  # one process drives every GPU, or srun has started the workers
+    hosts = ["--hostfile", str(args.hostfile)] if args.hostfile else \
+        ["-H", args.hosts or f"localhost:{args.ngpus}"]
+    if args.launcher == "mpi":
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            raise UsageError("mpirun is not installed; install Open MPI and build Horovod with MPI "
+                             "(HOROVOD_WITH_MPI=1), or use --launcher horovod")
+        if args.hostfile:
+            hosts = ["-hostfile", str(args.hostfile)]
+        # run_lock.OUTCOME_ENV is set just before mpirun starts (main)
+        exported = [x for key in mpirun_exports(env, os.environ) + [run_lock.OUTCOME_ENV] for x in ("-x", key)]
+        return [mpirun, "-np", str(args.ngpus), *hosts, "-bind-to", "none", "-map-by", "slot", *exported]
+    nics = ["--network-interfaces", args.network_interface] if args.network_interface else []
+    return [horovodrun(), "-np", str(args.ngpus), *hosts, *nics, "--gloo"]
+
+
+def mpirun_exports(env, environ):
+    """Variables for mpirun to pass on: runner's own (env) and those of the caller's that workers read. Only
+    variables that will be set: mpirun warns about each one that is not."""
+    names = [key for key in env if key not in MPIRUN_ROOT_ENV]
+    names += [key for key in environ if key in MPIRUN_EXPORTS or key.startswith(MPIRUN_EXPORT_PREFIXES)]
+    return list(dict.fromkeys(names))
+
+
+def horovodrun_path():
+    """horovodrun beside this Python (a venv's bin need not be on PATH), else from PATH, else None."""
+    beside = Path(sys.executable).parent / "horovodrun"
+    return str(beside) if beside.is_file() else shutil.which("horovodrun")
+
+
+def horovodrun():
+    found = horovodrun_path()
+    if found is None:
+        raise UsageError("horovodrun is not installed; run `make setup` (it builds Horovod into .venv)")
+    return found
+
+
+def plan_launch(argv, machine, environ, kit_dir=KIT_DIR):
+    """What runner runs on ``machine`` (a Machine description) for the command-line arguments ``argv``: (the
+    parsed arguments, the variables it sets, the command). Looks at nothing of this machine but ``environ`` and
+    the files named, so tests plan GPU machines on a CPU. Raises UsageError."""
+    args, extra = get_args_parser().parse_known_args(argv)
+    resolve_and_check(args, extra, machine)
+    env = build_env(args, machine, environ)
+    return args, env, build_command(args, extra, env, kit_dir)
+
+
+def main(argv=None, kit_dir=KIT_DIR):
+    """runner: ``kit_dir`` is the folder of the train.py to start (runner's own)."""
+    argv = sys.argv[1:] if argv is None else argv
+    extra = get_args_parser().parse_known_args(argv)[1]  # --help and malformed flags, before the machine
+    try:
+        machine = detect_machine()
+        args, env, command = plan_launch(argv, machine, os.environ, kit_dir)
+    except UsageError as error:
+        fail(str(error))
+    if machine.note:
+        print(f"runner: note: {machine.note}", file=sys.stderr)
+    if args.dry_run:
+        for key, value in env.items():
+            print(f"{key}={value}")
+        print(" ".join(command))
+        return
+    launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
+    if launched:
+        refuse_busy_workspace(peek_extra(extra))
+    check_train_flags(extra, kit_dir)
+    os.environ.update(env)  # horovodrun and mpirun pass the environment on to every worker
+    os.environ.update(console_env(args))
+    if not launched:
+        # One process: srun's task, or the one process of --kv-store device. It is the worker, so its own exit
+        # status is the truth (0 after a signal stop that saved a checkpoint).
+        os.execvp(command[0], command)
+    outcome = tempfile.NamedTemporaryFile(prefix="rn50-outcome-", suffix=".json", delete=False)
+    outcome.close()
+    os.environ[run_lock.OUTCOME_ENV] = outcome.name
+    try:
+        if command[0] == horovodrun_path():
+            status, failure = run_horovodrun(command[1:])
+        else:
+            status, failure = run_mpirun(command)
+        sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name)))
+    finally:
+        os.unlink(outcome.name)
+
+
+def refuse_busy_workspace(given):
+    """A training run on a workspace another run holds is refused before any worker starts (rank 0 checks again,
+    and a run without --workspace is checked there only: its default is train.py's)."""
+    if (given.mode or "train_val") in ("train_val", "train") and given.workspace:
+        holder = run_lock.holder(given.workspace)
+        if holder is not None:
+            fail(run_lock.busy_message(given.workspace, holder))
+
+
+def conclude(status, failure, outcome):
+    """runner's exit status. The workers' own account wins over the launcher's status: on a signal sent to every
+    process of the job, the launcher's shells die of it and report a failure while the workers saved and ended
+    cleanly."""
+    if outcome == "stopped":
+        print("runner: stopped by signal after saving a checkpoint; rerun the same command to resume",
+              file=sys.stderr)
+        return 0
+    if outcome == "done" or status == 0:
+        return 0
+    print(f"runner: error: {failure}", file=sys.stderr)
+    return status if status > 0 else 1
+
+
+def worker_processes():
+    """This run's worker processes on this machine: horovodrun marks them with HOROVOD_RANK (its shells and
+    ssh clients do not have it)."""
+    import psutil  # a dependency of Horovod's launcher
+    workers = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "HOROVOD_RANK" in process.environ() and "HOROVOD_RANK" not in process.parent().environ():
+                workers.append(process)
+        except (psutil.Error, AttributeError):
+            pass  # gone, or not ours to inspect
+    return workers
+
+
+def forward_stop_signals(forward):
+    """SIGTERM and SIGUSR1 to runner ask the workers to save and stop (``forward(signum)``); returns a function
+    that puts the previous handlers back."""
+    previous = {sig: signal.signal(sig, lambda signum, frame: forward(signum)) for sig in (signal.SIGTERM,
+                                                                                          signal.SIGUSR1)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+
+
+def check_train_flags(extra, kit_dir=KIT_DIR):
+    """An unknown or bad train.py flag: train.py's one-line message, once, before any worker starts."""
+    check = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); import train; "
+                            "train.check_flags(sys.argv[1:])", str(kit_dir), *extra])
+    if check.returncode != 0:
+        sys.exit(check.returncode)
+
+
+def console_env(args):
+    """Name runner's terminal to rank 0 (RN50_CONSOLE), which then writes its progress bar and log straight to
+    it: horovodrun pipes the workers' output and prefixes every line. Only when every worker runs here and both
+    stdout and stderr are that terminal (`./runner | tee run.log` keeps every line in the pipe)."""
+    if args.launcher == "slurm" or host_slots(args) is not None or not (sys.stdout.isatty() and sys.stderr.isatty()):
+        return {}
+    try:
+        terminal = os.ttyname(sys.stderr.fileno())
+        return {"RN50_CONSOLE": terminal} if os.ttyname(sys.stdout.fileno()) == terminal else {}
+    except OSError:
+        return {}
+
+
+def run_horovodrun(arguments):
+    """horovodrun's launcher in this process, so that a failed worker ends the run with one line (the worker's
+    own message is above it) rather than the launcher's traceback. Returns (exit status, failure line).
+
+    A SIGTERM/SIGUSR1 to runner goes on to the workers, which save at the next step boundary and exit 0.
+    Horovod's own answer (terminate the workers, kill them 5 seconds later) would lose that checkpoint whenever
+    a step and the save take longer, so it is kept for SIGINT (Ctrl-C) only."""
+    from horovod.runner import gloo_run
+    from horovod.runner.launch import run_commandline
+    shutdown = threading.Event()  # Horovod terminates the workers when this is set
+
+    def register_shutdown_event():
+        signal.signal(signal.SIGINT, lambda signum, frame: shutdown.set())
+        return shutdown
+
+    stop = StopRelay()
+    gloo_run.register_shutdown_event = register_shutdown_event
+    restore = forward_stop_signals(lambda signum: stop.request())
+    sys.argv = ["horovodrun", *arguments]
+    try:
+        run_commandline()
+    except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
+        codes = re.findall(r"Exit code: (-?\d+)", str(error))
+        if not codes:
+            raise
+        workers = re.findall(r"Process name: (\S+)", str(error))
+        return int(codes[0]), (f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
+                               f"{stop.note()}; its message is above")
+    except KeyboardInterrupt:
+        return 130, "interrupted"
+    finally:
+        stop.done.set()
+        restore()
+    return 0, ""
+
+
+class StopRelay:
+    """Passes a stop request on to the workers as SIGTERM: those running now, and any that start later (a
+    request during start-up would otherwise be lost). Signal handlers only set flags; a thread does the rest."""
+
+    def __init__(self):
+        self.requested = threading.Event()
+        self.done = threading.Event()
+        self.signalled = set()
+
+    def request(self):
+        if not self.requested.is_set():
+            self.requested.set()
+            threading.Thread(target=self._relay, daemon=True).start()
+
+    def _relay(self):
+        while not self.done.is_set():
+            for worker in worker_processes():
+                if worker.pid not in self.signalled:
+                    try:
+                        worker.send_signal(signal.SIGTERM)
+                        self.signalled.add(worker.pid)
+                    except Exception:  # gone meanwhile
+                        pass
+            self.done.wait(1.0)
+
+    def note(self):
+        return " after a stop signal, before the workers had saved a checkpoint" if self.requested.is_set() else ""
+
+
+def run_mpirun(command):
+    """mpirun as a child. A SIGTERM/SIGUSR1 to runner goes on as SIGUSR1, which Open MPI's mpirun forwards to
+    every process and then waits for them (a SIGTERM makes it kill the job a second later)."""
+    process = subprocess.Popen(command)
+    restore = forward_stop_signals(lambda signum: process.send_signal(signal.SIGUSR1))
+    try:
+        status = process.wait()
+    except KeyboardInterrupt:
+        process.wait()
+        return 130, "interrupted"
+    finally:
+        restore()
+    return status, f"mpirun exited with status {status}; the workers' messages are above"
