@@ -1,5 +1,5 @@
 # make demo   set up .venv, build the demo dataset, train on it with 2 Horovod workers
-# make test   set up .venv, run the test suite
+# make test   set up .venv, run the test suite (make test-fast: the tests that run in seconds)
 #
 # Variables: PYTHON (a Python 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
 # CPU build; e.g. MXNET=mxnet-cu112==1.9.1 for CUDA 11 GPUs, best with its own VENV=.venv-gpu), WHEEL_CACHE
@@ -16,7 +16,7 @@ STAMP := $(VENV)/.setup-$(subst =,-,$(MXNET))$(WITH_MPI)
 DEMO_DATA ?= data/demo
 DEMO_RUN ?= runs/demo
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) $(DEMO_RUN)

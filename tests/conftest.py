@@ -12,6 +12,18 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 
+# A tiny ResNet on synthetic data: the flags every quick end-to-end run of the tests shares.
+TINY_RUN = ["--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32",
+            "--num-classes", "10"]
+
+
+def pytest_collection_modifyitems(items):
+    """Tests on the digits dataset are slow: it is built through im2rec (tens of seconds, once per session)."""
+    for item in items:
+        if "digits_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def venv_env():
     """Environment for subprocesses: this Python's bin first (horovodrun), one thread per process."""
     env = dict(os.environ)

@@ -16,6 +16,8 @@ import records
 import train
 from conftest import ROOT, venv_env, write_record_file
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 TOOL = os.path.join(ROOT, "tools", "check_dataset.py")
 
 

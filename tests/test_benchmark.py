@@ -8,12 +8,11 @@ import time
 
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import ROOT, TINY_RUN as TINY, venv_env
 
 import benchmark
 
-TINY = ["--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32",
-        "--num-classes", "10"]
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
 
 def run_benchmark(*args, timeout=600):

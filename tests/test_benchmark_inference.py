@@ -17,6 +17,8 @@ import fit
 import models
 import train
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 TINY_MODEL = ["--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32", "--num-classes", "5",
               "--data-val-resize", "36"]
 VAL_COUNT = 10  # with batch 4: 3 batches, the last padded

@@ -106,6 +106,7 @@ def test_test_io_counts_every_image(digits_data):
     assert "images/s" in lines[-1] and any("ETA" in line for line in lines[:-1])
 
 
+@pytest.mark.slow
 def test_train_py_test_io_runs_without_a_model(digits_data):
     result = subprocess.run(
         [sys.executable, "train.py", "--data-backend", "mxnet", "--data-train", str(digits_data / "train.rec"),
@@ -115,6 +116,7 @@ def test_train_py_test_io_runs_without_a_model(digits_data):
     assert "test-io train backend mxnet: 576 images" in result.stdout
 
 
+@pytest.mark.slow
 def test_dali_gpu_without_gpu_is_a_one_line_error(digits_data):
     if mx.context.num_gpus():
         pytest.skip("this machine has a GPU")

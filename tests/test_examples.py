@@ -7,6 +7,8 @@ import pytest
 
 from conftest import ROOT, venv_env
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "examples", "*.sh")))
 NAMES = [os.path.basename(s) for s in SCRIPTS]
 # Extra arguments that make any script runnable here as a dry run: the later flag wins, so these also

@@ -44,6 +44,7 @@ def test_one_multi_all_finite_call_refuses_mixed_dtypes():
         mx.nd.multi_all_finite(mx.nd.ones(3, dtype="float16"), mx.nd.ones(3), num_arrays=2).asscalar()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models.list_models())
 def test_overflow_caught_in_every_gradient_group_of_every_architecture(name):
     ctxs = TWO_DEVICES if name == "resnet152_v1.5" else [mx.cpu()]  # the deepest: 2 x 467 gradient arrays
@@ -95,6 +96,7 @@ def test_batchnorm_statistics_guard_on_two_devices():
     np.testing.assert_array_equal(stats[-1].data(mx.cpu(1)).asnumpy(), kept)
 
 
+@pytest.mark.slow
 def test_resnet101_with_dynamic_loss_scaling_trains_through_runner(tmp_path):
     """The issue's reproducer: over 300 gradient arrays, dynamic loss scaling, one worker."""
     result = subprocess.run(

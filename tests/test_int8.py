@@ -12,6 +12,8 @@ from conftest import ROOT, venv_env
 
 import quantize
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 EPOCHS = 4
 # The digits validation set has 359 images, so 0.5 points is 1.8 images. On this AVX2 machine (no VNNI) the
 # INT8 graph of the tiny 4-epoch network moves a few borderline images either way; the 0.5 points is

@@ -19,6 +19,8 @@ from conftest import ROOT, venv_env
 
 import world
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 SERVICES_HINT = "run `sudo tools/ci_services.sh --install` (see README, Multi-node)"
 TEST_HOSTS = ("hostA", "hostB")
 

@@ -309,6 +309,7 @@ def test_onnx_export_matches_mxnet(tmp_path):
     assert export_onnx.compare_with_onnxruntime(prefix, 1, onnx_file, (3, 32, 32)) < 1e-4
 
 
+@pytest.mark.slow
 def test_summary_cli_and_bad_input():
     run = subprocess.run([sys.executable, os.path.join(ROOT, "models.py"), "--summary", "--models", "resnet18_v1",
                           "--batch-sizes", "1", "--iters", "1"], capture_output=True, text=True, env=venv_env())

@@ -9,6 +9,7 @@ import sys
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 import data
 import fit
@@ -61,6 +62,7 @@ def run_train(*args):
     return result
 
 
+@pytest.mark.slow
 def test_train_resume_and_score_on_two_contexts(digits_data, tmp_path):
     common = ["--data-backend", "dali-cpu", "--dali-threads", "1", "--dali-validation-threads", "1",
               "--data-val", str(digits_data / "val.rec"), "--data-val-idx", str(digits_data / "val.idx"),

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import ROOT, venv_env
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 EPOCHS = 2
 EXAMPLES = 384
 STEPS = EXAMPLES // 64  # steps per epoch: 2 workers x 32

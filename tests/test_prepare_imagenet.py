@@ -13,6 +13,8 @@ import data
 import train
 from conftest import ROOT, venv_env
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 SCRIPT = os.path.join(ROOT, "tools", "prepare_imagenet.sh")
 # Sorted folder names give labels 0, 1, 2; each class is one dominant colour (RGB channel = label).
 CLASSES = {"n01440764": (0, 0, 220), "n01443537": (0, 220, 0), "n01484850": (220, 0, 0)}  # BGR

@@ -11,10 +11,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import ROOT, TINY_RUN as TINY, venv_env
 
-TINY = ["--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32",
-        "--num-classes", "10"]
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
 
 @pytest.fixture(scope="module")

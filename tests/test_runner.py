@@ -7,6 +7,8 @@ import pytest
 
 from conftest import ROOT, venv_env
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 
 def run_runner(*args):
     return subprocess.run([sys.executable, os.path.join(ROOT, "runner"), *args], env=venv_env(),

@@ -16,6 +16,8 @@ import pytest
 import records
 from conftest import ROOT, venv_env, write_record_file
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 EPOCHS = 4
 # Measured with this recipe (deterministic with --seed): one worker 0.947, two workers 0.964; two workers reading
 # DALI's contiguous shards (the old reader) reached 0.911, which this margin fails. About 100 s of CPU in all.

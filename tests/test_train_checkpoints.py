@@ -12,6 +12,8 @@ import pytest
 
 from conftest import ROOT, venv_env
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 EPOCHS = 3
 TARGET_TOP1 = 0.6  # chance is 0.1; this recipe reaches about 0.85 in 3 epochs
 

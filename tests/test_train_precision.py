@@ -8,6 +8,8 @@ import pytest
 
 from conftest import ROOT, venv_env
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 
 def train_losses(tmp_path, dtype):
     workspace = tmp_path / dtype

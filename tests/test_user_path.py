@@ -13,6 +13,8 @@ import pytest
 
 from conftest import ROOT, venv_env
 
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 TRAIN = os.path.join(ROOT, "train.py")
 RUNNER = os.path.join(ROOT, "runner")
 # A small synthetic run (learnable labels; validation on fresh images): seconds per process.
