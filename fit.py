@@ -108,8 +108,57 @@ def add_fit_args(parser):
     return group
 
 
-def workspace_path(args, name):
-    return name if os.path.isabs(name) else os.path.join(args.workspace, name)
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    """The values of train.py's flags the loop reads, made once at the boundary (fit_config): a function here
+    that takes a FitConfig reads only these."""
+    mode: object
+    arch: object
+    num_classes: object
+    dtype: object
+    kv_store: object
+    batch_size: object
+    num_epochs: object
+    run_epochs: object
+    seed: object
+    optimizer: object
+    lr: object
+    lr_schedule: object
+    lr_steps: object
+    lr_factor: object
+    lr_power: object
+    warmup_epochs: object
+    mom: object
+    wd: object
+    wd_bn_bias: object
+    label_smoothing: object
+    mixup: object
+    mixup_off_epochs: object
+    ema_decay: object
+    loss_scale: object
+    max_bad_steps: object
+    horovod_num_groups: object
+    fp16_allreduce: object
+    disp_batches: object
+    benchmark_iters: object
+    no_metrics: object
+    workspace: object
+    model_prefix: object
+    save_frequency: object
+    keep_last: object
+    resume: object
+    load: object
+    json_log: object
+    data_backend: object
+
+
+def fit_config(args):
+    """The FitConfig of train.py's parsed (and completed) arguments."""
+    return FitConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(FitConfig)})
+
+
+def workspace_path(workspace, name):
+    return name if os.path.isabs(name) else os.path.join(workspace, name)
 
 
 def check_args(args):
@@ -631,18 +680,18 @@ class TrainState:
         return self.report.total_duration + time.time() - self.run_start
 
 
-def prepare(args, run, net, ctxs, dist):
+def prepare(cfg, run, net, ctxs, dist):
     """A fresh TrainState: optimizer, loss scaler, EMA, LR schedule, report; rank 0's weights on every rank."""
-    set_wd_groups(net, decay_all=args.wd_bn_bias)
+    set_wd_groups(net, decay_all=cfg.wd_bn_bias)
     dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     return TrainState(
-        trainer=make_trainer(net, dist, args.kv_store, args.optimizer, args.wd, args.mom, args.fp16_allreduce,
-                             args.horovod_num_groups),
-        scaler=make_loss_scaler(args.loss_scale, args.dtype),
-        ema=EMA(net, args.ema_decay) if args.ema_decay else None,
-        schedule=schedules.get_schedule(args.lr_schedule, args.lr, args.num_epochs, args.warmup_epochs,
-                                        args.lr_steps, args.lr_factor, args.lr_power),
-        report=Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
+        trainer=make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
+                             cfg.horovod_num_groups),
+        scaler=make_loss_scaler(cfg.loss_scale, cfg.dtype),
+        ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
+        schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
+                                        cfg.lr_steps, cfg.lr_factor, cfg.lr_power),
+        report=Report(model=cfg.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
 
 
 def resume(state, checkpoint_state, run, net, ctxs, dist):
@@ -705,15 +754,15 @@ class Loop:
     loss_fn: object = dataclasses.field(default_factory=lambda: gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False))
 
 
-def train_one_epoch(args, loop, state, train_iter, epoch, skip=0):
+def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
     """Train ``epoch`` (0-based) from step ``skip``; returns (EpochStats of this rank, steps in the epoch,
     the step after which a stop signal ended it, or None)."""
     net, ctxs, dist = loop.net, loop.ctxs, loop.dist
-    steps = len(train_iter) if args.benchmark_iters is None else min(len(train_iter), args.benchmark_iters)
+    steps = len(train_iter) if cfg.benchmark_iters is None else min(len(train_iter), cfg.benchmark_iters)
     stats = EpochStats.resumed(state.partial)
     state.partial = None
-    mix = args.mixup if epoch < args.num_epochs - args.mixup_off_epochs else 0.0
-    step_batch = args.batch_size // dist.size * len(ctxs) if args.kv_store == "horovod" else args.batch_size
+    mix = cfg.mixup if epoch < cfg.num_epochs - cfg.mixup_off_epochs else 0.0
+    step_batch = cfg.batch_size // dist.size * len(ctxs) if cfg.kv_store == "horovod" else cfg.batch_size
     tic = epoch_tic = stats.started
     counted = []  # the last step's top-k hits, still on the device
     for step, batch in enumerate(train_iter):
@@ -724,18 +773,18 @@ def train_one_epoch(args, loop, state, train_iter, epoch, skip=0):
             continue
         lr = state.schedule(epoch + step / steps)
         state.trainer.set_learning_rate(lr)
-        datas, labels = split(batch, ctxs, args.dtype)
+        datas, labels = split(batch, ctxs, cfg.dtype)
         # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
-        rng = np.random.RandomState(None if args.seed is None else [args.seed, epoch, dist.rank, step])
-        pairs = [make_targets(label, args.num_classes, args.label_smoothing, mix, rng, data)
+        rng = np.random.RandomState(None if cfg.seed is None else [cfg.seed, epoch, dist.rank, step])
+        pairs = [make_targets(label, cfg.num_classes, cfg.label_smoothing, mix, rng, data)
                  for data, label in zip(datas, labels)]
         loss, outputs, applied = train_step(net, state.trainer, state.scaler, loop.loss_fn, [p[0] for p in pairs],
                                             [p[1] for p in pairs], step_batch, loop.guard, loop.stop.vote,
-                                            scan_grads=args.dtype == "float16" or state.scaler.dynamic)
+                                            scan_grads=cfg.dtype == "float16" or state.scaler.dynamic)
         if not applied:
             log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
                         epoch + 1, step + 1, state.scaler.scale)
-            if state.scaler.bad_steps >= args.max_bad_steps:
+            if state.scaler.bad_steps >= cfg.max_bad_steps:
                 raise TrainingError(f"{state.scaler.bad_steps} consecutive steps had NaN/inf loss or gradients "
                                     f"(epoch {epoch + 1}, step {step + 1}); lower --lr or use float32")
         elif state.ema is not None:
@@ -743,7 +792,7 @@ def train_one_epoch(args, loop, state, train_iter, epoch, skip=0):
         if applied:
             stats.loss += loss
             stats.steps += 1
-        if not args.no_metrics:
+        if not cfg.no_metrics:
             # Read one step late: the device has long finished them, so reading never stalls its queue.
             stats.add_hits(counted)
             counted = [(*topk_counts(out, label, valid), valid) for out, label, valid in
@@ -751,12 +800,12 @@ def train_one_epoch(args, loop, state, train_iter, epoch, skip=0):
         now = time.time()
         stats.durations.append(now - tic)
         tic = now
-        speed = args.batch_size * (step + 1 - skip) / max(now - epoch_tic, 1e-9)
+        speed = cfg.batch_size * (step + 1 - skip) / max(now - epoch_tic, 1e-9)
         left = (steps - step - 1) + (loop.end_epoch - epoch - 1) * steps
         loop.progress.update(epoch + 1, step + 1, steps, speed, stats.loss / max(stats.steps, 1), lr,
-                             left * args.batch_size / max(speed, 1e-9))
+                             left * cfg.batch_size / max(speed, 1e-9))
         loop.json_log.write("iter", epoch=epoch + 1, step=step, loss=loss, lr=lr,
-                            ips=args.batch_size / stats.durations[-1], loss_scale=state.scaler.scale)
+                            ips=cfg.batch_size / stats.durations[-1], loss_scale=state.scaler.scale)
         if loop.stop.agreed and step + 1 < steps:
             loop.progress.end_epoch()
             stats.add_hits(counted)
@@ -777,24 +826,24 @@ def validate(net, ema, val_iter, ctxs, dist, dtype, no_metrics, max_iters=None):
             ema.swap()
 
 
-def record_train_epoch(args, state, stats, epoch, dist):
+def record_train_epoch(cfg, state, stats, epoch, dist):
     """The epoch's training metrics, summed over the ranks, into the report and rank 0's log; returns them."""
     sums = dist.sum(stats.sums(), "train")
     loss = sums[0] / max(sums[1], 1)
-    values = {} if args.no_metrics else {"top1": sums[2] / max(sums[4], 1), "top5": sums[3] / max(sums[4], 1)}
-    state.report.add_epoch("train", durations=stats.durations, batch_size=args.batch_size, **values, loss=loss)
+    values = {} if cfg.no_metrics else {"top1": sums[2] / max(sums[4], 1), "top5": sums[3] / max(sums[4], 1)}
+    state.report.add_epoch("train", durations=stats.durations, batch_size=cfg.batch_size, **values, loss=loss)
     state.report.add("train.lr", state.schedule(epoch + 1 - 1e-9))
     if dist.is_primary:
         log.info("Epoch[%d] train loss %.4f%s, %.1f img/s, time %s", epoch + 1, loss,
-                 "" if args.no_metrics else f" top1 {values['top1']:.4f}",
-                 args.batch_size * len(stats.durations) / max(sum(stats.durations), 1e-9),
+                 "" if cfg.no_metrics else f" top1 {values['top1']:.4f}",
+                 cfg.batch_size * len(stats.durations) / max(sum(stats.durations), 1e-9),
                  format_seconds(time.time() - stats.started))
     return {"train.loss": loss, **{f"train.{k}": v for k, v in values.items()}}
 
 
-def record_validation(args, state, metrics, epoch, dist):
+def record_validation(cfg, state, metrics, epoch, dist):
     state.report.add_epoch("val", top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
-                           durations=metrics["durations"], batch_size=args.batch_size)
+                           durations=metrics["durations"], batch_size=cfg.batch_size)
     if dist.is_primary:
         log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
                  metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
@@ -802,34 +851,34 @@ def record_validation(args, state, metrics, epoch, dist):
             "val.samples": metrics["samples"]}
 
 
-def fit(args, run, net, make_train_iter, val_iter, ctxs, dist):
-    """Train ``net`` (initialised, hybridized) as ``args`` say, ``run`` describing the run; returns (report,
+def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist):
+    """Train ``net`` (initialised, hybridized) as ``cfg`` says, ``run`` describing the run; returns (report,
     stopped_by_signal)."""
-    prefix = workspace_path(args, args.model_prefix)
-    state = prepare(args, run, net, ctxs, dist)
-    resumed = resume_state(args.resume, prefix)
+    prefix = workspace_path(cfg.workspace, cfg.model_prefix)
+    state = prepare(cfg, run, net, ctxs, dist)
+    resumed = resume_state(cfg.resume, prefix)
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
-    if args.resume != "auto" and dist.is_primary:
-        moved = settings.set_aside_superseded(args.workspace, args.model_prefix, resumed, [run.report_path,
-                                                                                           args.json_log])
+    if cfg.resume != "auto" and dist.is_primary:
+        moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed, [run.report_path,
+                                                                                           cfg.json_log])
         if moved:
-            log.info("--resume %s: moved the files of the run not continued to %s", args.resume, moved)
-    json_log = JsonLog(workspace_path(args, args.json_log) if dist.is_primary and args.json_log else None)
+            log.info("--resume %s: moved the files of the run not continued to %s", cfg.resume, moved)
+    json_log = JsonLog(workspace_path(cfg.workspace, cfg.json_log) if dist.is_primary and cfg.json_log else None)
     json_log.write("params", **run.record, resumed_from=resumed and resumed["state_path"])
-    end_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs, state.epoch + args.run_epochs)
+    end_epoch = cfg.num_epochs if cfg.run_epochs < 0 else min(cfg.num_epochs, state.epoch + cfg.run_epochs)
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
-                progress=Progress(dist.is_primary, args.disp_batches), json_log=json_log, end_epoch=end_epoch)
+                progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch)
     if state.epoch >= end_epoch and dist.is_primary:
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
-                 args.num_epochs)
+                 cfg.num_epochs)
 
     def save(epoch, step, partials=None, best=False):
-        save_checkpoint(prefix, net, state, run, epoch, step, args.keep_last, args.seed, partials, best)
+        save_checkpoint(prefix, net, state, run, epoch, step, cfg.keep_last, cfg.seed, partials, best)
 
     stopped = False
     for epoch in range(state.epoch, end_epoch):
-        stats, steps, stopped_at = train_one_epoch(args, loop, state, make_train_iter(epoch), epoch,
+        stats, steps, stopped_at = train_one_epoch(cfg, loop, state, make_train_iter(epoch), epoch,
                                                    skip=state.step if epoch == state.epoch else 0)
         if stopped_at is not None:  # a stop signal: save this epoch's progress and end
             average_statistics(net, state.ema, dist)  # as at the epoch's end: each rank's averages differ
@@ -838,18 +887,18 @@ def fit(args, run, net, make_train_iter, val_iter, ctxs, dist):
                 save(epoch, stopped_at, partials)
             stopped = True
             break
-        epoch_record = record_train_epoch(args, state, stats, epoch, dist)
+        epoch_record = record_train_epoch(cfg, state, stats, epoch, dist)
         average_statistics(net, state.ema, dist)
         improved = False
-        if val_iter is not None and args.mode == "train_val":
-            metrics = validate(net, state.ema, val_iter, ctxs, dist, args.dtype, args.no_metrics,
-                               args.benchmark_iters)
-            epoch_record.update(record_validation(args, state, metrics, epoch, dist))
+        if val_iter is not None and cfg.mode == "train_val":
+            metrics = validate(net, state.ema, val_iter, ctxs, dist, cfg.dtype, cfg.no_metrics,
+                               cfg.benchmark_iters)
+            epoch_record.update(record_validation(cfg, state, metrics, epoch, dist))
             improved = metrics["top1"] > state.best_top1
             state.best_top1 = max(state.best_top1, metrics["top1"])
         json_log.write("epoch", epoch=epoch + 1, **epoch_record)
         last = epoch + 1 == end_epoch
-        due = args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0
+        due = cfg.save_frequency > 0 and (epoch + 1) % cfg.save_frequency == 0
         if dist.is_primary and (due or last or improved):
             save(epoch + 1, 0, best=improved)
         if loop.stop.agreed_now() and not last:
@@ -859,13 +908,13 @@ def fit(args, run, net, make_train_iter, val_iter, ctxs, dist):
             break
     state.report.total_duration = state.elapsed()
     if dist.is_primary:
-        state.report.save(workspace_path(args, run.report_path))
+        state.report.save(workspace_path(cfg.workspace, run.report_path))
         json_log.write("summary", total_duration=state.report.total_duration, stopped=stopped)
     json_log.close()
     return state.report, stopped
 
 
-def load_for_scoring(args, net, ctxs, dist):
+def load_for_scoring(cfg, net, ctxs, dist):
     """--load, else the latest checkpoint in --workspace; returns the path loaded, or None for fresh weights.
 
     --mode val scores freshly initialised weights when there is no checkpoint only where no accuracy is
@@ -874,17 +923,17 @@ def load_for_scoring(args, net, ctxs, dist):
     """
     if hasattr(net, "loaded_from"):  # an INT8 graph made from the checkpoint already (train.int8_net)
         return net.loaded_from
-    path = args.load
+    path = cfg.load
     if path is None:
-        state = checkpoint.find_latest(workspace_path(args, args.model_prefix))
+        state = checkpoint.find_latest(workspace_path(cfg.workspace, cfg.model_prefix))
         path = state and state["paths"]["params"]
     if path is None:
-        if args.mode == "val" and (args.data_backend == "synthetic" or args.no_metrics):
+        if cfg.mode == "val" and (cfg.data_backend == "synthetic" or cfg.no_metrics):
             if dist.is_primary:
                 log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
             return None
         raise TrainingError(f"no checkpoint to score: give --load PATH.params or train first "
-                            f"(nothing matches {workspace_path(args, args.model_prefix)}-NNNN.params); "
+                            f"(nothing matches {workspace_path(cfg.workspace, cfg.model_prefix)}-NNNN.params); "
                             "to time fresh weights, add --no-metrics")
     if not os.path.isfile(path):
         raise TrainingError(f"--load {path} does not exist")
@@ -894,27 +943,27 @@ def load_for_scoring(args, net, ctxs, dist):
     return path
 
 
-def score(args, run, net, val_iter, ctxs, dist):
+def score(cfg, run, net, val_iter, ctxs, dist):
     """--mode val: --num-epochs passes over the validation data (with --benchmark-iters, that many batches per
     pass, the set cycled); returns the report, which names the weights scored."""
     if val_iter is None:
         raise TrainingError("--mode val needs validation data (--data-val)")
-    loaded = load_for_scoring(args, net, ctxs, dist)
+    loaded = load_for_scoring(cfg, net, ctxs, dist)
     dist.broadcast_parameters(net)
-    report = Report(model=args.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
+    report = Report(model=cfg.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
     report.weights = os.path.abspath(loaded) if loaded else "fresh"
     report.info.update(getattr(net, "report_info", {}))  # e.g. how an INT8 graph was calibrated
     start = time.time()
-    for epoch in range(args.num_epochs):
-        metrics = evaluate(net, val_iter, ctxs, dist, args.dtype, args.no_metrics, args.benchmark_iters)
-        values = {} if args.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
-        report.add_epoch("val", durations=metrics["durations"], batch_size=args.batch_size, **values)
+    for epoch in range(cfg.num_epochs):
+        metrics = evaluate(net, val_iter, ctxs, dist, cfg.dtype, cfg.no_metrics, cfg.benchmark_iters)
+        values = {} if cfg.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
+        report.add_epoch("val", durations=metrics["durations"], batch_size=cfg.batch_size, **values)
         if dist.is_primary:
             log.info("Pass %d: %s%.1f img/s (%d samples)", epoch + 1,
-                     "" if args.no_metrics else f"top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} ",
+                     "" if cfg.no_metrics else f"top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} ",
                      report.metrics.get("val.total_ips", [0.0])[-1] if metrics["durations"] else 0.0,
                      metrics["samples"])
     report.total_duration = time.time() - start
     if dist.is_primary:
-        report.save(workspace_path(args, run.report_path))
+        report.save(workspace_path(cfg.workspace, run.report_path))
     return report

@@ -151,7 +151,8 @@ def header(args, size, report_path):
     machine = f"{size} worker(s), batch {args.batch_size}, {args.dtype}, {args.data_backend}"
     if args.mode == "val":
         return (f"Scoring {args.load or 'freshly initialised weights'}: {model}, resize {args.data_val_resize}, "
-                f"{machine}; data {args.data_val or 'synthetic'}; results in {fit.workspace_path(args, report_path)}")
+                f"{machine}; data {args.data_val or 'synthetic'}; "
+                f"results in {fit.workspace_path(args.workspace, report_path)}")
     data_files = "synthetic" if args.data_backend == "synthetic" else \
         ", ".join(f for f in (args.data_train, args.data_val) if f)
     return (f"Training {model} on {machine}; recipe {args.recipe}, LR {args.lr:g}, {args.num_epochs} epochs; "
@@ -270,7 +271,7 @@ def predict_image(args, net, ctxs, dist):
     """--mode pred: the top-5 classes of --data-pred by the checkpoint (as INT8 with --dtype int8)."""
     if args.dtype == "int8":
         net = int8_net(args, net, ctxs, dist)
-    fit.load_for_scoring(args, net, ctxs, dist)
+    fit.load_for_scoring(fit.fit_config(args), net, ctxs, dist)
     image = predict.load_image(args.data_pred, args.image_shape, args.data_val_resize, args.rgb_mean, args.rgb_std,
                                args.input_layout)
     return predict.predict(net, image, ctxs[0], args.dtype, predict.class_names(args.class_names, args.data_train))
@@ -278,7 +279,7 @@ def predict_image(args, net, ctxs, dist):
 
 def int8_net(args, net, ctxs, dist, train_iter=None):
     """--dtype int8: the float32 checkpoint (loaded here) as oneDNN's calibrated INT8 graph (quantize.py)."""
-    path = fit.load_for_scoring(args, net, ctxs, dist)
+    path = fit.load_for_scoring(fit.fit_config(args), net, ctxs, dist)
     batch = args.batch_size // dist.size
     channels, height, width = args.image_shape
     shape = (batch, channels, height, width) if args.input_layout == "NCHW" else (batch, height, width, channels)
@@ -307,7 +308,7 @@ def fused_float32_net(args, net, ctxs, dist):
     weights oneDNN has reordered)."""
     if dist.size > 1 or len(ctxs) > 1 or ctxs[0].device_type != "cpu":
         return net
-    path = fit.load_for_scoring(args, net, ctxs, dist)
+    path = fit.load_for_scoring(fit.fit_config(args), net, ctxs, dist)
     channels, height, width = args.image_shape
     shape = (args.batch_size, channels, height, width) if args.input_layout == "NCHW" else \
         (args.batch_size, height, width, channels)
@@ -351,9 +352,10 @@ def main(args, command=None, given=()):
     if args.mode in ("train", "train_val"):
         os.makedirs(args.workspace, exist_ok=True)
         # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
-        os.makedirs(os.path.dirname(fit.workspace_path(args, args.model_prefix)) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(fit.workspace_path(args.workspace, args.model_prefix)) or ".", exist_ok=True)
     if args.mode != "pred":
-        os.makedirs(os.path.dirname(os.path.abspath(fit.workspace_path(args, run.report_path))), exist_ok=True)
+        report_file = os.path.abspath(fit.workspace_path(args.workspace, run.report_path))
+        os.makedirs(os.path.dirname(report_file), exist_ok=True)
     lock = hold_workspace(args, dist)
     if args.seed is not None:
         random.seed(args.seed)
@@ -397,12 +399,12 @@ def main(args, command=None, given=()):
                 net = int8_net(args, net, ctxs, dist, train_iter)
             elif args.dtype == "float32":  # the fastest correct graph for the dtype
                 net = fused_float32_net(args, net, ctxs, dist)
-            report = fit.score(args, run, net, val_iter, ctxs, dist)
+            report = fit.score(fit.fit_config(args), run, net, val_iter, ctxs, dist)
         else:
             if train_iter is None:
                 raise UsageError(f"--mode {args.mode} needs training data (--data-train)")
-            report, stopped = fit.fit(args, run, net, train_iterator_factory(args, dist, ctxs, train_iter),
-                                      val_iter, ctxs, dist)
+            make_train_iter = train_iterator_factory(args, dist, ctxs, train_iter)
+            report, stopped = fit.fit(fit.fit_config(args), run, net, make_train_iter, val_iter, ctxs, dist)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
     except (fit.TrainingError, data.DataError, predict.PredictionError) as error:
@@ -414,7 +416,7 @@ def main(args, command=None, given=()):
         top1 = report.metrics.get("val.top1")
         if top1:
             print(f"Validation top-1: {top1[-1]:.4f}")
-        print(f"Report: {os.path.abspath(fit.workspace_path(args, run.report_path))}")
+        print(f"Report: {os.path.abspath(fit.workspace_path(args.workspace, run.report_path))}")
     return Outcome(net=net, report=report, stopped=stopped)
 
 

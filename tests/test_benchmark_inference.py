@@ -183,6 +183,6 @@ def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_
 def test_fresh_weights_only_where_no_accuracy_is_reported(data_root, tmp_path):
     args = val_args(data_root, tmp_path)
     with pytest.raises(fit.TrainingError, match="no checkpoint to score.*--no-metrics"):
-        fit.load_for_scoring(args, None, [mx.cpu()], fit.Distributed(None))
+        fit.load_for_scoring(fit.fit_config(args), None, [mx.cpu()], fit.Distributed(None))
     args.no_metrics = True
-    assert fit.load_for_scoring(args, None, [mx.cpu()], fit.Distributed(None)) is None
+    assert fit.load_for_scoring(fit.fit_config(args), None, [mx.cpu()], fit.Distributed(None)) is None

@@ -60,7 +60,7 @@ def args(tmp_path):
                                "--num-classes", str(CLASSES), "--seed", "3", "--ema-decay", "0.9",
                                "--workspace", str(tmp_path), "--disp-batches", "0", "--keep-last", "0"])
     train.fill_hyper_parameters(parsed)
-    return parsed
+    return fit.fit_config(parsed)
 
 
 @pytest.fixture()
