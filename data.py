@@ -4,6 +4,7 @@ dali.py (the DALI pipelines) is imported only when a DALI backend is chosen: DAL
 mxnet and synthetic backends do not need it installed.
 """
 import collections
+import dataclasses
 import logging
 import math
 import os
@@ -99,23 +100,65 @@ def add_dali_args(parser):
     return group
 
 
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The values of train.py's flags the data pipelines read, made once at this module's boundary
+    (data_config): the entry points below take the Namespace, everything behind them a DataConfig."""
+    batch_size: object
+    dali_dont_use_mmap: object
+    dali_fuse_decoder: object
+    dali_nvjpeg_memory_padding: object
+    dali_prefetch_queue: object
+    dali_separ_val: object
+    dali_threads: object
+    dali_validation_threads: object
+    data_backend: object
+    data_mxnet_threads: object
+    data_train: object
+    data_train_idx: object
+    data_val: object
+    data_val_idx: object
+    data_val_resize: object
+    disp_batches: object
+    dtype: object
+    image_shape: object
+    input_layout: object
+    max_random_area: object
+    max_random_aspect_ratio: object
+    min_random_area: object
+    min_random_aspect_ratio: object
+    num_classes: object
+    num_examples: object
+    random_mirror: object
+    rgb_mean: object
+    rgb_std: object
+    seed: object
+    test_io: object
+    test_io_mode: object
+
+
+def data_config(args):
+    return DataConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(DataConfig)})
+
+
 def check_data_files(args):
     """Return a one-line message naming the first missing data file, or None."""
+    cfg = data_config(args)
     needed = []
-    if args.data_train:
-        needed += [("--data-train", args.data_train), ("--data-train-idx", args.data_train_idx)]
-    if args.data_val:
-        needed += [("--data-val", args.data_val), ("--data-val-idx", args.data_val_idx)]
+    if cfg.data_train:
+        needed += [("--data-train", cfg.data_train), ("--data-train-idx", cfg.data_train_idx)]
+    if cfg.data_val:
+        needed += [("--data-val", cfg.data_val), ("--data-val-idx", cfg.data_val_idx)]
     for flag, path in needed:
         if not path:
-            return f"{flag} is required with the {args.data_backend} backend; {PREPARE_HINT}"
+            return f"{flag} is required with the {cfg.data_backend} backend; {PREPARE_HINT}"
         if not os.path.isfile(path):
             return f"{flag} {path} does not exist; {PREPARE_HINT}"
-    if args.data_backend == "dali-gpu" and mx.context.num_gpus() == 0:
+    if cfg.data_backend == "dali-gpu" and mx.context.num_gpus() == 0:
         return ("--data-backend dali-gpu needs a GPU and a GPU build of MXNet, none found; "
                 "use --data-backend dali-cpu (or mxnet)")
-    if args.test_io and args.data_backend != "synthetic" and not getattr(args, f"data_{args.test_io_mode}"):
-        return f"--test-io-mode {args.test_io_mode} needs --data-{args.test_io_mode}; {PREPARE_HINT}"
+    if cfg.test_io and cfg.data_backend != "synthetic" and not getattr(cfg, f"data_{cfg.test_io_mode}"):
+        return f"--test-io-mode {cfg.test_io_mode} needs --data-{cfg.test_io_mode}; {PREPARE_HINT}"
     return None
 
 
@@ -274,37 +317,37 @@ def part_failure_finder(record_file, part_index, num_parts, limit=50000):
     return find
 
 
-def get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files=None):
-    local_batch = args.batch_size // num_workers
-    channels, height, width = args.image_shape
-    threads = args.data_mxnet_threads or default_threads(local_size)
-    seed = 0 if args.seed is None else args.seed + rank
+def get_mxnet_iterators(cfg, rank, num_workers, local_size, ctx, record_files=None):
+    local_batch = cfg.batch_size // num_workers
+    channels, height, width = cfg.image_shape
+    threads = cfg.data_mxnet_threads or default_threads(local_size)
+    seed = 0 if cfg.seed is None else cfg.seed + rank
     common = dict(data_shape=(3, height, width), batch_size=local_batch, label_width=1,
-                  mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
-                  std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2],
+                  mean_r=cfg.rgb_mean[0], mean_g=cfg.rgb_mean[1], mean_b=cfg.rgb_mean[2],
+                  std_r=cfg.rgb_std[0], std_g=cfg.rgb_std[1], std_b=cfg.rgb_std[2],
                   preprocess_threads=threads, num_parts=num_workers, part_index=rank)
-    out = dict(channels=channels, dtype=out_dtype(args.dtype), layout=args.input_layout, ctx=ctx)
+    out = dict(channels=channels, dtype=out_dtype(cfg.dtype), layout=cfg.input_layout, ctx=ctx)
     train_iter = val_iter = None
     files = record_files or {}
-    if args.data_train:
+    if cfg.data_train:
         finder = part_failure_finder(files["train"], rank, num_workers) if "train" in files else None
         record_iter = image_record_iter(
-            finder, path_imgrec=args.data_train, path_imgidx=args.data_train_idx, shuffle=True, seed=seed,
-            seed_aug=None if args.seed is None else seed,
-            random_resized_crop=True, min_random_area=args.min_random_area, max_random_area=args.max_random_area,
-            min_aspect_ratio=args.min_random_aspect_ratio, max_aspect_ratio=args.max_random_aspect_ratio,
-            rand_mirror=bool(args.random_mirror), round_batch=True, **common)
-        total = count_index_entries(args.data_train_idx)
-        steps = math.ceil((args.num_examples or total) / args.batch_size)
+            finder, path_imgrec=cfg.data_train, path_imgidx=cfg.data_train_idx, shuffle=True, seed=seed,
+            seed_aug=None if cfg.seed is None else seed,
+            random_resized_crop=True, min_random_area=cfg.min_random_area, max_random_area=cfg.max_random_area,
+            min_aspect_ratio=cfg.min_random_aspect_ratio, max_aspect_ratio=cfg.max_random_aspect_ratio,
+            rand_mirror=bool(cfg.random_mirror), round_batch=True, **common)
+        total = count_index_entries(cfg.data_train_idx)
+        steps = math.ceil((cfg.num_examples or total) / cfg.batch_size)
         train_iter = RecordIterator(record_iter, steps * local_batch, local_batch, wrap=True, **out)
         train_iter.failing_record = finder
-    if args.data_val:
+    if cfg.data_val:
         finder = part_failure_finder(files["val"], rank, num_workers) if "val" in files else None
         record_iter = image_record_iter(
-            finder, path_imgrec=args.data_val, path_imgidx=args.data_val_idx, shuffle=False,
-            resize=args.data_val_resize,
+            finder, path_imgrec=cfg.data_val, path_imgidx=cfg.data_val_idx, shuffle=False,
+            resize=cfg.data_val_resize,
             rand_crop=False, rand_mirror=False, round_batch=False, **common)
-        size = mxnet_shard_size(count_index_entries(args.data_val_idx), rank, num_workers)
+        size = mxnet_shard_size(count_index_entries(cfg.data_val_idx), rank, num_workers)
         val_iter = RecordIterator(record_iter, size, local_batch, wrap=False, **out)
         val_iter.failing_record = finder
     return train_iter, val_iter
@@ -350,12 +393,12 @@ def quadrant_means(data):
     return pooled * math.sqrt(data.shape[2] * data.shape[3] / 4 * 3)  # uniform(-1,1) variance is 1/3
 
 
-def get_synthetic_iterators(args, rank, num_workers, ctx):
-    local_batch = args.batch_size // num_workers
-    steps = math.ceil((args.num_examples or 32 * args.batch_size) / args.batch_size)
-    seed = 0 if args.seed is None else args.seed
-    common = dict(batch_size=local_batch, image_shape=args.image_shape, num_classes=args.num_classes, ctx=ctx,
-                  dtype=out_dtype(args.dtype), layout=args.input_layout, rule_seed=seed)
+def get_synthetic_iterators(cfg, rank, num_workers, ctx):
+    local_batch = cfg.batch_size // num_workers
+    steps = math.ceil((cfg.num_examples or 32 * cfg.batch_size) / cfg.batch_size)
+    seed = 0 if cfg.seed is None else cfg.seed
+    common = dict(batch_size=local_batch, image_shape=cfg.image_shape, num_classes=cfg.num_classes, ctx=ctx,
+                  dtype=out_dtype(cfg.dtype), layout=cfg.input_layout, rule_seed=seed)
     train = SyntheticIterator(num_batches=steps, image_seed=seed * 1000 + 2 * rank + 1, **common)
     val = SyntheticIterator(num_batches=max(1, steps // 4), image_seed=seed * 1000 + 2 * rank + 2, **common)
     return train, val
@@ -420,56 +463,56 @@ class DaliIterator(BatchIterator):
 _warned_partial_epochs = set()
 
 
-def get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files):
-    """Train and val iterators for this rank. ``args.batch_size`` is the global batch; ``record_files`` holds the
+def get_dali_iterators(cfg, rank, num_workers, local_rank, local_size, ctx, record_files):
+    """Train and val iterators for this rank. ``cfg.batch_size`` is the global batch; ``record_files`` holds the
     checked records.RecordFile of "train" and "val" (data.open_record_files)."""
     import dali  # only now: DALI is a large import, and only its backends need it
-    device = "gpu" if args.data_backend == "dali-gpu" else "cpu"
+    device = "gpu" if cfg.data_backend == "dali-gpu" else "cpu"
     if device == "gpu" and ctx.device_type != "gpu":
         raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
     device_id = ctx.device_id if device == "gpu" else None  # the GPU of this rank (or of this part of a batch)
-    local_batch = args.batch_size // num_workers
-    threads = args.dali_threads or default_threads(local_size)
-    val_threads = args.dali_validation_threads or default_threads(local_size)
-    seed = None if args.seed is None else args.seed + rank  # each rank augments differently
-    common = dict(image_shape=args.image_shape, mean=args.rgb_mean, std=args.rgb_std, dtype=args.dtype,
-                  layout=args.input_layout, device=device, nvjpeg_padding_mb=args.dali_nvjpeg_memory_padding)
+    local_batch = cfg.batch_size // num_workers
+    threads = cfg.dali_threads or default_threads(local_size)
+    val_threads = cfg.dali_validation_threads or default_threads(local_size)
+    seed = None if cfg.seed is None else cfg.seed + rank  # each rank augments differently
+    common = dict(image_shape=cfg.image_shape, mean=cfg.rgb_mean, std=cfg.rgb_std, dtype=cfg.dtype,
+                  layout=cfg.input_layout, device=device, nvjpeg_padding_mb=cfg.dali_nvjpeg_memory_padding)
     train_iter = val_iter = None
-    if args.data_train:
+    if cfg.data_train:
         train_records = record_files["train"]
         # The record order must be the same on every rank (disjoint shards): seeded by --seed, not by the rank.
         # Without --seed it is seed 0's order (augmentation stays random).
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
-                                     seed=0 if args.seed is None else args.seed,
-                                     remember=args.dali_prefetch_queue + 4)  # the batches DALI may hold
+                                     seed=0 if cfg.seed is None else cfg.seed,
+                                     remember=cfg.dali_prefetch_queue + 4)  # the batches DALI may hold
         pipe = dali.train_pipeline(
-            source=source, random_area=(args.min_random_area, args.max_random_area),
-            random_aspect_ratio=(args.min_random_aspect_ratio, args.max_random_aspect_ratio),
-            random_mirror=bool(args.random_mirror), fuse_decoder=bool(args.dali_fuse_decoder),
+            source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
+            random_aspect_ratio=(cfg.min_random_aspect_ratio, cfg.max_random_aspect_ratio),
+            random_mirror=bool(cfg.random_mirror), fuse_decoder=bool(cfg.dali_fuse_decoder),
             batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
-            prefetch_queue_depth=args.dali_prefetch_queue, **common)
+            prefetch_queue_depth=cfg.dali_prefetch_queue, **common)
         pipe.build()
         total = len(train_records)
-        num_examples = args.num_examples or total
-        if num_examples < total and rank == 0 and args.data_train not in _warned_partial_epochs:
-            _warned_partial_epochs.add(args.data_train)  # the pipeline is rebuilt each epoch: say it once
+        num_examples = cfg.num_examples or total
+        if num_examples < total and rank == 0 and cfg.data_train not in _warned_partial_epochs:
+            _warned_partial_epochs.add(cfg.data_train)  # the pipeline is rebuilt each epoch: say it once
             log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
-                        "data (a random part of a new shuffle each epoch)", num_examples, total, args.data_train)
+                        "data (a random part of a new shuffle each epoch)", num_examples, total, cfg.data_train)
         # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
-        steps = math.ceil(num_examples / args.batch_size)
+        steps = math.ceil(num_examples / cfg.batch_size)
         train_iter = DaliIterator(dali.DaliBatches(pipe, ctx), steps * local_batch, source.failing_record)
-    if args.data_val:
-        shard_id, num_shards = (0, 1) if args.dali_separ_val else (rank, num_workers)
+    if cfg.data_val:
+        shard_id, num_shards = (0, 1) if cfg.dali_separ_val else (rank, num_workers)
         pipe = dali.val_pipeline(
-            rec_path=args.data_val, idx_path=args.data_val_idx, shard_id=shard_id, num_shards=num_shards,
-            resize_shorter=args.data_val_resize, batch_size=local_batch, num_threads=val_threads,
-            device_id=device_id, seed=seed, prefetch_queue_depth=args.dali_prefetch_queue,
-            dont_use_mmap=args.dali_dont_use_mmap, **common)
+            rec_path=cfg.data_val, idx_path=cfg.data_val_idx, shard_id=shard_id, num_shards=num_shards,
+            resize_shorter=cfg.data_val_resize, batch_size=local_batch, num_threads=val_threads,
+            device_id=device_id, seed=seed, prefetch_queue_depth=cfg.dali_prefetch_queue,
+            dont_use_mmap=cfg.dali_dont_use_mmap, **common)
         pipe.build()
         total = dali.reader_epoch_size(pipe)
         val_iter = DaliIterator(dali.DaliBatches(pipe, ctx), shard_size(total, shard_id, num_shards))
         val_iter.failing_record = sequential_failure_finder(record_files["val"], val_iter, shard_id, num_shards,
-                                                            lookahead=(args.dali_prefetch_queue + 2) * local_batch)
+                                                            lookahead=(cfg.dali_prefetch_queue + 2) * local_batch)
     return train_iter, val_iter
 
 
@@ -498,15 +541,15 @@ def open_record_file(rec_path, idx_path, use_mmap=True):
     return _opened[key]
 
 
-def open_record_files(args):
+def open_record_files(cfg):
     """{"train": RecordFile, "val": RecordFile} for the data given, each checked before any pipeline is built,
     so a bad file stops the run with one line naming tools/check_dataset.py, not a C++ assertion."""
-    use_mmap = not getattr(args, "dali_dont_use_mmap", False)
+    use_mmap = not cfg.dali_dont_use_mmap
     files = {}
     for split in ("train", "val"):
-        rec = getattr(args, f"data_{split}")
+        rec = getattr(cfg, f"data_{split}")
         if rec:
-            files[split] = open_record_file(rec, getattr(args, f"data_{split}_idx"), use_mmap)
+            files[split] = open_record_file(rec, getattr(cfg, f"data_{split}_idx"), use_mmap)
     return files
 
 
@@ -526,17 +569,18 @@ def check_mxnet_shards(train_records, num_workers):
 
 def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
     """(train, val) iterators for this rank; either is None when its data is not given."""
-    if args.data_backend in ("dali-gpu", "dali-cpu"):
-        record_files = open_record_files(args)
-        return get_dali_iterators(args, rank, num_workers, local_rank, local_size, ctx, record_files)
-    if args.data_backend == "mxnet":
-        record_files = open_record_files(args)
+    cfg = data_config(args)  # the boundary: below, plain values
+    if cfg.data_backend in ("dali-gpu", "dali-cpu"):
+        record_files = open_record_files(cfg)
+        return get_dali_iterators(cfg, rank, num_workers, local_rank, local_size, ctx, record_files)
+    if cfg.data_backend == "mxnet":
+        record_files = open_record_files(cfg)
         if "train" in record_files:
             check_mxnet_shards(record_files["train"], num_workers)
-        return get_mxnet_iterators(args, rank, num_workers, local_size, ctx, record_files)
-    if args.data_backend == "synthetic":
-        return get_synthetic_iterators(args, rank, num_workers, ctx)
-    raise ValueError(f"unknown --data-backend {args.data_backend}; choose from {', '.join(BACKENDS)}")
+        return get_mxnet_iterators(cfg, rank, num_workers, local_size, ctx, record_files)
+    if cfg.data_backend == "synthetic":
+        return get_synthetic_iterators(cfg, rank, num_workers, ctx)
+    raise ValueError(f"unknown --data-backend {cfg.data_backend}; choose from {', '.join(BACKENDS)}")
 
 
 def get_data_iterators_per_device(args, rank, num_workers, local_rank, local_size, ctxs):
