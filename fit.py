@@ -27,7 +27,7 @@ class TrainingError(Exception):
 
 
 def add_fit_args(parser):
-    group = parser.add_argument_group("Training", "hyper-parameters left unset come from --recipe")
+    group = parser.add_argument_group("Training", "--recipe gives the defaults marked recipe:; a flag given wins")
     group.add_argument("--mode", default="train_val", choices=["train_val", "train", "val", "pred"],
                        help="train_val: train and validate each epoch; train: no validation; val: score a "
                             "checkpoint --num-epochs times; pred: top-5 classes of --data-pred")

@@ -1,4 +1,12 @@
+import glob
+import os
+
 from setuptools import setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Every top-level module of the kit (the flat layout of the original), so an installed kit imports as the checkout.
+MODULES = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(HERE, "*.py"))
+                 if os.path.basename(path) != "setup.py")
 
 ONNX = ["onnx==1.15.0", "onnxruntime==1.31.1", "protobuf==7.36.2", "flatbuffers==25.12.19"]
 
@@ -7,8 +15,7 @@ setup(
     version="0.1.0",
     description="ResNet training and benchmarking kit on MXNet Gluon, Horovod and NVIDIA DALI",
     python_requires=">=3.11,<3.12",
-    py_modules=["models", "dali", "data", "fit", "schedules", "checkpoint", "progress", "report", "train", "benchmark",
-                "world", "run_lock"],
+    py_modules=MODULES,
     scripts=["runner"],
     # MXNet is left out on purpose: the CPU build (mxnet) and the GPU builds (mxnet-cu112, ...) are
     # different distributions of the same package; the Makefile installs the one asked for.

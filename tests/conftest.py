@@ -17,6 +17,17 @@ TINY_RUN = ["--data-backend", "synthetic", "--dtype", "float32", "--num-layers",
             "--num-classes", "10"]
 
 
+def digits_run(digits):
+    """train.py's flags for a tiny ResNet-18 on the digits dataset (``digits``: its folder, from the digits_data
+    fixture): both record files, the DALI CPU backend on one thread, 32-pixel images, light augmentation."""
+    d = str(digits)
+    return ["--data-backend", "dali-cpu", "--dali-threads", "1", "--dali-validation-threads", "1",
+            "--data-train", f"{d}/train.rec", "--data-train-idx", f"{d}/train.idx",
+            "--data-val", f"{d}/val.rec", "--data-val-idx", f"{d}/val.idx",
+            "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32",
+            "--random-mirror", "0", "--min-random-area", "0.5"]
+
+
 def pytest_collection_modifyitems(items):
     """Tests on the digits dataset are slow: it is built through im2rec (tens of seconds, once per session)."""
     for item in items:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import ROOT, digits_run, venv_env
 
 import quantize
 
@@ -36,14 +36,9 @@ def needs_int8():
 
 
 def command(digits, workspace, *extra):
-    d = str(digits)
-    return [sys.executable, os.path.join(ROOT, "train.py"), "--kv-store", "local", "--data-backend", "dali-cpu",
-            "--dali-threads", "1", "--dali-validation-threads", "1", "--data-train", f"{d}/train.rec",
-            "--data-train-idx", f"{d}/train.idx", "--data-val", f"{d}/val.rec", "--data-val-idx", f"{d}/val.idx",
-            "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32",
+    return [sys.executable, os.path.join(ROOT, "train.py"), "--kv-store", "local", *digits_run(digits),
             "--batch-size", "32", "--num-epochs", str(EPOCHS), "--lr", "0.1", "--warmup-epochs", "1",
-            "--num-examples", "1280", "--random-mirror", "0", "--min-random-area", "0.5", "--seed", "3",
-            "--workspace", str(workspace), *extra]
+            "--num-examples", "1280", "--seed", "3", "--workspace", str(workspace), *extra]
 
 
 def run(cmd):

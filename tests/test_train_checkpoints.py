@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import ROOT, digits_run, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -19,14 +19,9 @@ TARGET_TOP1 = 0.6  # chance is 0.1; this recipe reaches about 0.85 in 3 epochs
 
 
 def train_command(digits, workspace, *extra):
-    d = str(digits)
-    return [sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "dali-cpu", "--dali-threads", "1",
-            "--dali-validation-threads", "1", "--data-train", f"{d}/train.rec", "--data-train-idx", f"{d}/train.idx",
-            "--data-val", f"{d}/val.rec", "--data-val-idx", f"{d}/val.idx", "--num-layers", "18",
-            "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32", "--batch-size", "32",
+    return [sys.executable, os.path.join(ROOT, "train.py"), *digits_run(digits), "--batch-size", "32",
             "--num-epochs", str(EPOCHS), "--lr", "0.1", "--warmup-epochs", "1", "--num-examples", "640",
-            "--random-mirror", "0", "--min-random-area", "0.5", "--seed", "3", "--workspace", str(workspace),
-            *extra]
+            "--seed", "3", "--workspace", str(workspace), *extra]
 
 
 def run(command, **kwargs):

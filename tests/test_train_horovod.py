@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import ROOT, digits_run, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -18,14 +18,9 @@ EPOCHS = 3
 def two_worker_run(digits_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("hvd")
     command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-               os.path.join(ROOT, "tests", "hvd_train_worker.py"), str(out),
-               "--data-backend", "dali-cpu", "--dali-threads", "1", "--dali-validation-threads", "1",
-               "--data-train", str(digits_data / "train.rec"), "--data-train-idx", str(digits_data / "train.idx"),
-               "--data-val", str(digits_data / "val.rec"), "--data-val-idx", str(digits_data / "val.idx"),
-               "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32",
+               os.path.join(ROOT, "tests", "hvd_train_worker.py"), str(out), *digits_run(digits_data),
                "--batch-size", "64", "--num-epochs", str(EPOCHS), "--lr", "0.2", "--warmup-epochs", "1",
-               "--num-examples", "640", "--random-mirror", "0", "--min-random-area", "0.5",
-               "--seed", "3", "--workspace", str(out)]
+               "--num-examples", "640", "--seed", "3", "--workspace", str(out)]
     result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out
