@@ -503,8 +503,7 @@ def save_json(result, path):
 
 
 def error(message):
-    print(f"benchmark: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail("benchmark", message)
 
 
 def report_name(output, n, bs, run, repeat):

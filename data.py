@@ -18,9 +18,6 @@ import records
 
 log = logging.getLogger(__name__)
 
-BACKENDS = cli.DATA_BACKENDS
-PREPARE_HINT = cli.PREPARE_HINT
-
 
 class DataError(Exception):
     """Data that cannot be trained on (a bad record file, a record that does not decode): reported as one line."""
@@ -45,7 +42,7 @@ def add_data_args(parser):
     group.add_argument("--data-val", help="validation RecordIO (.rec)")
     group.add_argument("--data-val-idx", default="",
                        help="index of the validation RecordIO (default: the .idx beside it)")
-    group.add_argument("--data-backend", default=None, choices=BACKENDS,
+    group.add_argument("--data-backend", default=None, choices=cli.DATA_BACKENDS,
                        help="data loading backend (default: dali-gpu with a GPU, dali-cpu without)")
     group.add_argument("--image-shape", type=int_list, default=[3, 224, 224],
                        help="network input C,H,W (C=4 pads a zero channel)")
@@ -151,14 +148,14 @@ def check_data_files(args):
         needed += [("--data-val", cfg.data_val), ("--data-val-idx", cfg.data_val_idx)]
     for flag, path in needed:
         if not path:
-            return f"{flag} is required with the {cfg.data_backend} backend; {PREPARE_HINT}"
+            return f"{flag} is required with the {cfg.data_backend} backend; {cli.PREPARE_HINT}"
         if not os.path.isfile(path):
-            return f"{flag} {path} does not exist; {PREPARE_HINT}"
+            return f"{flag} {path} does not exist; {cli.PREPARE_HINT}"
     if cfg.data_backend == "dali-gpu" and mx.context.num_gpus() == 0:
         return ("--data-backend dali-gpu needs a GPU and a GPU build of MXNet, none found; "
                 "use --data-backend dali-cpu (or mxnet)")
     if cfg.test_io and cfg.data_backend != "synthetic" and not getattr(cfg, f"data_{cfg.test_io_mode}"):
-        return f"--test-io-mode {cfg.test_io_mode} needs --data-{cfg.test_io_mode}; {PREPARE_HINT}"
+        return f"--test-io-mode {cfg.test_io_mode} needs --data-{cfg.test_io_mode}; {cli.PREPARE_HINT}"
     return None
 
 
@@ -580,7 +577,7 @@ def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
         return get_mxnet_iterators(cfg, rank, num_workers, local_size, ctx, record_files)
     if cfg.data_backend == "synthetic":
         return get_synthetic_iterators(cfg, rank, num_workers, ctx)
-    raise ValueError(f"unknown --data-backend {cfg.data_backend}; choose from {', '.join(BACKENDS)}")
+    raise ValueError(f"unknown --data-backend {cfg.data_backend}; choose from {', '.join(cli.DATA_BACKENDS)}")
 
 
 def get_data_iterators_per_device(args, rank, num_workers, local_rank, local_size, ctxs):

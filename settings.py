@@ -17,9 +17,7 @@ import cli
 import models
 import quantize
 
-DEFAULT_DATA_ROOT = cli.DEFAULT_DATA_ROOT  # runner's default too
 RUNS_DIR = "runs"
-PREPARE_HINT = cli.PREPARE_HINT
 # What a checkpoint's state records about the data the network expects: scoring or predicting with other values
 # gives silently wrong answers (a 32-pixel digit resized to 256 and centre-cropped is a blur).
 CHECKPOINT_SETTINGS = ("num_classes", "image_shape", "data_val_resize", "rgb_mean", "rgb_std", "batchnorm_eps")
@@ -60,17 +58,17 @@ def fill_data_files(args):
     .rec."""
     if args.data_backend != "synthetic" and args.mode != "pred" and \
             (args.data_root or not (args.data_train or args.data_val)):
-        root = args.data_root or DEFAULT_DATA_ROOT
+        root = args.data_root or cli.DEFAULT_DATA_ROOT
         if not os.path.isdir(root):
             raise ValueError(f"data root {root} does not exist; give --data-root DIR (with train.rec/val.rec) or "
-                             f"--data-train/--data-val; {PREPARE_HINT}")
+                             f"--data-train/--data-val; {cli.PREPARE_HINT}")
         needed = "val" if args.mode == "val" else "train"
         for split in {"val": ["val"], "train": ["train"]}.get(args.mode, ["train", "val"]):
             rec = os.path.join(root, f"{split}.rec")
             if not getattr(args, f"data_{split}") and os.path.isfile(rec):
                 setattr(args, f"data_{split}", rec)
         if not getattr(args, f"data_{needed}"):
-            raise ValueError(f"{os.path.join(root, needed + '.rec')} is missing; {PREPARE_HINT}")
+            raise ValueError(f"{os.path.join(root, needed + '.rec')} is missing; {cli.PREPARE_HINT}")
     if args.data_train and not args.data_train_idx:
         args.data_train_idx = index_beside(args.data_train)
     if args.data_val and not args.data_val_idx:

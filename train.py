@@ -191,7 +191,7 @@ def validate_args(args, num_workers):
         if missing:
             raise UsageError(missing)
         if not args.data_train and not args.data_val:
-            raise UsageError(f"no data given (--data-train/--data-val); {data.PREPARE_HINT}")
+            raise UsageError(f"no data given (--data-train/--data-val); {cli.PREPARE_HINT}")
 
 
 def contexts(args, local_rank, local_size):
