@@ -18,7 +18,28 @@ import shutil
 
 import mxnet as mx
 
+import models
+
 STATE_SUFFIX = ".state.json"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used (another architecture, a file missing): reported as one line."""
+
+
+def workspace_path(workspace, name):
+    """``name`` inside ``workspace`` (an absolute ``name`` stays as it is)."""
+    return name if os.path.isabs(name) else os.path.join(workspace, name)
+
+
+def load_params(net, path, ctxs):
+    """Load a .params file into ``net`` on the devices ``ctxs``; a file of another architecture is a
+    CheckpointError."""
+    try:
+        models.load_parameters(net, path, ctxs)
+    except ValueError as error:
+        raise CheckpointError(f"{error}: it was saved from another architecture; check --arch/--num-layers/"
+                              "--num-classes")
 
 
 def _fsync(path):

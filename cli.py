@@ -2,6 +2,7 @@
 the choices of the precision, data and gradient flags, the data defaults, one-line errors, and the Python that
 runner and benchmark.py run under."""
 import argparse
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -14,6 +15,23 @@ DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"
 PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
                 "or run `make demo` to build the demo set")
 PYTHON_VARIABLE = "RN50_PYTHON"  # the Python runner and benchmark.py run under, when set
+
+
+def config_defaults(config_class):
+    """A config dataclass's defaults as parser defaults (the dataclass is where a flag's default is written; tuples
+    become lists, as the parser gives for a typed value)."""
+    return {field.name: list(field.default) if isinstance(field.default, tuple) else field.default
+            for field in dataclasses.fields(config_class) if field.default is not dataclasses.MISSING}
+
+
+def config_from(config_class, namespace, **overrides):
+    """``config_class`` made of the same-named values of a parsed ``namespace`` (lists become tuples: a config is
+    frozen), with ``overrides`` on top."""
+    values = {}
+    for field in dataclasses.fields(config_class):
+        value = overrides[field.name] if field.name in overrides else getattr(namespace, field.name)
+        values[field.name] = tuple(value) if isinstance(value, list) else value
+    return config_class(**values)
 
 
 class UsageError(Exception):

@@ -31,51 +31,88 @@ def float_list(text):
     return [float(x) for x in text.split(",")]
 
 
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The data, augmentation and DALI flags' values (their defaults are these)."""
+    data_root: str = None
+    data_train: str = None
+    data_train_idx: str = ""
+    data_val: str = None
+    data_val_idx: str = ""
+    data_backend: str = None  # settings.machine_defaults: dali-gpu with a GPU, dali-cpu without
+    image_shape: tuple = (3, 224, 224)
+    rgb_mean: tuple = (123.68, 116.779, 103.939)
+    rgb_std: tuple = (58.393, 57.12, 57.375)
+    input_layout: str = "NCHW"
+    num_examples: int = None
+    data_val_resize: int = 256
+    data_mxnet_threads: int = None
+    test_io: bool = False
+    test_io_mode: str = "train"
+    # augmentation
+    min_random_area: float = 0.08
+    max_random_area: float = 1.0
+    min_random_aspect_ratio: float = 0.75
+    max_random_aspect_ratio: float = 4 / 3
+    random_mirror: int = 1
+    # DALI
+    dali_separ_val: bool = False
+    dali_threads: int = None
+    dali_validation_threads: int = None
+    dali_prefetch_queue: int = 5
+    dali_nvjpeg_memory_padding: int = 64
+    dali_fuse_decoder: int = 1
+    dali_dont_use_mmap: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Feed:
+    """What the pipelines need from the other concerns: the global batch, the network's input dtype, the seed
+    and (synthetic data) the number of classes."""
+    batch_size: int
+    dtype: str = "float32"
+    seed: int = None
+    num_classes: int = 1000
+
+
 def add_data_args(parser):
     group = parser.add_argument_group("Data")
-    group.add_argument("--data-root", default=None,
+    group.add_argument("--data-root",
                        help="directory with train.rec/.idx and val.rec/.idx, used for the files not given one by "
                             "one (default, without any data flag: /data/imagenet/train-val-recordio-passthrough)")
     group.add_argument("--data-train", help="training RecordIO (.rec)")
-    group.add_argument("--data-train-idx", default="",
-                       help="index of the training RecordIO (default: the .idx beside it)")
+    group.add_argument("--data-train-idx", help="index of the training RecordIO (default: the .idx beside it)")
     group.add_argument("--data-val", help="validation RecordIO (.rec)")
-    group.add_argument("--data-val-idx", default="",
-                       help="index of the validation RecordIO (default: the .idx beside it)")
-    group.add_argument("--data-backend", default=None, choices=cli.DATA_BACKENDS,
+    group.add_argument("--data-val-idx", help="index of the validation RecordIO (default: the .idx beside it)")
+    group.add_argument("--data-backend", choices=cli.DATA_BACKENDS,
                        help="data loading backend (default: dali-gpu with a GPU, dali-cpu without)")
-    group.add_argument("--image-shape", type=int_list, default=[3, 224, 224],
-                       help="network input C,H,W (C=4 pads a zero channel)")
-    group.add_argument("--rgb-mean", type=float_list, default=[123.68, 116.779, 103.939],
-                       help="per-channel mean subtracted from the RGB pixels")
-    group.add_argument("--rgb-std", type=float_list, default=[58.393, 57.12, 57.375],
+    group.add_argument("--image-shape", type=int_list, help="network input C,H,W (C=4 pads a zero channel)")
+    group.add_argument("--rgb-mean", type=float_list, help="per-channel mean subtracted from the RGB pixels")
+    group.add_argument("--rgb-std", type=float_list,
                        help="per-channel standard deviation the RGB pixels are divided by")
-    group.add_argument("--input-layout", default="NCHW", choices=["NCHW", "NHWC"], help="layout of the input batch")
-    group.add_argument("--num-examples", type=int, default=None,
+    group.add_argument("--input-layout", choices=["NCHW", "NHWC"], help="layout of the input batch")
+    group.add_argument("--num-examples", type=int,
                        help="training samples per epoch (default: the number of records in --data-train)")
-    group.add_argument("--data-val-resize", type=int, default=256,
+    group.add_argument("--data-val-resize", type=int,
                        help="validation: resize the shorter side to this, then centre-crop the image shape")
-    group.add_argument("--data-mxnet-threads", type=int, default=None,
+    group.add_argument("--data-mxnet-threads", type=int,
                        help="decoding threads of the mxnet backend (default: cores per process)")
     group.add_argument("--test-io", action="store_true", help="only iterate the data and print images/s")
-    group.add_argument("--test-io-mode", default="train", choices=["train", "val"],
-                       help="which iterator --test-io times")
+    group.add_argument("--test-io-mode", choices=["train", "val"], help="which iterator --test-io times")
+    parser.set_defaults(**cli.config_defaults(DataConfig))
     return group
 
 
 def add_data_aug_args(parser):
     group = parser.add_argument_group("Augmentation", "training-time augmentation, every backend")
-    group.add_argument("--min-random-area", type=float, default=0.08,
+    group.add_argument("--min-random-area", type=float,
                        help="random-resized-crop: smallest crop area, as a fraction of the image (recipe "
                             "nvidia-2019: 0.05)")
-    group.add_argument("--max-random-area", type=float, default=1.0,
+    group.add_argument("--max-random-area", type=float,
                        help="random-resized-crop: largest crop area, as a fraction of the image")
-    group.add_argument("--min-random-aspect-ratio", type=float, default=0.75,
-                       help="random-resized-crop: smallest aspect ratio")
-    group.add_argument("--max-random-aspect-ratio", type=float, default=4 / 3,
-                       help="random-resized-crop: largest aspect ratio")
-    group.add_argument("--random-mirror", type=int, default=1, choices=[0, 1],
-                       help="flip half the training images horizontally")
+    group.add_argument("--min-random-aspect-ratio", type=float, help="random-resized-crop: smallest aspect ratio")
+    group.add_argument("--max-random-aspect-ratio", type=float, help="random-resized-crop: largest aspect ratio")
+    group.add_argument("--random-mirror", type=int, choices=[0, 1], help="flip half the training images horizontally")
     return group
 
 
@@ -83,64 +120,21 @@ def add_dali_args(parser):
     group = parser.add_argument_group("DALI data backend", "used with --data-backend dali-gpu or dali-cpu")
     group.add_argument("--dali-separ-val", action="store_true",
                        help="every process validates on the whole validation set (no sharding)")
-    group.add_argument("--dali-threads", type=int, default=None,
-                       help="CPU threads per training pipeline (default: cores per process)")
-    group.add_argument("--dali-validation-threads", type=int, default=None,
+    group.add_argument("--dali-threads", type=int, help="CPU threads per training pipeline (default: cores per process)")
+    group.add_argument("--dali-validation-threads", type=int,
                        help="CPU threads per validation pipeline (default: cores per process)")
-    group.add_argument("--dali-prefetch-queue", type=int, default=5, help="DALI prefetch queue depth")
-    group.add_argument("--dali-nvjpeg-memory-padding", type=int, default=64,
+    group.add_argument("--dali-prefetch-queue", type=int, help="DALI prefetch queue depth")
+    group.add_argument("--dali-nvjpeg-memory-padding", type=int,
                        help="memory padding value for nvJPEG, in MB (dali-gpu only)")
-    group.add_argument("--dali-fuse-decoder", type=int, default=1, choices=[0, 1],
+    group.add_argument("--dali-fuse-decoder", type=int, choices=[0, 1],
                        help="fuse decoding and random cropping (0 = decode, then random-resized-crop)")
     group.add_argument("--dali-dont-use-mmap", action="store_true",
                        help="read the RecordIO with plain reads instead of mmap (better on network file systems)")
     return group
 
 
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """The values of train.py's flags the data pipelines read, made once at this module's boundary
-    (data_config): the entry points below take the Namespace, everything behind them a DataConfig."""
-    batch_size: object
-    dali_dont_use_mmap: object
-    dali_fuse_decoder: object
-    dali_nvjpeg_memory_padding: object
-    dali_prefetch_queue: object
-    dali_separ_val: object
-    dali_threads: object
-    dali_validation_threads: object
-    data_backend: object
-    data_mxnet_threads: object
-    data_train: object
-    data_train_idx: object
-    data_val: object
-    data_val_idx: object
-    data_val_resize: object
-    disp_batches: object
-    dtype: object
-    image_shape: object
-    input_layout: object
-    max_random_area: object
-    max_random_aspect_ratio: object
-    min_random_area: object
-    min_random_aspect_ratio: object
-    num_classes: object
-    num_examples: object
-    random_mirror: object
-    rgb_mean: object
-    rgb_std: object
-    seed: object
-    test_io: object
-    test_io_mode: object
-
-
-def data_config(args):
-    return DataConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(DataConfig)})
-
-
-def check_data_files(args):
-    """Return a one-line message naming the first missing data file, or None."""
-    cfg = data_config(args)
+def check_data_files(cfg):
+    """Return a one-line message naming the first missing data file of a DataConfig, or None."""
     needed = []
     if cfg.data_train:
         needed += [("--data-train", cfg.data_train), ("--data-train-idx", cfg.data_train_idx)]
@@ -314,28 +308,28 @@ def part_failure_finder(record_file, part_index, num_parts, limit=50000):
     return find
 
 
-def get_mxnet_iterators(cfg, rank, num_workers, local_size, ctx, record_files=None):
-    local_batch = cfg.batch_size // num_workers
+def get_mxnet_iterators(cfg, feed, rank, num_workers, local_size, ctx, record_files=None):
+    local_batch = feed.batch_size // num_workers
     channels, height, width = cfg.image_shape
     threads = cfg.data_mxnet_threads or default_threads(local_size)
-    seed = 0 if cfg.seed is None else cfg.seed + rank
+    seed = 0 if feed.seed is None else feed.seed + rank
     common = dict(data_shape=(3, height, width), batch_size=local_batch, label_width=1,
                   mean_r=cfg.rgb_mean[0], mean_g=cfg.rgb_mean[1], mean_b=cfg.rgb_mean[2],
                   std_r=cfg.rgb_std[0], std_g=cfg.rgb_std[1], std_b=cfg.rgb_std[2],
                   preprocess_threads=threads, num_parts=num_workers, part_index=rank)
-    out = dict(channels=channels, dtype=out_dtype(cfg.dtype), layout=cfg.input_layout, ctx=ctx)
+    out = dict(channels=channels, dtype=out_dtype(feed.dtype), layout=cfg.input_layout, ctx=ctx)
     train_iter = val_iter = None
     files = record_files or {}
     if cfg.data_train:
         finder = part_failure_finder(files["train"], rank, num_workers) if "train" in files else None
         record_iter = image_record_iter(
             finder, path_imgrec=cfg.data_train, path_imgidx=cfg.data_train_idx, shuffle=True, seed=seed,
-            seed_aug=None if cfg.seed is None else seed,
+            seed_aug=None if feed.seed is None else seed,
             random_resized_crop=True, min_random_area=cfg.min_random_area, max_random_area=cfg.max_random_area,
             min_aspect_ratio=cfg.min_random_aspect_ratio, max_aspect_ratio=cfg.max_random_aspect_ratio,
             rand_mirror=bool(cfg.random_mirror), round_batch=True, **common)
         total = count_index_entries(cfg.data_train_idx)
-        steps = math.ceil((cfg.num_examples or total) / cfg.batch_size)
+        steps = math.ceil((cfg.num_examples or total) / feed.batch_size)
         train_iter = RecordIterator(record_iter, steps * local_batch, local_batch, wrap=True, **out)
         train_iter.failing_record = finder
     if cfg.data_val:
@@ -390,12 +384,12 @@ def quadrant_means(data):
     return pooled * math.sqrt(data.shape[2] * data.shape[3] / 4 * 3)  # uniform(-1,1) variance is 1/3
 
 
-def get_synthetic_iterators(cfg, rank, num_workers, ctx):
-    local_batch = cfg.batch_size // num_workers
-    steps = math.ceil((cfg.num_examples or 32 * cfg.batch_size) / cfg.batch_size)
-    seed = 0 if cfg.seed is None else cfg.seed
-    common = dict(batch_size=local_batch, image_shape=cfg.image_shape, num_classes=cfg.num_classes, ctx=ctx,
-                  dtype=out_dtype(cfg.dtype), layout=cfg.input_layout, rule_seed=seed)
+def get_synthetic_iterators(cfg, feed, rank, num_workers, ctx):
+    local_batch = feed.batch_size // num_workers
+    steps = math.ceil((cfg.num_examples or 32 * feed.batch_size) / feed.batch_size)
+    seed = 0 if feed.seed is None else feed.seed
+    common = dict(batch_size=local_batch, image_shape=cfg.image_shape, num_classes=feed.num_classes, ctx=ctx,
+                  dtype=out_dtype(feed.dtype), layout=cfg.input_layout, rule_seed=seed)
     train = SyntheticIterator(num_batches=steps, image_seed=seed * 1000 + 2 * rank + 1, **common)
     val = SyntheticIterator(num_batches=max(1, steps // 4), image_seed=seed * 1000 + 2 * rank + 2, **common)
     return train, val
@@ -460,19 +454,19 @@ class DaliIterator(BatchIterator):
 _warned_partial_epochs = set()
 
 
-def get_dali_iterators(cfg, rank, num_workers, local_rank, local_size, ctx, record_files):
-    """Train and val iterators for this rank. ``cfg.batch_size`` is the global batch; ``record_files`` holds the
+def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx, record_files):
+    """Train and val iterators for this rank. ``feed.batch_size`` is the global batch; ``record_files`` holds the
     checked records.RecordFile of "train" and "val" (data.open_record_files)."""
     import dali  # only now: DALI is a large import, and only its backends need it
     device = "gpu" if cfg.data_backend == "dali-gpu" else "cpu"
     if device == "gpu" and ctx.device_type != "gpu":
         raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
     device_id = ctx.device_id if device == "gpu" else None  # the GPU of this rank (or of this part of a batch)
-    local_batch = cfg.batch_size // num_workers
+    local_batch = feed.batch_size // num_workers
     threads = cfg.dali_threads or default_threads(local_size)
     val_threads = cfg.dali_validation_threads or default_threads(local_size)
-    seed = None if cfg.seed is None else cfg.seed + rank  # each rank augments differently
-    common = dict(image_shape=cfg.image_shape, mean=cfg.rgb_mean, std=cfg.rgb_std, dtype=cfg.dtype,
+    seed = None if feed.seed is None else feed.seed + rank  # each rank augments differently
+    common = dict(image_shape=cfg.image_shape, mean=cfg.rgb_mean, std=cfg.rgb_std, dtype=feed.dtype,
                   layout=cfg.input_layout, device=device, nvjpeg_padding_mb=cfg.dali_nvjpeg_memory_padding)
     train_iter = val_iter = None
     if cfg.data_train:
@@ -480,7 +474,7 @@ def get_dali_iterators(cfg, rank, num_workers, local_rank, local_size, ctx, reco
         # The record order must be the same on every rank (disjoint shards): seeded by --seed, not by the rank.
         # Without --seed it is seed 0's order (augmentation stays random).
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
-                                     seed=0 if cfg.seed is None else cfg.seed,
+                                     seed=0 if feed.seed is None else feed.seed,
                                      remember=cfg.dali_prefetch_queue + 4)  # the batches DALI may hold
         pipe = dali.train_pipeline(
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
@@ -496,7 +490,7 @@ def get_dali_iterators(cfg, rank, num_workers, local_rank, local_size, ctx, reco
             log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
                         "data (a random part of a new shuffle each epoch)", num_examples, total, cfg.data_train)
         # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
-        steps = math.ceil(num_examples / cfg.batch_size)
+        steps = math.ceil(num_examples / feed.batch_size)
         train_iter = DaliIterator(dali.DaliBatches(pipe, ctx), steps * local_batch, source.failing_record)
     if cfg.data_val:
         shard_id, num_shards = (0, 1) if cfg.dali_separ_val else (rank, num_workers)
@@ -564,30 +558,36 @@ def check_mxnet_shards(train_records, num_workers):
                         f"shuffled copy with `tools/check_dataset.py {train_records.rec_path} --fix OUT.rec`")
 
 
-def get_data_iterators(args, rank, num_workers, local_rank, local_size, ctx):
-    """(train, val) iterators for this rank; either is None when its data is not given."""
-    cfg = data_config(args)  # the boundary: below, plain values
+def feed_of(run_cfg):
+    """The Feed of a RunConfig (config.py)."""
+    return Feed(batch_size=run_cfg.fit.batch_size, dtype=run_cfg.fit.dtype or "float32", seed=run_cfg.fit.seed,
+                num_classes=run_cfg.model.num_classes)
+
+
+def get_data_iterators(run_cfg, rank, num_workers, local_rank, local_size, ctx):
+    """(train, val) iterators for this rank of a RunConfig; either is None when its data is not given."""
+    cfg, feed = run_cfg.data, feed_of(run_cfg)
     if cfg.data_backend in ("dali-gpu", "dali-cpu"):
         record_files = open_record_files(cfg)
-        return get_dali_iterators(cfg, rank, num_workers, local_rank, local_size, ctx, record_files)
+        return get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx, record_files)
     if cfg.data_backend == "mxnet":
         record_files = open_record_files(cfg)
         if "train" in record_files:
             check_mxnet_shards(record_files["train"], num_workers)
-        return get_mxnet_iterators(cfg, rank, num_workers, local_size, ctx, record_files)
+        return get_mxnet_iterators(cfg, feed, rank, num_workers, local_size, ctx, record_files)
     if cfg.data_backend == "synthetic":
-        return get_synthetic_iterators(cfg, rank, num_workers, ctx)
+        return get_synthetic_iterators(cfg, feed, rank, num_workers, ctx)
     raise ValueError(f"unknown --data-backend {cfg.data_backend}; choose from {', '.join(cli.DATA_BACKENDS)}")
 
 
-def get_data_iterators_per_device(args, rank, num_workers, local_rank, local_size, ctxs):
+def get_data_iterators_per_device(run_cfg, rank, num_workers, local_rank, local_size, ctxs):
     """(train, val) iterators for a process driving ``ctxs``. With several devices (--kv-store device/local) each
     gets its own pipeline on it, reading its own shard, as if it were a worker of its own (the original kit
     did the same): no device decodes the whole batch for the others."""
     if len(ctxs) == 1:
-        return get_data_iterators(args, rank, num_workers, local_rank, local_size, ctxs[0])
+        return get_data_iterators(run_cfg, rank, num_workers, local_rank, local_size, ctxs[0])
     count = len(ctxs)
-    parts = [get_data_iterators(args, rank * count + i, num_workers * count, local_rank * count + i,
+    parts = [get_data_iterators(run_cfg, rank * count + i, num_workers * count, local_rank * count + i,
                                 local_size * count, ctx) for i, ctx in enumerate(ctxs)]
     train, val = zip(*parts)
     return (PerDeviceIterator(train) if train[0] is not None else None,
@@ -637,16 +637,17 @@ class PerDeviceIterator:
 # ---------------------------------------------------------------------------------------------------------
 # --test-io
 
-def test_io(args, train_iter, val_iter, dist=None, epochs=1, out=print):
+def test_io(run_cfg, train_iter, val_iter, dist=None, epochs=1, out=print):
     """Iterate the chosen iterator only (no network) for ``epochs`` epochs and report images/s.
 
     Every batch is waited for, so a GPU pipeline is timed to the end of its copy. The first batch (pipeline
     start-up, prefetch fill) is excluded from the rate. With ``dist`` the images of all ranks are summed.
     Returns {"images": ..., "seconds": ..., "images_per_sec": ...} for this rank's share.
     """
-    iterator = train_iter if args.test_io_mode == "train" else val_iter
+    mode, disp_batches = run_cfg.data.test_io_mode, run_cfg.fit.disp_batches
+    iterator = train_iter if mode == "train" else val_iter
     if iterator is None:
-        raise ValueError(f"--test-io-mode {args.test_io_mode} needs --data-{args.test_io_mode}")
+        raise ValueError(f"--test-io-mode {mode} needs --data-{mode}")
     primary = dist is None or dist.is_primary
     images, start, steps = 0, None, len(iterator) * epochs
     step = 0
@@ -659,16 +660,16 @@ def test_io(args, train_iter, val_iter, dist=None, epochs=1, out=print):
                 start = time.time()  # timing starts after the first batch
                 continue
             images += sum(data.shape[0] for data in batch.data) - batch.pad
-            if primary and args.disp_batches and step % args.disp_batches == 0:
+            if primary and disp_batches and step % disp_batches == 0:
                 rate = images / max(time.time() - start, 1e-9)
                 eta = (steps - step) * batch.data[0].shape[0] / max(rate, 1e-9)
-                out(f"test-io {args.test_io_mode} [{step}/{steps}] {rate:.1f} img/s (this rank), ETA {eta:.0f} s")
+                out(f"test-io {mode} [{step}/{steps}] {rate:.1f} img/s (this rank), ETA {eta:.0f} s")
     seconds = time.time() - start if start is not None else 0.0
     total = images
     if dist is not None:
         total = dist.sum([images], "test_io.images")[0]
     rate = total / max(seconds, 1e-9)
     if primary:
-        out(f"test-io {args.test_io_mode} backend {args.data_backend}: {int(total)} images in {seconds:.2f} s, "
+        out(f"test-io {mode} backend {run_cfg.data.data_backend}: {int(total)} images in {seconds:.2f} s, "
             f"{rate:.1f} images/s")
     return {"images": total, "seconds": seconds, "images_per_sec": rate}

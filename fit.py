@@ -1,8 +1,10 @@
-"""The training loop: recipes, mixed precision with loss scaling, validation, checkpoints, resume, modes."""
+"""The training loop and its phases: prepare or resume the state, train an epoch, validate, save, stop on a signal.
+
+Its helpers live in modules named for them: distributed.py (collectives), precision.py (loss scaling and the
+finite checks), scoring.py (evaluation, --mode val/pred), checkpoint.py (files), schedules.py (recipes, LR)."""
 import dataclasses
 import logging
 import math
-import os
 import signal
 import time
 
@@ -11,11 +13,14 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import checkpoint
+from checkpoint import workspace_path
 import cli
-import models
+from distributed import Distributed, average_over_devices
+from models import running_stats
+from precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
 import schedules
+from scoring import evaluate, split, topk_counts, valid_counts
 import settings
-from data import out_dtype
 from progress import JsonLog, Progress, format_seconds
 from report import Report
 
@@ -26,221 +31,158 @@ class TrainingError(Exception):
     """The run cannot go on (diverged, bad checkpoint): reported as one line."""
 
 
-def add_fit_args(parser):
-    group = parser.add_argument_group("Training", "--recipe gives the defaults marked recipe:; a flag given wins")
-    group.add_argument("--mode", default="train_val", choices=["train_val", "train", "val", "pred"],
-                       help="train_val: train and validate each epoch; train: no validation; val: score a "
-                            "checkpoint --num-epochs times; pred: top-5 classes of --data-pred")
-    group.add_argument("--recipe", default=schedules.DEFAULT_RECIPE, choices=list(schedules.RECIPES),
-                       help="hyper-parameter preset: the defaults of the flags marked 'recipe:' (a flag given "
-                            "on the command line wins)")
-    group.add_argument("--seed", type=int, default=None, help="random seed (python, numpy, MXNet and DALI)")
-    group.add_argument("--kv-store", default="horovod", choices=cli.KV_STORES,
-                       help="horovod: one process per device; device/local: one process, all --gpus")
-    group.add_argument("--gpus", default=None, help="device mode: GPU ids, e.g. 0,1,2,3 (default: all)")
-    group.add_argument("--cpu-contexts", type=int, default=1,
-                       help="device mode without GPUs: split each batch over this many CPU contexts, one data "
-                            "pipeline each (the multi-GPU code path on a CPU; no faster than 1)")
-    group.add_argument("--dtype", default=None, choices=cli.DTYPES,
-                       help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
-                            "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
-                            "quantized by oneDNN, see --calib-mode)")
-    group.add_argument("--batch-size", type=int, default=192, help="global batch size (all workers)")
-    group.add_argument("--num-epochs", type=int, default=None, help=f"epochs ({schedules.recipe_help('num_epochs')})")
-    group.add_argument("--run-epochs", type=int, default=-1, help="stop after this many epochs in this run")
-    group.add_argument("--lr", type=float, default=None,
-                       help="absolute LR for the global batch (default: the recipe's LR per 256 x batch/256; "
-                            f"{schedules.recipe_help('lr_per_256')} per 256)")
-    group.add_argument("--lr-schedule", default=None, choices=schedules.SCHEDULES,
-                       help=f"LR schedule ({schedules.recipe_help('lr_schedule')})")
-    group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x], default=None,
-                       help="step schedule: epochs at which the LR is multiplied by --lr-factor "
-                            f"({schedules.recipe_help('lr_steps')})")
-    group.add_argument("--lr-factor", type=float, default=None,
-                       help=f"step schedule: decay factor ({schedules.recipe_help('lr_factor')})")
-    group.add_argument("--lr-power", type=float, default=2.0, help="poly schedule: exponent")
-    group.add_argument("--warmup-epochs", type=float, default=None,
-                       help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
-    group.add_argument("--optimizer", default=None, choices=["sgd", "nag"],
-                       help=f"sgd (momentum) or nag (Nesterov) ({schedules.recipe_help('optimizer')})")
-    group.add_argument("--mom", type=float, default=None, help=f"momentum ({schedules.recipe_help('mom')})")
-    group.add_argument("--wd", type=float, default=None, help=f"weight decay ({schedules.recipe_help('wd')})")
-    group.add_argument("--wd-bn-bias", action="store_true",
-                       help="also decay BatchNorm gamma/beta and biases (default: they get no weight decay)")
-    group.add_argument("--label-smoothing", type=float, default=None,
-                       help=f"label smoothing factor ({schedules.recipe_help('label_smoothing')})")
-    group.add_argument("--mixup", type=float, default=None,
-                       help=f"mixup Beta(a, a) parameter; 0 = off ({schedules.recipe_help('mixup')})")
-    group.add_argument("--mixup-off-epochs", type=int, default=0, help="no mixup in the last N epochs")
-    group.add_argument("--ema-decay", type=float, default=0.0,
-                       help="keep an exponential moving average of the weights (e.g. 0.9999); 0 = off. "
-                            "Validation uses the EMA weights; they are saved beside each checkpoint")
-    group.add_argument("--loss-scale", default=None,
-                       help="'dynamic' or a fixed number (default: dynamic for float16, 1 otherwise)")
-    group.add_argument("--max-bad-steps", type=int, default=50,
-                       help="stop when this many consecutive steps have a NaN/inf loss or gradient")
-    group.add_argument("--horovod-num-groups", type=int, default=0, help="grouped allreduce: number of groups")
-    group.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for allreduce")
-    group.add_argument("--disp-batches", type=int, default=20, help="log every N iterations")
-    group.add_argument("--benchmark-iters", type=int, default=None, help="cap iterations per epoch (benchmarks)")
-    group.add_argument("--no-metrics", action="store_true", help="skip accuracy computation (benchmarks)")
-    group.add_argument("--workspace", default=None,
-                       help="directory for checkpoints, logs and the report (default: runs/<model>, e.g. "
-                            "runs/resnet50_v1.5, in the current directory)")
-    group.add_argument("--model-prefix", default="model", help="checkpoint file prefix, inside --workspace")
-    group.add_argument("--save-frequency", type=int, default=1,
-                       help="checkpoint every N epochs (0: only the last; the best is always kept)")
-    group.add_argument("--keep-last", type=int, default=3,
-                       help="keep the newest K epoch checkpoints (0: all) besides <prefix>-best.params; a step "
-                            "checkpoint (after SIGTERM) is removed once a newer checkpoint exists")
-    group.add_argument("--resume", default="auto",
-                       help="auto: continue from the latest complete checkpoint; none: start afresh (the earlier "
-                            "run's files move to <workspace>/previous-<time>/); or a <prefix>-NNNN.params / "
-                            ".state.json path (later checkpoints move aside the same way)")
-    group.add_argument("--load", default=None,
-                       help="val/pred: parameters to score (default: the latest checkpoint of --workspace); the "
-                            "model, classes, image shape, resize and normalisation come from its saved state")
-    group.add_argument("--report", default=None,
-                       help="JSON report (relative: inside --workspace; default report.json, and for --mode val "
-                            "<checkpoint>.score.json beside the checkpoint scored)")
-    group.add_argument("--json-log", default="log.jsonl",
-                       help="JSON-lines log (relative: inside --workspace); empty to disable")
-    return group
+_RECIPE = schedules.recipe_defaults(schedules.DEFAULT_RECIPE)  # the defaults a recipe sets
 
 
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
-    """The values of train.py's flags the loop reads, made once at the boundary (fit_config): a function here
-    that takes a FitConfig reads only these."""
-    mode: object
-    arch: object
-    num_classes: object
-    dtype: object
-    kv_store: object
-    batch_size: object
-    num_epochs: object
-    run_epochs: object
-    seed: object
-    optimizer: object
-    lr: object
-    lr_schedule: object
-    lr_steps: object
-    lr_factor: object
-    lr_power: object
-    warmup_epochs: object
-    mom: object
-    wd: object
-    wd_bn_bias: object
-    label_smoothing: object
-    mixup: object
-    mixup_off_epochs: object
-    ema_decay: object
-    loss_scale: object
-    max_bad_steps: object
-    horovod_num_groups: object
-    fp16_allreduce: object
-    disp_batches: object
-    benchmark_iters: object
-    no_metrics: object
-    workspace: object
-    model_prefix: object
-    save_frequency: object
-    keep_last: object
-    resume: object
-    load: object
-    json_log: object
-    data_backend: object
+    """The Training flags' values (their defaults are these; a recipe's are the default recipe's, and the LR
+    and the epochs are filled in from the recipe and the batch by train.fill_hyper_parameters)."""
+    mode: str = "train_val"
+    recipe: str = schedules.DEFAULT_RECIPE
+    seed: int = None
+    kv_store: str = "horovod"
+    gpus: str = None
+    cpu_contexts: int = 1
+    dtype: str = None  # settings.machine_defaults: float16 with a GPU, float32 without
+    batch_size: int = 192
+    num_epochs: int = None
+    run_epochs: int = -1
+    lr: float = None
+    lr_schedule: str = _RECIPE["lr_schedule"]
+    lr_steps: tuple = tuple(_RECIPE["lr_steps"])
+    lr_factor: float = _RECIPE["lr_factor"]
+    lr_power: float = 2.0
+    warmup_epochs: float = _RECIPE["warmup_epochs"]
+    optimizer: str = _RECIPE["optimizer"]
+    mom: float = _RECIPE["mom"]
+    wd: float = _RECIPE["wd"]
+    wd_bn_bias: bool = False
+    label_smoothing: float = _RECIPE["label_smoothing"]
+    mixup: float = _RECIPE["mixup"]
+    mixup_off_epochs: int = 0
+    ema_decay: float = 0.0
+    loss_scale: str = None
+    max_bad_steps: int = 50
+    horovod_num_groups: int = 0
+    fp16_allreduce: bool = False
+    disp_batches: int = 20
+    benchmark_iters: int = None
+    no_metrics: bool = False
+    workspace: str = None
+    model_prefix: str = "model"
+    save_frequency: int = 1
+    keep_last: int = 3
+    resume: str = "auto"
+    load: str = None
+    report: str = None
+    json_log: str = "log.jsonl"
 
 
-def fit_config(args):
-    """The FitConfig of train.py's parsed (and completed) arguments."""
-    return FitConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(FitConfig)})
+def add_fit_args(parser):
+    group = parser.add_argument_group("Training", "--recipe gives the defaults marked recipe:; a flag given wins")
+    group.add_argument("--mode", choices=["train_val", "train", "val", "pred"],
+                       help="train_val: train and validate each epoch; train: no validation; val: score a "
+                            "checkpoint --num-epochs times; pred: top-5 classes of --data-pred")
+    group.add_argument("--recipe", choices=list(schedules.RECIPES),
+                       help="hyper-parameter preset: the defaults of the flags marked 'recipe:' (a flag given "
+                            "on the command line wins)")
+    group.add_argument("--seed", type=int, help="random seed (python, numpy, MXNet and DALI)")
+    group.add_argument("--kv-store", choices=cli.KV_STORES,
+                       help="horovod: one process per device; device/local: one process, all --gpus")
+    group.add_argument("--gpus", help="device mode: GPU ids, e.g. 0,1,2,3 (default: all)")
+    group.add_argument("--cpu-contexts", type=int,
+                       help="device mode without GPUs: split each batch over this many CPU contexts, one data "
+                            "pipeline each (the multi-GPU code path on a CPU; no faster than 1)")
+    group.add_argument("--dtype", choices=cli.DTYPES,
+                       help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
+                            "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
+                            "quantized by oneDNN, see --calib-mode)")
+    group.add_argument("--batch-size", type=int, help="global batch size (all workers)")
+    group.add_argument("--num-epochs", type=int, help=f"epochs ({schedules.recipe_help('num_epochs')})")
+    group.add_argument("--run-epochs", type=int, help="stop after this many epochs in this run")
+    group.add_argument("--lr", type=float,
+                       help="absolute LR for the global batch (default: the recipe's LR per 256 x batch/256; "
+                            f"{schedules.recipe_help('lr_per_256')} per 256)")
+    group.add_argument("--lr-schedule", choices=schedules.SCHEDULES,
+                       help=f"LR schedule ({schedules.recipe_help('lr_schedule')})")
+    group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x],
+                       help="step schedule: epochs at which the LR is multiplied by --lr-factor "
+                            f"({schedules.recipe_help('lr_steps')})")
+    group.add_argument("--lr-factor", type=float,
+                       help=f"step schedule: decay factor ({schedules.recipe_help('lr_factor')})")
+    group.add_argument("--lr-power", type=float, help="poly schedule: exponent")
+    group.add_argument("--warmup-epochs", type=float,
+                       help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
+    group.add_argument("--optimizer", choices=["sgd", "nag"],
+                       help=f"sgd (momentum) or nag (Nesterov) ({schedules.recipe_help('optimizer')})")
+    group.add_argument("--mom", type=float, help=f"momentum ({schedules.recipe_help('mom')})")
+    group.add_argument("--wd", type=float, help=f"weight decay ({schedules.recipe_help('wd')})")
+    group.add_argument("--wd-bn-bias", action="store_true",
+                       help="also decay BatchNorm gamma/beta and biases (default: they get no weight decay)")
+    group.add_argument("--label-smoothing", type=float,
+                       help=f"label smoothing factor ({schedules.recipe_help('label_smoothing')})")
+    group.add_argument("--mixup", type=float,
+                       help=f"mixup Beta(a, a) parameter; 0 = off ({schedules.recipe_help('mixup')})")
+    group.add_argument("--mixup-off-epochs", type=int, help="no mixup in the last N epochs")
+    group.add_argument("--ema-decay", type=float,
+                       help="keep an exponential moving average of the weights (e.g. 0.9999); 0 = off. "
+                            "Validation uses the EMA weights; they are saved beside each checkpoint")
+    group.add_argument("--loss-scale",
+                       help="'dynamic' or a fixed number (default: dynamic for float16, 1 otherwise)")
+    group.add_argument("--max-bad-steps", type=int,
+                       help="stop when this many consecutive steps have a NaN/inf loss or gradient")
+    group.add_argument("--horovod-num-groups", type=int, help="grouped allreduce: number of groups")
+    group.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for allreduce")
+    group.add_argument("--disp-batches", type=int, help="log every N iterations")
+    group.add_argument("--benchmark-iters", type=int, help="cap iterations per epoch (benchmarks)")
+    group.add_argument("--no-metrics", action="store_true", help="skip accuracy computation (benchmarks)")
+    group.add_argument("--workspace",
+                       help="directory for checkpoints, logs and the report (default: runs/<model>, e.g. "
+                            "runs/resnet50_v1.5, in the current directory)")
+    group.add_argument("--model-prefix", help="checkpoint file prefix, inside --workspace")
+    group.add_argument("--save-frequency", type=int,
+                       help="checkpoint every N epochs (0: only the last; the best is always kept)")
+    group.add_argument("--keep-last", type=int,
+                       help="keep the newest K epoch checkpoints (0: all) besides <prefix>-best.params; a step "
+                            "checkpoint (after SIGTERM) is removed once a newer checkpoint exists")
+    group.add_argument("--resume",
+                       help="auto: continue from the latest complete checkpoint; none: start afresh (the earlier "
+                            "run's files move to <workspace>/previous-<time>/); or a <prefix>-NNNN.params / "
+                            ".state.json path (later checkpoints move aside the same way)")
+    group.add_argument("--load",
+                       help="val/pred: parameters to score (default: the latest checkpoint of --workspace); the "
+                            "model, classes, image shape, resize and normalisation come from its saved state")
+    group.add_argument("--report",
+                       help="JSON report (relative: inside --workspace; default report.json, and for --mode val "
+                            "<checkpoint>.score.json beside the checkpoint scored)")
+    group.add_argument("--json-log",
+                       help="JSON-lines log (relative: inside --workspace); empty to disable")
+    parser.set_defaults(**cli.config_defaults(FitConfig))
+    return group
 
 
-def workspace_path(workspace, name):
-    return name if os.path.isabs(name) else os.path.join(workspace, name)
-
-
-def check_args(args):
-    """Raise ValueError for inconsistent hyper-parameters."""
-    if args.num_epochs <= 0:
-        raise ValueError(f"--num-epochs must be positive, got {args.num_epochs}")
-    if args.lr_schedule == "step":
-        late = [s for s in args.lr_steps if s >= args.num_epochs]
+def check(cfg):
+    """Raise ValueError for inconsistent hyper-parameters of a FitConfig."""
+    if cfg.num_epochs <= 0:
+        raise ValueError(f"--num-epochs must be positive, got {cfg.num_epochs}")
+    if cfg.lr_schedule == "step":
+        late = [s for s in cfg.lr_steps if s >= cfg.num_epochs]
         if late:
-            raise ValueError(f"--lr-steps {late} lie at or beyond the last epoch ({args.num_epochs}); "
+            raise ValueError(f"--lr-steps {late} lie at or beyond the last epoch ({cfg.num_epochs}); "
                              "give steps below --num-epochs")
-    if not 0 <= args.ema_decay < 1:
-        raise ValueError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
-    if args.loss_scale not in (None, "dynamic"):
+    if not 0 <= cfg.ema_decay < 1:
+        raise ValueError(f"--ema-decay must be in [0, 1), got {cfg.ema_decay}")
+    if cfg.loss_scale not in (None, "dynamic"):
         try:
-            if float(args.loss_scale) <= 0:
+            if float(cfg.loss_scale) <= 0:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"--loss-scale must be 'dynamic' or a positive number, got {args.loss_scale}")
+            raise ValueError(f"--loss-scale must be 'dynamic' or a positive number, got {cfg.loss_scale}")
 
 
-class Distributed:
-    """Rank information and the few collectives the loop needs (Horovod; one process works too)."""
-
-    def __init__(self, hvd):
-        self.hvd = hvd
-        if hvd is None:  # device/local kv-store: one process
-            self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
-        else:
-            self.rank, self.size = hvd.rank(), hvd.size()
-            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-
-    @property
-    def is_primary(self):
-        return self.rank == 0
-
-    def sum(self, values, name):
-        """Sum a list of floats over all ranks."""
-        if self.hvd is None or self.size == 1:
-            return [float(v) for v in values]
-        array = mx.nd.array(values, dtype="float64")
-        return self.hvd.allreduce(array, op=self.hvd.Sum, name=name).asnumpy().tolist()
-
-    def gather(self, values, name):
-        """Every rank's list of floats, indexed by rank (exact: each rank adds zeros to the others' slots)."""
-        if self.hvd is None or self.size == 1:
-            return [[float(v) for v in values]]
-        slots = np.zeros((self.size, len(values)))
-        slots[self.rank] = values
-        return np.array(self.sum(slots.ravel().tolist(), name)).reshape(self.size, len(values)).tolist()
-
-    def average_(self, arrays, name):
-        """Average parameters (or NDArrays) in place over all ranks (BatchNorm running statistics)."""
-        if self.hvd is None or self.size == 1:
-            return
-        for i, array in enumerate(arrays):
-            array = array.data() if isinstance(array, gluon.Parameter) else array
-            self.hvd.allreduce_(array, op=self.hvd.Average, name=f"{name}.{i}")
-
-    def finish(self):
-        """Before a worker exits: its queued collectives done, and every rank at this point (so no rank's
-        exit shuts Horovod down under another's last allreduce or rank 0's last checkpoint)."""
-        mx.nd.waitall()
-        self.sum([0.0], "finish")
-
-    def broadcast_parameters(self, net):
-        if self.hvd is not None and self.size > 1:
-            self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
 
 
-def average_over_devices(params):
-    """Give parameters kept on several devices (BatchNorm statistics, which each device updates from its own
-    slice of the batch) their mean on every device, so validation and checkpoints do not depend on the device."""
-    for param in params:
-        copies = param.list_data()
-        if len(copies) > 1:
-            param.set_data(mx.nd.add_n(*[c.as_in_context(copies[0].context) for c in copies]) / len(copies))
-
-
-def running_stats(net):
-    return [p for name, p in sorted(net.collect_params().items())
-            if name.endswith("running_mean") or name.endswith("running_var")]
 
 
 def no_decay(name):
@@ -253,51 +195,6 @@ def set_wd_groups(net, decay_all=False):
         param.wd_mult = 1.0 if decay_all or not no_decay(name) else 0.0
 
 
-class LossScaler:
-    """Loss scaling: multiply the loss before backward, divide the gradients in the update.
-
-    Dynamic (the default for float16, as MXNet AMP): on a non-finite gradient the step is skipped and the
-    scale halved; after ``growth_interval`` clean steps it doubles. Static scales only skip bad steps.
-    """
-
-    def __init__(self, scale=1.0, dynamic=False, growth_interval=2000, factor=2.0, min_scale=2.0 ** -14):
-        self.scale = float(scale)
-        self.dynamic = dynamic
-        self.growth_interval = growth_interval
-        self.factor = factor
-        self.min_scale = min_scale
-        self.clean_steps = 0
-        self.bad_steps = 0  # consecutive
-
-    def update(self, finite):
-        if finite:
-            self.bad_steps = 0
-            self.clean_steps += 1
-            if self.dynamic and self.clean_steps >= self.growth_interval:
-                self.scale *= self.factor
-                self.clean_steps = 0
-        else:
-            self.bad_steps += 1
-            self.clean_steps = 0
-            if self.dynamic:
-                self.scale = max(self.scale / self.factor, self.min_scale)
-
-    def state(self):
-        return {"scale": self.scale, "clean_steps": self.clean_steps, "bad_steps": self.bad_steps}
-
-    def load(self, state):
-        self.scale, self.clean_steps, self.bad_steps = state["scale"], state["clean_steps"], state["bad_steps"]
-
-
-def make_loss_scaler(loss_scale, dtype):
-    """--loss-scale: 'dynamic' (the default for float16), a fixed number, or None (1 for other dtypes)."""
-    if loss_scale == "dynamic" or (loss_scale is None and dtype == "float16"):
-        return LossScaler(2.0 ** 16, dynamic=True)
-    return LossScaler(float(loss_scale or 1.0))
-
-
-def grads_finite(params):
-    return all_finite([g for p in params if p.grad_req != "null" for g in p.list_grad()])
 
 
 def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0):
@@ -314,46 +211,6 @@ def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=Fal
     return gluon.Trainer(params, optimizer, optimizer_params, kvstore=store, update_on_kvstore=False)
 
 
-class StatsGuard:
-    """A copy of the BatchNorm running statistics from before the step: a forward pass over a NaN/inf batch
-    would otherwise poison them even though the weight update is skipped (small: 2 vectors per BN layer)."""
-
-    def __init__(self, net):
-        self.stats = [a for p in running_stats(net) for a in p.list_data()]
-        self.backup = [a.copy() for a in self.stats]
-
-    def keep(self):
-        for src, dst in zip(self.stats, self.backup):
-            src.copyto(dst)
-
-    def restore_if_bad(self):
-        if self.stats and not all_finite(self.stats):
-            for src, dst in zip(self.backup, self.stats):
-                src.copyto(dst)
-
-
-# mx.nd.multi_all_finite takes its element type from its first input (another dtype fails: "data type do not
-# match") and has room for 200 inputs with no bounds check (MXNet 1.9.1, src/operator/contrib/all_finite.cc/.cu:
-# MSHADOW_REAL_TYPE_SWITCH(inputs[0].type_flag_); all_finite-inl.h: MultiAllFiniteKernelParam::N = 200); one
-# kernel runs on one device. A float16 network has float16 and float32 (BatchNorm) gradients, ResNet-101 and
-# deeper over 300 of them, --kv-store device a set on every GPU. MXNet's AMP (contrib/amp/loss_scaler.py) also
-# checks in chunks of 200.
-MULTI_ALL_FINITE_MAX_ARRAYS = 200
-
-
-def finite_check_groups(arrays, size=MULTI_ALL_FINITE_MAX_ARRAYS):
-    """``arrays`` as multi_all_finite accepts them: groups of one device and one dtype, at most ``size`` each."""
-    groups = {}
-    for array in arrays:
-        groups.setdefault((array.context, np.dtype(array.dtype)), []).append(array)
-    return [group[i:i + size] for group in groups.values() for i in range(0, len(group), size)]
-
-
-def all_finite(arrays):
-    """Whether every value of ``arrays`` is finite; they may mix dtypes and devices."""
-    flags = [mx.nd.multi_all_finite(*group, num_arrays=len(group), init_output=True)
-             for group in finite_check_groups(arrays)]
-    return all(bool(flag.asscalar()) for flag in flags)  # all queued first: the device is waited for once
 
 
 def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None, vote=None,
@@ -396,92 +253,6 @@ def mean_loss(losses):
     return total.asscalar() / sum(loss.shape[0] for loss in losses)
 
 
-def topk_hits(logits, label, valid):
-    """(top-1 hits, top-5 hits) over the first ``valid`` rows."""
-    return tuple(count.asscalar() for count in topk_counts(logits, label, valid))
-
-
-def topk_counts(logits, label, valid):
-    """(top-1 hits, top-5 hits) over the first ``valid`` rows, as NDArrays not yet read from the device."""
-    if valid == 0:  # all padding: a device whose validation shard has ended
-        zero = mx.nd.zeros((1,), ctx=logits.context)
-        return zero, zero
-    logits, label = logits[:valid], label[:valid]
-    top5 = mx.nd.topk(logits, k=min(5, logits.shape[1]), ret_typ="indices")
-    hits = top5 == label.reshape((-1, 1)).astype(top5.dtype)
-    return hits[:, 0].sum(), hits.sum()
-
-
-def valid_counts(batch, sizes):
-    """Samples that are not padding in each part of ``batch`` (parts of ``sizes``): a batch of per-device parts
-    has one ``pads`` entry per part; a single batch split over devices has its padding at the end."""
-    pads = getattr(batch, "pads", None)
-    if pads is not None:
-        return [size - pad for size, pad in zip(sizes, pads)]
-    counts, remaining = [], sum(sizes) - batch.pad
-    for size in sizes:
-        counts.append(max(0, min(size, remaining)))
-        remaining -= size
-    return counts
-
-
-def split(batch, ctxs, dtype):
-    """Slices of the batch, one per device, in the model's input dtype."""
-    if len(batch.data) == len(ctxs) > 1:  # already one part per device (one pipeline per device)
-        return ([d.astype(out_dtype(dtype), copy=False).as_in_context(c) for d, c in zip(batch.data, ctxs)],
-                [label.as_in_context(c) for label, c in zip(batch.label, ctxs)])
-    data, label = batch.data[0], batch.label[0]
-    if data.dtype != np.dtype(out_dtype(dtype)):
-        data = data.astype(out_dtype(dtype))
-    if len(ctxs) == 1:
-        return [data.as_in_context(ctxs[0])], [label.as_in_context(ctxs[0])]
-    return (gluon.utils.split_and_load(data, ctxs, even_split=False),
-            gluon.utils.split_and_load(label, ctxs, even_split=False))
-
-
-def validation_batches(val_iter, max_iters=None):
-    """(batch, first pass?) pairs: one pass over the validation set, or with ``max_iters`` exactly that many
-    batches, the set cycled when it is shorter (benchmarks time as many batches on every backend). No batch is
-    drawn past ``max_iters``: the readers stay where the timed ones ended."""
-    served, first_pass = 0, True
-    while max_iters is None or served < max_iters:
-        batches = 0
-        for batch in val_iter:
-            yield batch, first_pass
-            served, batches = served + 1, batches + 1
-            if max_iters is not None and served >= max_iters:
-                return
-        if max_iters is None or batches == 0:
-            return
-        first_pass = False
-
-
-def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_iters=None):
-    """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks (with
-    ``max_iters``, that many batches are timed, the set cycled; the accuracy counts its first pass)."""
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    correct1 = correct5 = loss_sum = count = 0.0
-    durations = []
-    tic = time.time()
-    for batch, first_pass in validation_batches(val_iter, max_iters):
-        datas, labels = split(batch, ctxs, dtype)
-        for data, label, valid in zip(datas, labels, valid_counts(batch, [d.shape[0] for d in datas])):
-            logits = net(data).astype("float32")
-            if no_metrics:
-                logits.wait_to_read()
-            else:  # computed on every pass, so each timed batch does the same work
-                c1, c5 = topk_hits(logits, label, valid)
-                batch_loss = loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
-                if first_pass:
-                    correct1, correct5, loss_sum = correct1 + c1, correct5 + c5, loss_sum + batch_loss
-            count += valid if first_pass else 0
-        now = time.time()
-        durations.append(now - tic)
-        tic = now
-    correct1, correct5, loss_sum, count = dist.sum([correct1, correct5, loss_sum, count], "val.counts")
-    total = max(count, 1)
-    return {"top1": correct1 / total, "top5": correct5 / total, "loss": loss_sum / total,
-            "durations": durations, "samples": int(count), "correct1": correct1, "correct5": correct5}
 
 
 _early_stop_signals = []  # stop signals that came before the loop's StopFlag existed (start-up)
@@ -574,13 +345,6 @@ def make_targets(label, num_classes, smoothing, mix, epoch_rng, data):
     return data, target
 
 
-def load_params(net, path, ctxs):
-    """Load a .params file into ``net`` on the devices ``ctxs``; a file of another architecture is a TrainingError."""
-    try:
-        models.load_parameters(net, path, ctxs)
-    except ValueError as error:
-        raise TrainingError(f"{error}: it was saved from another architecture; check --arch/--num-layers/"
-                            "--num-classes")
 
 
 def resume_state(resume, prefix):
@@ -631,6 +395,7 @@ class RunInfo:
     saved in every checkpoint's state and the JSON log ({"args": every resolved value, "given": the flags typed,
     "derived": what the kit filled in})."""
     model_name: str
+    arch: str
     command: list
     report_path: str
     record: dict
@@ -691,7 +456,7 @@ def prepare(cfg, run, net, ctxs, dist):
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
                                         cfg.lr_steps, cfg.lr_factor, cfg.lr_power),
-        report=Report(model=cfg.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
+        report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
 
 
 def resume(state, checkpoint_state, run, net, ctxs, dist):
@@ -703,7 +468,7 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
                             f"({saved_model}; this run: {run.model_name}); use another --workspace/--model-prefix "
                             "or --resume none")
     paths = checkpoint_state["paths"]
-    load_params(net, paths["params"], ctxs)  # on every device: MXNet asserts the set
+    checkpoint.load_params(net, paths["params"], ctxs)  # on every device: MXNet asserts the set
     state.trainer.load_states(paths["states"])
     state.scaler.load(checkpoint_state["loss_scaler"])
     if state.ema is not None and "ema" in paths:
@@ -751,6 +516,7 @@ class Loop:
     progress: Progress
     json_log: JsonLog
     end_epoch: int
+    num_classes: int
     loss_fn: object = dataclasses.field(default_factory=lambda: gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False))
 
 
@@ -776,7 +542,7 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
         datas, labels = split(batch, ctxs, cfg.dtype)
         # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
         rng = np.random.RandomState(None if cfg.seed is None else [cfg.seed, epoch, dist.rank, step])
-        pairs = [make_targets(label, cfg.num_classes, cfg.label_smoothing, mix, rng, data)
+        pairs = [make_targets(label, loop.num_classes, cfg.label_smoothing, mix, rng, data)
                  for data, label in zip(datas, labels)]
         loss, outputs, applied = train_step(net, state.trainer, state.scaler, loop.loss_fn, [p[0] for p in pairs],
                                             [p[1] for p in pairs], step_batch, loop.guard, loop.stop.vote,
@@ -851,9 +617,9 @@ def record_validation(cfg, state, metrics, epoch, dist):
             "val.samples": metrics["samples"]}
 
 
-def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist):
-    """Train ``net`` (initialised, hybridized) as ``cfg`` says, ``run`` describing the run; returns (report,
-    stopped_by_signal)."""
+def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
+    """Train ``net`` (initialised, hybridized; ``num_classes`` outputs) as ``cfg`` (a FitConfig) says, ``run``
+    describing the run; returns (report, stopped_by_signal)."""
     prefix = workspace_path(cfg.workspace, cfg.model_prefix)
     state = prepare(cfg, run, net, ctxs, dist)
     resumed = resume_state(cfg.resume, prefix)
@@ -868,7 +634,8 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist):
     json_log.write("params", **run.record, resumed_from=resumed and resumed["state_path"])
     end_epoch = cfg.num_epochs if cfg.run_epochs < 0 else min(cfg.num_epochs, state.epoch + cfg.run_epochs)
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
-                progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch)
+                progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch,
+                num_classes=num_classes)
     if state.epoch >= end_epoch and dist.is_primary:
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
                  cfg.num_epochs)
@@ -914,56 +681,3 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist):
     return state.report, stopped
 
 
-def load_for_scoring(cfg, net, ctxs, dist):
-    """--load, else the latest checkpoint in --workspace; returns the path loaded, or None for fresh weights.
-
-    --mode val scores freshly initialised weights when there is no checkpoint only where no accuracy is
-    reported from them: on synthetic data, or with --no-metrics (a speed benchmark: the time a batch takes does
-    not depend on the weights; the original kit benchmarked inference so). Elsewhere that is an error.
-    """
-    if hasattr(net, "loaded_from"):  # an INT8 graph made from the checkpoint already (train.int8_net)
-        return net.loaded_from
-    path = cfg.load
-    if path is None:
-        state = checkpoint.find_latest(workspace_path(cfg.workspace, cfg.model_prefix))
-        path = state and state["paths"]["params"]
-    if path is None:
-        if cfg.mode == "val" and (cfg.data_backend == "synthetic" or cfg.no_metrics):
-            if dist.is_primary:
-                log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
-            return None
-        raise TrainingError(f"no checkpoint to score: give --load PATH.params or train first "
-                            f"(nothing matches {workspace_path(cfg.workspace, cfg.model_prefix)}-NNNN.params); "
-                            "to time fresh weights, add --no-metrics")
-    if not os.path.isfile(path):
-        raise TrainingError(f"--load {path} does not exist")
-    load_params(net, path, ctxs)  # on every device the network was initialised on
-    if dist.is_primary:
-        log.info("Loaded %s", path)
-    return path
-
-
-def score(cfg, run, net, val_iter, ctxs, dist):
-    """--mode val: --num-epochs passes over the validation data (with --benchmark-iters, that many batches per
-    pass, the set cycled); returns the report, which names the weights scored."""
-    if val_iter is None:
-        raise TrainingError("--mode val needs validation data (--data-val)")
-    loaded = load_for_scoring(cfg, net, ctxs, dist)
-    dist.broadcast_parameters(net)
-    report = Report(model=cfg.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
-    report.weights = os.path.abspath(loaded) if loaded else "fresh"
-    report.info.update(getattr(net, "report_info", {}))  # e.g. how an INT8 graph was calibrated
-    start = time.time()
-    for epoch in range(cfg.num_epochs):
-        metrics = evaluate(net, val_iter, ctxs, dist, cfg.dtype, cfg.no_metrics, cfg.benchmark_iters)
-        values = {} if cfg.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
-        report.add_epoch("val", durations=metrics["durations"], batch_size=cfg.batch_size, **values)
-        if dist.is_primary:
-            log.info("Pass %d: %s%.1f img/s (%d samples)", epoch + 1,
-                     "" if cfg.no_metrics else f"top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} ",
-                     report.metrics.get("val.total_ips", [0.0])[-1] if metrics["durations"] else 0.0,
-                     metrics["samples"])
-    report.total_duration = time.time() - start
-    if dist.is_primary:
-        report.save(workspace_path(cfg.workspace, run.report_path))
-    return report

@@ -11,6 +11,7 @@ float32 model, fused or not, are interchangeable.
 `python models.py` lists the models; `python models.py --summary` prints parameters, GMACs and images/s.
 """
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -22,6 +23,8 @@ import warnings
 import mxnet as mx
 import numpy as np
 from mxnet.gluon import nn
+
+from cli import config_defaults, config_from
 
 log = logging.getLogger("rn50")
 
@@ -401,51 +404,72 @@ def model_name(arch, num_layers, num_groups=32):
     return f"resnext{num_layers}_{num_groups}x{RESNEXT_WIDTH}d{suffix}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The network: the Model flags' values (their defaults are these)."""
+    arch: str = "resnetv15"
+    num_layers: int = 50
+    num_groups: int = 32
+    model: str = None
+    num_classes: int = 1000
+    batchnorm_eps: float = 1e-5
+    batchnorm_mom: float = 0.9
+    zero_init_last_gamma: bool = True
+    conv_layout: str = "NCHW"
+    batchnorm_layout: str = None
+    pooling_layout: str = None
+    fuse_bn_relu: int = 0
+    fuse_bn_add_relu: int = 0
+
+    @property
+    def name(self):
+        """``--model NAME``, else the name the original kit's ``--arch/--num-layers/--num-groups`` stand for."""
+        return self.model or model_name(self.arch, self.num_layers, self.num_groups)
+
+
 def add_model_args(parser):
     group = parser.add_argument_group("Model")
-    group.add_argument("--arch", default="resnetv15", choices=sorted(ARCHS), help="model architecture")
-    group.add_argument("--num-layers", type=int, default=50, choices=sorted(RESNET_SPEC),
-                       help="number of layers in the network")
-    group.add_argument("--num-groups", type=int, default=32, help="ResNeXt cardinality (groups of 4 channels)")
-    group.add_argument("--model", default=None, help="a model by name instead of --arch/--num-layers/--num-groups "
+    group.add_argument("--arch", choices=sorted(ARCHS), help="model architecture")
+    group.add_argument("--num-layers", type=int, choices=sorted(RESNET_SPEC), help="number of layers in the network")
+    group.add_argument("--num-groups", type=int, help="ResNeXt cardinality (groups of 4 channels)")
+    group.add_argument("--model", help="a model by name instead of --arch/--num-layers/--num-groups "
                        "(python models.py lists them)")
-    group.add_argument("--num-classes", type=int, default=1000, help="number of classes")
-    group.add_argument("--batchnorm-eps", type=float, default=1e-5, help="BatchNorm epsilon")
-    group.add_argument("--batchnorm-mom", type=float, default=0.9, help="BatchNorm momentum")
+    group.add_argument("--num-classes", type=int, help="number of classes")
+    group.add_argument("--batchnorm-eps", type=float, help="BatchNorm epsilon")
+    group.add_argument("--batchnorm-mom", type=float, help="BatchNorm momentum")
     group.add_argument("--no-zero-init-last-gamma", dest="zero_init_last_gamma", action="store_false",
                        help="initialise the last BatchNorm gamma of each residual block to 1 instead of 0")
-    group.add_argument("--conv-layout", default="NCHW", choices=LAYOUTS,
+    group.add_argument("--conv-layout", choices=LAYOUTS,
                        help="layout the network computes in (NHWC: float16 on GPU); one transpose at the input "
                        "when it differs from --input-layout")
-    group.add_argument("--batchnorm-layout", default=None, choices=LAYOUTS,
+    group.add_argument("--batchnorm-layout", choices=LAYOUTS,
                        help="accepted for the original kit's command lines; must equal --conv-layout")
-    group.add_argument("--pooling-layout", default=None, choices=LAYOUTS,
+    group.add_argument("--pooling-layout", choices=LAYOUTS,
                        help="accepted for the original kit's command lines; must equal --conv-layout")
-    group.add_argument("--fuse-bn-relu", type=int, default=0, choices=[0, 1],
+    group.add_argument("--fuse-bn-relu", type=int, choices=[0, 1],
                        help="fused BatchNorm+ReLU where this MXNet has it (nn.BatchNormReLU): CPU (oneDNN) and "
                        "NCHW only; plain ops otherwise")
-    group.add_argument("--fuse-bn-add-relu", type=int, default=0, choices=[0, 1],
+    group.add_argument("--fuse-bn-add-relu", type=int, choices=[0, 1],
                        help="fused BatchNorm+add+ReLU where this MXNet has it (NVIDIA builds), plain ops otherwise")
+    parser.set_defaults(**config_defaults(ModelConfig))
     return group
 
 
-def model_kwargs_from_args(args):
-    """The keyword arguments of ``get_model`` for parsed flags (ValueError, with the flag, on bad combinations)."""
+def model_kwargs(cfg, in_channels=3, input_layout="NCHW", dtype="float32"):
+    """The keyword arguments of ``get_model`` for a ModelConfig and the input it gets (ValueError, with the flag,
+    on bad combinations)."""
     for flag in ("batchnorm_layout", "pooling_layout"):
-        value = getattr(args, flag, None)
-        if value is not None and value != args.conv_layout:
-            raise ValueError(f"--{flag.replace('_', '-')} {value} differs from --conv-layout {args.conv_layout}: "
+        value = getattr(cfg, flag)
+        if value is not None and value != cfg.conv_layout:
+            raise ValueError(f"--{flag.replace('_', '-')} {value} differs from --conv-layout {cfg.conv_layout}: "
                              "the network computes in one layout; set them equal")
-    if args.fuse_bn_relu and args.conv_layout != "NCHW":
+    if cfg.fuse_bn_relu and cfg.conv_layout != "NCHW":
         raise ValueError(f"--fuse-bn-relu 1 needs --conv-layout NCHW: MXNet's BatchNormWithReLU takes the channel "
-                         f"axis 1 only (got {args.conv_layout}); leave the fusion out")
-    image_shape = getattr(args, "image_shape", None) or [3]
-    return dict(num_classes=args.num_classes, bn_eps=args.batchnorm_eps, bn_mom=args.batchnorm_mom,
-                zero_init_last_gamma=args.zero_init_last_gamma, layout=args.conv_layout,
-                input_layout=getattr(args, "input_layout", "NCHW"), in_channels=image_shape[0],
-                dtype=FLOAT_NETWORK.get(getattr(args, "dtype", "float32"), getattr(args, "dtype", "float32")),
-                fuse_bn_relu=bool(args.fuse_bn_relu),
-                fuse_bn_add_relu=bool(args.fuse_bn_add_relu))
+                         f"axis 1 only (got {cfg.conv_layout}); leave the fusion out")
+    return dict(num_classes=cfg.num_classes, bn_eps=cfg.batchnorm_eps, bn_mom=cfg.batchnorm_mom,
+                zero_init_last_gamma=cfg.zero_init_last_gamma, layout=cfg.conv_layout, input_layout=input_layout,
+                in_channels=in_channels, dtype=FLOAT_NETWORK.get(dtype, dtype), fuse_bn_relu=bool(cfg.fuse_bn_relu),
+                fuse_bn_add_relu=bool(cfg.fuse_bn_add_relu))
 
 
 # --dtype int8 builds the float32 network; quantize.py turns the loaded checkpoint into the INT8 graph.
@@ -453,21 +477,34 @@ FLOAT_NETWORK = {"int8": "float32"}
 
 
 def model_name_from_args(args):
-    """``--model NAME``, else the name the original kit's ``--arch/--num-layers/--num-groups`` stand for."""
-    return args.model or model_name(args.arch, args.num_layers, args.num_groups)
+    """The model name of parsed flags (a Namespace, for the tools and tests that parse flags themselves)."""
+    return config_from(ModelConfig, args).name
 
 
-def get_model_from_args(args):
-    """The network the flags ask for, uninitialised; its logits are float32 whatever ``--dtype`` is.
+def build_network(cfg, in_channels=3, input_layout="NCHW", dtype="float32"):
+    """The network ``cfg`` (a ModelConfig) describes, uninitialised; its logits are float32 whatever ``dtype`` is.
 
     float16: parameters float16 except BatchNorm's. bfloat16: parameters float32, for MXNet AMP
     (``amp.init(target_dtype='bfloat16')`` before the first forward) or ``to_bfloat16`` for inference.
     """
-    name = model_name_from_args(args)
-    if (args.fuse_bn_relu and not fused_bn_relu_available()) or \
-            (args.fuse_bn_add_relu and not fused_bn_add_relu_available()):
+    if (cfg.fuse_bn_relu and not fused_bn_relu_available()) or \
+            (cfg.fuse_bn_add_relu and not fused_bn_add_relu_available()):
         log.info("fused BatchNorm ops asked for but not in this MXNet build: using the plain ops")
-    return get_model(name, **model_kwargs_from_args(args))
+    return get_model(cfg.name, **model_kwargs(cfg, in_channels, input_layout, dtype))
+
+
+def get_model_from_args(args):
+    """build_network for parsed flags (a Namespace with the Model flags, and --image-shape, --input-layout and
+    --dtype when the parser has them)."""
+    image_shape = getattr(args, "image_shape", None) or [3]
+    return build_network(config_from(ModelConfig, args), image_shape[0], getattr(args, "input_layout", "NCHW"),
+                         getattr(args, "dtype", None) or "float32")
+
+
+def running_stats(net):
+    """The BatchNorm running means and variances of ``net``, in a fixed order."""
+    return [p for name, p in sorted(net.collect_params().items())
+            if name.endswith("running_mean") or name.endswith("running_var")]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """--mode pred: the top-5 classes of one image, through the validation transform, with class names."""
+import dataclasses
 import logging
 import os
 
 import mxnet as mx
 import numpy as np
 
+import cli
 from data import out_dtype
 
 log = logging.getLogger("rn50")
@@ -14,12 +16,20 @@ class PredictionError(Exception):
     """An image that cannot be read: reported as one line."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PredictConfig:
+    """The Prediction flags' values."""
+    data_pred: str = None
+    class_names: str = None
+
+
 def add_pred_args(parser):
     group = parser.add_argument_group("Prediction", "--mode pred")
-    group.add_argument("--data-pred", default=None, help="pred: image file to classify")
-    group.add_argument("--class-names", default=None,
+    group.add_argument("--data-pred", help="pred: image file to classify")
+    group.add_argument("--class-names",
                        help="pred: file with one class name per line (default: class folders from the .lst "
                             "beside --data-train, else class indices)")
+    parser.set_defaults(**cli.config_defaults(PredictConfig))
     return group
 
 

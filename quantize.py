@@ -7,6 +7,7 @@ describing the calibration. The key covers everything the graph depends on (the 
 calibration mode, data and amount, batch and image shape, MXNet's version), so a later run with the same settings
 reuses the graph and a different checkpoint or calibration never does.
 """
+import dataclasses
 import hashlib
 import json
 import logging
@@ -14,6 +15,8 @@ import os
 import warnings
 
 import mxnet as mx
+
+import cli
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +30,21 @@ INT8_ENV = {"MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM": "1"}
 INT8_ISA = ("avx2", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantizeConfig:
+    """The INT8 flags' values."""
+    calib_batches: int = 10
+    calib_mode: str = "naive"
+
+
 def add_quantize_args(parser):
     group = parser.add_argument_group("INT8", "--dtype int8: scoring and prediction with oneDNN on the CPU")
-    group.add_argument("--calib-batches", type=int, default=10,
+    group.add_argument("--calib-batches", type=int,
                        help="int8: training batches (of --batch-size per worker) used to calibrate")
-    group.add_argument("--calib-mode", default="naive", choices=CALIB_MODES,
+    group.add_argument("--calib-mode", choices=CALIB_MODES,
                        help="int8: naive (min/max of each layer's output), entropy (KL-optimal thresholds, slower "
                             "to calibrate)")
+    parser.set_defaults(**cli.config_defaults(QuantizeConfig))
     return group
 
 

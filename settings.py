@@ -174,10 +174,10 @@ def complete(args, given, num_gpus):
     return path
 
 
-def class_count_problem(args):
+def class_count_problem(data_train, data_val, num_classes):
     """(error, warning) about --num-classes against the labels in the .lst files beside the record files."""
     labels = set()
-    for rec in (args.data_train, args.data_val):
+    for rec in (data_train, data_val):
         lst = os.path.splitext(rec)[0] + ".lst" if rec else ""
         if lst and os.path.isfile(lst):
             with open(lst) as f:
@@ -188,11 +188,11 @@ def class_count_problem(args):
     if not labels:
         return None, None
     classes = max(labels) + 1
-    if classes > args.num_classes:
-        return (f"the data has labels up to {classes - 1} but --num-classes is {args.num_classes}; "
+    if classes > num_classes:
+        return (f"the data has labels up to {classes - 1} but --num-classes is {num_classes}; "
                 f"use --num-classes {classes}"), None
-    if classes < args.num_classes:
-        return None, (f"--num-classes {args.num_classes}, but the data has {classes} classes (labels 0 to "
+    if classes < num_classes:
+        return None, (f"--num-classes {num_classes}, but the data has {classes} classes (labels 0 to "
                       f"{classes - 1}); use --num-classes {classes} unless the other classes are meant")
     return None, None
 

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import cv2
 import numpy as np
@@ -26,6 +27,46 @@ def digits_run(digits):
             "--data-val", f"{d}/val.rec", "--data-val-idx", f"{d}/val.idx",
             "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32",
             "--random-mirror", "0", "--min-random-area", "0.5"]
+
+
+# How long a test waits for another process before it calls that a hang: a guard, never a speed limit (a slow or
+# busy machine only makes the wait longer).
+HANG_S = 600
+
+
+def wait_until(condition, what, timeout=HANG_S, process=None, interval=0.05):
+    """Poll ``condition()`` until it returns something true, and return that. Fails saying ``what`` it waited
+    for after ``timeout`` seconds, or as soon as ``process`` (a Popen) has ended first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the process ended (status {process.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout:.0f} s for {what}")
+        time.sleep(interval)
+
+
+def pid_gone(pid):
+    """Whether process ``pid`` has finished dying: gone, or a zombie left for its parent to reap. A SIGKILLed
+    process is neither for a moment after the signal (its threads are still exiting)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def catches_signal(pid, signum):
+    """Whether ``pid`` has installed a handler for ``signum`` (the SigCgt mask in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask & (1 << (signum - 1)))
 
 
 def pytest_collection_modifyitems(items):

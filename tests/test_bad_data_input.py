@@ -7,14 +7,15 @@ import sys
 
 import cv2
 import mxnet as mx
+from mxnet import recordio
 import numpy as np
 import pytest
-from mxnet import recordio
 
 import data
 import records
 import train
-from conftest import ROOT, venv_env, write_record_file
+from conftest import HANG_S, ROOT, venv_env, write_record_file
+import config
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -75,7 +76,7 @@ def test_index_checked_against_the_file_before_any_pipeline(kind, backend, tmp_p
             ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
              "--image-shape", "3,32,32"])
         with pytest.raises(data.DataError) as error:
-            data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())
+            data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
         message = str(error.value)
         assert words in message and "tools/check_dataset.py" in message and "--fix" in message, message
         assert "\n" not in message
@@ -105,7 +106,7 @@ def test_the_same_files_are_what_dali_and_mxnet_reject(tmp_path, good):
 
 def run_train(*args):
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=venv_env(),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 def train_args(rec, idx, workspace, *extra):
@@ -155,7 +156,7 @@ def test_iterators_name_the_record_that_does_not_decode(tmp_path, backend, split
         ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
          "--image-shape", "3,32,32", "--data-val-resize", "32", "--dali-threads", "1", "--data-mxnet-threads", "1"])
     with pytest.raises(data.DataError) as error:  # ImageRecordIter decodes its first batch when it is made
-        iterator = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())[0 if split == "train" else 1]
+        iterator = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())[0 if split == "train" else 1]
         for _ in iterator:
             pass
     assert str(error.value).startswith(f"{rec} record 13 (byte ") and "does not decode" in str(error.value)
@@ -223,7 +224,7 @@ def test_a_pipeline_error_without_a_named_record_is_still_one_telling_line(tmp_p
     rec, idx = undecodable_file(tmp_path)
     args = train.parse_args(["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx",
                                                idx, "--batch-size", "8", "--image-shape", "3,32,32"])
-    iterator = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())[0]
+    iterator = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())[0]
     iterator.failing_record = None
     with pytest.raises(data.DataError) as error:
         for _ in iterator:

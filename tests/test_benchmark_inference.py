@@ -10,11 +10,13 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import ROOT, venv_env, write_record_file
+from conftest import HANG_S, ROOT, venv_env, write_record_file
 
+import config
 import data
-import fit
+import distributed
 import models
+import scoring
 import train
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -117,12 +119,12 @@ def test_real_data_loaded_checkpoint(tmp_path, data_root, checkpoint):
 def test_a_missing_checkpoint_is_refused_before_any_run(tmp_path, data_root):
     result = run_benchmark("-n", "1", "-b", "4", "--only-inference", "-o", str(tmp_path / "x.json"),
                            "--data-root", str(data_root), "--load", str(tmp_path / "nope.params"), *TINY_MODEL,
-                           timeout=120)
+                           timeout=HANG_S)
     assert result.returncode == 2 and "nope.params does not exist" in result.stderr
     assert result.stderr.count("\n") == 1 and not (tmp_path / "x.json").exists()
 
 
-# --- fit.evaluate and fit.load_for_scoring in process ----------------------------------------------------------
+# --- scoring.evaluate and fit.load_for_scoring in process ----------------------------------------------------------
 
 class CountingIterator:
     """The real validation iterator, counting the batches drawn from it."""
@@ -154,7 +156,7 @@ def val_args(data_root, workspace, *extra):
 def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_root, tmp_path):
     args = val_args(data_root, tmp_path)
     args.no_metrics = False
-    _, val_iter = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())
+    _, val_iter = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
     net = models.get_model_from_args(args)
     net.initialize(mx.init.Xavier())
     # reference: one pass, numpy top-1 over the valid rows
@@ -167,22 +169,24 @@ def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_
     assert len(labels) == VAL_COUNT
     expected_top1 = float(np.mean(logits.argmax(axis=1) == labels))
     counting = CountingIterator(val_iter)
-    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args.dtype, max_iters=7)
+    metrics = scoring.evaluate(net, counting, [mx.cpu()], distributed.Distributed(None), args.dtype, max_iters=7)
     assert counting.drawn == 7 and len(metrics["durations"]) == 7  # 3 batches per pass: cycled twice and one
     assert metrics["samples"] == VAL_COUNT
     assert metrics["top1"] == pytest.approx(expected_top1)
     counting.drawn = 0
-    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args.dtype)  # a plain scoring pass
+    metrics = scoring.evaluate(net, counting, [mx.cpu()], distributed.Distributed(None), args.dtype)  # a plain scoring pass
     assert counting.drawn == 3 and metrics["samples"] == VAL_COUNT
     assert metrics["top1"] == pytest.approx(expected_top1)
     counting.drawn = 0
-    metrics = fit.evaluate(net, counting, [mx.cpu()], fit.Distributed(None), args.dtype, max_iters=2)  # a shorter cap
+    metrics = scoring.evaluate(net, counting, [mx.cpu()], distributed.Distributed(None), args.dtype, max_iters=2)  # a shorter cap
     assert counting.drawn == 2 == len(metrics["durations"]) and metrics["samples"] == 8
 
 
 def test_fresh_weights_only_where_no_accuracy_is_reported(data_root, tmp_path):
     args = val_args(data_root, tmp_path)
-    with pytest.raises(fit.TrainingError, match="no checkpoint to score.*--no-metrics"):
-        fit.load_for_scoring(fit.fit_config(args), None, [mx.cpu()], fit.Distributed(None))
+    with pytest.raises(scoring.ScoringError, match="no checkpoint to score.*--no-metrics"):
+        scoring.load_weights(None, config.from_args(args).fit, args.data_backend, [mx.cpu()],
+                             distributed.Distributed(None))
     args.no_metrics = True
-    assert fit.load_for_scoring(fit.fit_config(args), None, [mx.cpu()], fit.Distributed(None)) is None
+    assert scoring.load_weights(None, config.from_args(args).fit, args.data_backend, [mx.cpu()],
+                                distributed.Distributed(None)) is None

@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import cv2
+from mxnet import recordio
 import numpy as np
 import pytest
-from mxnet import recordio
 
 import check_dataset
 from conftest import ROOT, venv_env

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -30,7 +30,7 @@ def test_bash_syntax_and_executable(script):
 
 
 def run(script, *args):
-    return subprocess.run([script, *args], env=venv_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run([script, *args], env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
 
 
 def words_after(line, flag):

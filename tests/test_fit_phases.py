@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 
 import checkpoint
+import config
+import distributed
 import fit
-import train
+import precision
 from progress import JsonLog, Progress
+import scoring
+import train
 
 CLASSES, BATCH, STEPS, STOP_AFTER = 4, 8, 6, 3
 CPU = [mx.cpu()]
@@ -60,7 +64,7 @@ def args(tmp_path):
                                "--num-classes", str(CLASSES), "--seed", "3", "--ema-decay", "0.9",
                                "--workspace", str(tmp_path), "--disp-batches", "0", "--keep-last", "0"])
     train.fill_hyper_parameters(parsed)
-    return fit.fit_config(parsed)
+    return config.from_args(parsed).fit
 
 
 @pytest.fixture()
@@ -71,14 +75,15 @@ def keep_signal_handlers():
         signal.signal(sig, handler)
 
 
-RUN = fit.RunInfo(model_name="tiny", command=["test"], report_path="report.json", record={"args": {}})
+RUN = fit.RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json", record={"args": {}})
 
 
 def start(args, net):
-    dist = fit.Distributed(None)
+    dist = distributed.Distributed(None)
     state = fit.prepare(args, RUN, net, CPU, dist)
-    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=fit.StatsGuard(net),
-                    progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=args.num_epochs)
+    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
+                    progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=args.num_epochs,
+                    num_classes=CLASSES)
     return state, loop
 
 
@@ -149,10 +154,10 @@ def test_validate_scores_the_ema_weights_and_puts_the_live_ones_back(args, tmp_p
     averaged = tiny_net(init)
     for name, param in averaged.collect_params().items():
         param.set_data(state.ema.shadow[name])
-    reference = fit.evaluate(averaged, val, CPU, loop.dist, "float32")
+    reference = scoring.evaluate(averaged, val, CPU, loop.dist, "float32")
     assert metrics["top1"] == reference["top1"] and metrics["loss"] == pytest.approx(reference["loss"])
     logits = np.concatenate([averaged(b.data[0]).asnumpy() for b in val])
     labels = np.concatenate([b.label[0].asnumpy() for b in val])
     assert metrics["top1"] == pytest.approx(np.mean(logits.argmax(1) == labels))
-    assert metrics["top1"] != fit.evaluate(net, val, CPU, loop.dist, "float32")["top1"] or \
+    assert metrics["top1"] != scoring.evaluate(net, val, CPU, loop.dist, "float32")["top1"] or \
         not np.allclose(logits, np.concatenate([net(b.data[0]).asnumpy() for b in val]))  # EMA is not the live net

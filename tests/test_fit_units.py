@@ -2,12 +2,13 @@
 import math
 
 import mxnet as mx
+from mxnet import gluon
 import numpy as np
 import pytest
-from mxnet import gluon
 
 import fit
 import models
+import precision
 import schedules
 
 
@@ -26,13 +27,13 @@ def test_overflow_step_is_skipped_and_scale_lowered_then_training_continues():
     net = small_net()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9,
                                                            "multi_precision": True}, kvstore=None)
-    scaler = fit.LossScaler(2.0 ** 16, dynamic=True)
+    scaler = precision.LossScaler(2.0 ** 16, dynamic=True)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
     target = mx.nd.one_hot(mx.nd.array([0, 1, 2, 1]), 3)
     good = mx.nd.random.uniform(shape=(4, 4))
     bad = good.copy()
     bad[1, 2] = np.inf  # injected overflow
-    guard = fit.StatsGuard(net)
+    guard = precision.StatsGuard(net)
     _, _, applied = fit.train_step(net, trainer, scaler, loss_fn, [good], [target], 4, guard)
     assert applied
     before = snapshot(net)
@@ -53,14 +54,14 @@ def test_nonfinite_loss_skips_the_update_without_a_gradient_scan():
     """float32 path: no loss scaling, no gradient scan; the NaN/inf loss alone stops the update."""
     net = small_net()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9}, kvstore=None)
-    scaler = fit.LossScaler(1.0)
+    scaler = precision.LossScaler(1.0)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
     target = mx.nd.one_hot(mx.nd.array([0, 1, 2, 1]), 3)
     bad = mx.nd.random.uniform(shape=(4, 4))
     bad[0, 0] = np.nan
     votes = []
     before = snapshot(net)
-    _, _, applied = fit.train_step(net, trainer, scaler, loss_fn, [bad], [target], 4, fit.StatsGuard(net),
+    _, _, applied = fit.train_step(net, trainer, scaler, loss_fn, [bad], [target], 4, precision.StatsGuard(net),
                                    vote=lambda ok: votes.append(ok) or ok, scan_grads=False)
     assert not applied and votes == [False] and scaler.bad_steps == 1
     after = snapshot(net)
@@ -69,11 +70,11 @@ def test_nonfinite_loss_skips_the_update_without_a_gradient_scan():
 
 
 def test_dynamic_scale_grows_after_clean_steps():
-    scaler = fit.LossScaler(8.0, dynamic=True, growth_interval=3)
+    scaler = precision.LossScaler(8.0, dynamic=True, growth_interval=3)
     for _ in range(3):
         scaler.update(True)
     assert scaler.scale == 16.0
-    static = fit.LossScaler(1.0)
+    static = precision.LossScaler(1.0)
     static.update(False)
     assert static.scale == 1.0 and static.bad_steps == 1
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import train
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, venv_env
 
 
 def kit_sources():
@@ -43,7 +43,7 @@ def test_every_registered_flag_is_read_somewhere():
 
 def modules_after(code):
     result = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
-                            cwd=ROOT, env=venv_env(), capture_output=True, text=True, timeout=120)
+                            cwd=ROOT, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-2000:]
     return set(result.stdout.split())
 
@@ -54,9 +54,9 @@ def test_runner_logic_and_benchmark_import_no_mxnet():
 
 
 def test_dali_is_imported_only_for_a_dali_backend():
-    build = ("import mxnet as mx, train, data\n"
+    build = ("import mxnet as mx, train, data, config\n"
              "args = train.parse_args(['--data-backend', 'synthetic', '--batch-size', '4', '--image-shape', '3,8,8'])\n"
              "args.dtype = 'float32'\n"
-             "data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())")
+             "data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())")
     assert "nvidia.dali" not in modules_after(build)
     assert "nvidia.dali" in modules_after("import dali")  # the check can see DALI when it is imported

@@ -2,7 +2,7 @@
 
 MXNet's CPU build cannot run a float16 network ("FP16 gemm on cpu not implemented"), but it builds one: the cast
 network has float16 convolution/FC parameters and float32 BatchNorm parameters, with gradients attached, on as
-many contexts as asked. The kit's own check (fit.grads_finite, fit.StatsGuard) and loss-scaling update run on
+many contexts as asked. The kit's own check (precision.grads_finite, precision.StatsGuard) and loss-scaling update run on
 those arrays here, against numpy's verdict on the same values.
 """
 import json
@@ -14,9 +14,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import fit
 import models
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, venv_env
+import precision
 
 TWO_DEVICES = [mx.cpu(0), mx.cpu(1)]
 
@@ -52,27 +52,27 @@ def test_overflow_caught_in_every_gradient_group_of_every_architecture(name):
     params = trainable(net)
     grads = [g for p in params for g in p.list_grad()]
     assert {np.dtype(g.dtype).name for g in grads} == {"float16", "float32"}  # BatchNorm's stay float32
-    groups = fit.finite_check_groups(grads)
+    groups = precision.finite_check_groups(grads)
     assert sorted(id(a) for group in groups for a in group) == sorted(id(g) for g in grads)  # each array once
     for group in groups:
         assert len(group) <= 200
         assert len({(a.context, np.dtype(a.dtype)) for a in group}) == 1
-    scaler = fit.make_loss_scaler(None, "float16")
-    assert numpy_all_finite(grads) and fit.grads_finite(params)  # gradients start as zeros
-    scaler.update(fit.grads_finite(params))
+    scaler = precision.make_loss_scaler(None, "float16")
+    assert numpy_all_finite(grads) and precision.grads_finite(params)  # gradients start as zeros
+    scaler.update(precision.grads_finite(params))
     assert scaler.scale == 2.0 ** 16 and scaler.clean_steps == 1
     # The last array of every group (device, dtype, chunk of 200): an overflow anywhere is caught.
     for group in groups:
         victim = group[-1]
         victim[:] = np.inf if np.dtype(victim.dtype) == np.float16 else np.nan
         assert not numpy_all_finite([victim])
-        finite = fit.grads_finite(params)
+        finite = precision.grads_finite(params)
         assert not finite, (victim.context, victim.dtype, victim.shape)
         scale = scaler.scale
         scaler.update(finite)
         assert scaler.scale == scale / 2 and scaler.clean_steps == 0
         victim[:] = 0
-    assert fit.grads_finite(params)
+    assert precision.grads_finite(params)
 
 
 def test_float16_overflow_of_a_large_value_is_caught():
@@ -80,16 +80,16 @@ def test_float16_overflow_of_a_large_value_is_caught():
     net = float16_network("resnet50_v1.5", [mx.cpu()])
     conv = [p for p in trainable(net) if np.dtype(p.dtype) == np.float16][-1]
     conv.grad()[:] = mx.nd.array([70000.0]).astype("float16").broadcast_to(conv.grad().shape)
-    assert not fit.grads_finite(trainable(net))
+    assert not precision.grads_finite(trainable(net))
 
 
 def test_batchnorm_statistics_guard_on_two_devices():
     """StatsGuard of ResNet-152 (310 float32 statistics per device) restores a poisoned one on the 2nd device."""
     net = float16_network("resnet152_v1.5", TWO_DEVICES)
-    guard = fit.StatsGuard(net)
+    guard = precision.StatsGuard(net)
     assert len(guard.stats) == 2 * 310
     guard.keep()
-    stats = fit.running_stats(net)
+    stats = models.running_stats(net)
     kept = stats[-1].data(mx.cpu(1)).asnumpy().copy()
     stats[-1].data(mx.cpu(1))[:] = np.inf
     guard.restore_if_bad()
@@ -103,7 +103,7 @@ def test_resnet101_with_dynamic_loss_scaling_trains_through_runner(tmp_path):
         [sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "-b", "2", "--dtype", "float32",
          "--data-backend", "synthetic", "--num-layers", "101", "--loss-scale", "dynamic", "--benchmark-iters", "2",
          "-e", "1", "--image-shape", "3,32,32", "--num-classes", "10", "--mode", "train",
-         "--workspace", str(tmp_path)], env=venv_env(), capture_output=True, text=True, timeout=300)
+         "--workspace", str(tmp_path)], env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(tmp_path / "report.json") as f:
         losses = json.load(f)["metrics"]["train.loss"]

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, venv_env
 
 import world
 
@@ -37,11 +37,11 @@ def require(ok, missing):
 
 def horovod_has_mpi():
     code = "import horovod.mxnet as hvd; print(hvd.mpi_built())"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     return result.stdout.strip() == "True"
 
 
-def quiet(command, timeout=30):
+def quiet(command, timeout=HANG_S):
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
@@ -180,12 +180,12 @@ def test_setup_check_names_what_this_machine_builds():
     CUDA build), and the installed Horovod has each feature listed."""
     import mxnet as mx
     features = subprocess.run([os.path.join(ROOT, "tools", "install_horovod.sh"), "--features", sys.executable],
-                              capture_output=True, text=True, timeout=120, check=True).stdout.split()
+                              capture_output=True, text=True, timeout=HANG_S, check=True).stdout.split()
     assert features[:2] == ["MXNet", "Gloo"]
     assert ("MPI" in features) == (shutil.which("mpicc") is not None)
     assert ("NCCL" in features) == mx.runtime.Features().is_enabled("CUDA")
     built = subprocess.run([os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--check-build"],
-                           capture_output=True, text=True, timeout=120, check=True).stdout
+                           capture_output=True, text=True, timeout=HANG_S, check=True).stdout
     for feature in features:
         assert f"[X] {feature}" in built, built
 
@@ -207,7 +207,7 @@ def test_workers_alone_under_mpirun_stop_with_one_line(tmp_path):
                sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "synthetic", "--dtype", "float32",
                "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32", "--batch-size", "4",
                "--num-epochs", "1", "--workspace", str(tmp_path)]
-    result = subprocess.run(command, env=mpirun_root_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=mpirun_root_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode != 0
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "train.py: error:" in line]
     assert len(errors) == 1, result.stdout[-2000:] + result.stderr[-2000:]
@@ -224,7 +224,7 @@ def launcher_environments(launch):
         code = ("import json, os, sys; json.dump(dict(os.environ), "
                 "open(os.path.join(sys.argv[1], str(os.getpid()) + '.json'), 'w'))")
         result = subprocess.run([*launch, sys.executable, "-c", code, folder], env=mpirun_root_env(),
-                                capture_output=True, text=True, timeout=120)
+                                capture_output=True, text=True, timeout=HANG_S)
         assert result.returncode == 0, result.stderr
         envs = []
         for name in os.listdir(folder):
@@ -259,7 +259,7 @@ def test_runner_mpi_and_slurm_need_horovod_with_mpi():
     for launcher in ("mpi", "slurm"):
         result = subprocess.run([sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "--launcher", launcher,
                                  "--data-backend", "synthetic", "--dtype", "float32", "--dry-run"],
-                                env=venv_env(), capture_output=True, text=True, timeout=120)
+                                env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
         if horovod_has_mpi():
             assert result.returncode == 0, result.stderr
         else:
@@ -272,7 +272,7 @@ def run_runner(launch, *args):
     command = [*launch, sys.executable, os.path.join(ROOT, "runner"), *args, "--data-backend", "synthetic",
                "--dtype", "float32"]
     env = {key: value for key, value in venv_env().items() if not key.startswith("SLURM_")}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S, stdin=subprocess.DEVNULL)
 
 
 def test_slurm_launcher_has_no_prefix():

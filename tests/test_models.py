@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import mxnet as mx
+from mxnet import autograd
 import numpy as np
 import pytest
-from mxnet import autograd
 
 import models
 from conftest import ROOT, venv_env

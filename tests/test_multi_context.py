@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import data
-import fit
 import train
 from conftest import ROOT, venv_env
+import config
+import distributed
+import scoring
 
 TWO = [mx.cpu(0), mx.cpu(1)]
 
@@ -25,7 +27,7 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
         ["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx", idx, "--data-val", rec,
          "--data-val-idx", idx, "--batch-size", "4", "--image-shape", "3,16,16", "--data-val-resize", "16",
          "--dali-threads", "1", "--dali-validation-threads", "1", "--seed", "1"])
-    train_iter, val_iter = data.get_data_iterators_per_device(args, 0, 1, 0, 1, TWO)
+    train_iter, val_iter = data.get_data_iterators_per_device(config.from_args(args), 0, 1, 0, 1, TWO)
     # DALI's shards: device d of 2 reads records [count*d//2, count*(d+1)//2); labels are the record numbers.
     shards = [set(range(count * d // 2, count * (d + 1) // 2)) for d in range(2)]
     seen = [[], []]
@@ -40,7 +42,7 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
     assert len(val_iter) == 14 and batch.pads[0] == 2
     net = mx.gluon.nn.Dense(count, in_units=3 * 16 * 16, flatten=True)
     net.initialize(ctx=TWO)
-    metrics = fit.evaluate(net, val_iter, TWO, fit.Distributed(None), "float32")
+    metrics = scoring.evaluate(net, val_iter, TWO, distributed.Distributed(None), "float32")
     assert metrics["samples"] == count and 0 <= metrics["correct1"] <= metrics["correct5"] <= count
     trained = [set(), set()]
     for step, batch in enumerate(train_iter):

@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, catches_signal, pid_gone, venv_env, wait_until
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -49,11 +48,7 @@ def steps_done(workspace):
 
 
 def wait_for_steps(process, workspace, count):
-    deadline = time.time() + 400
-    while steps_done(workspace) < count:
-        assert process.poll() is None, f"the run ended (status {process.returncode}) before step {count}"
-        assert time.time() < deadline, f"no step {count} within 400 s"
-        time.sleep(0.05)
+    wait_until(lambda: steps_done(workspace) >= count, f"step {count} in {workspace / 'log.jsonl'}", process=process)
 
 
 def run_processes(process):
@@ -68,14 +63,6 @@ def signal_every_process(process, sig):
             member.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
-
-
-def is_dead(pid):
-    """Gone, or a zombie not yet reaped by whoever inherited it."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def rank0_worker(process):
@@ -123,7 +110,7 @@ def test_sigterm_mid_epoch_exits_0_and_rerun_reports_the_same(target, reference,
             signal_every_process(process, signal.SIGTERM)
         else:  # a user's kill: runner passes it on to the workers
             process.send_signal(signal.SIGTERM)
-        status = process.wait(timeout=300)
+        status = process.wait(timeout=HANG_S)
     finally:
         if process.poll() is None:
             signal_every_process(process, signal.SIGKILL)
@@ -163,19 +150,19 @@ def killed_run(digits_data, tmp_path_factory):
         for each in paused:
             each.suspend()
         try:
-            through_runner = run(command, timeout=120)
+            through_runner = run(command, timeout=HANG_S)
             through_train = run([sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "dali-cpu",
                                  "--data-train", str(digits_data / "train.rec"),
                                  "--data-train-idx", str(digits_data / "train.idx"),
                                  "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32",
                                  "--batch-size", "32", "--num-epochs", "1", "--workspace", str(workspace)],
-                                timeout=120)
+                                timeout=HANG_S)
         finally:
             for each in paused:
                 each.resume()
         wait_for_steps(process, workspace, STEPS + 2)
         signal_every_process(process, signal.SIGKILL)
-        process.wait(timeout=60)
+        process.wait(timeout=HANG_S)
     finally:
         if process.poll() is None:
             signal_every_process(process, signal.SIGKILL)
@@ -201,14 +188,11 @@ def test_sigkill_of_everything_then_rerun_reports_the_same(killed_run, reference
     workspace = killed_run["workspace"]
     record = json.loads((workspace / "run.lock").read_text())
     assert record["state"] == "running" and record["pid"] == killed_run["holder"].pid  # left by the dead run
-    assert is_dead(record["pid"])
-    # A killed process's threads may still be exiting after its leader shows as a zombie; its files (and so the
-    # lock) are released when the last one is gone. The lock must come free by itself, without anyone's help.
+    # The kernel finishes killing a process after the signal (and after runner, its ancestor, is reaped): its
+    # threads exit, then its files (and so the lock) are released. The lock must come free by itself.
+    wait_until(lambda: pid_gone(record["pid"]), f"the SIGKILLed rank-0 worker (pid {record['pid']}) to die")
     import run_lock
-    deadline = time.time() + 60
-    while run_lock.holder(workspace) is not None and time.time() < deadline:
-        time.sleep(0.5)
-    assert run_lock.holder(workspace) is None
+    wait_until(lambda: run_lock.holder(workspace) is None, f"the dead run's lock on {workspace} to come free")
     result = run(killed_run["command"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Resuming from" in result.stderr
@@ -277,10 +261,12 @@ def test_a_stop_signal_during_start_up_saves_at_the_first_step(digits_data, tmp_
                "--num-epochs", "1", "--num-examples", "320", "--seed", "3", "--workspace", str(workspace)]
     process = start(command, tmp_path / "run")
     try:
-        time.sleep(1.0)  # importing MXNet takes longer than that
-        assert process.poll() is None and not workspace.exists()
+        # As soon as train.py keeps stop signals (its first lines, before it imports MXNet): signalled earlier,
+        # Python's default action would end it, as it ends any program that has not started yet.
+        wait_until(lambda: catches_signal(process.pid, signal.SIGTERM), "train.py to catch SIGTERM",
+                   process=process, interval=0.005)
         process.send_signal(signal.SIGTERM)
-        status = process.wait(timeout=300)
+        status = process.wait(timeout=HANG_S)
     finally:
         if process.poll() is None:
             process.kill()

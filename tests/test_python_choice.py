@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TINY_RUN as TINY, venv_env
+from conftest import HANG_S, ROOT, TINY_RUN as TINY, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # launches processes or trains end to end
 def second_env(tmp_path_factory):
     """(python of a second venv that has MXNet, folder where its processes leave their command lines)."""
     root = tmp_path_factory.mktemp("venv-gpu")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "env")], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "env")], check=True, timeout=HANG_S)
     site_dirs = glob.glob(str(root / "env" / "lib" / "python3*" / "site-packages"))
     ours = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(os.path.join(p, "mxnet"))]
     assert len(site_dirs) == 1 and ours
@@ -38,7 +38,7 @@ def dry_run_command(python, environ=None):
     env.pop("RN50_PYTHON", None)
     env.update(environ or {})
     result = subprocess.run([python, os.path.join(ROOT, "runner"), "-n", "1", *TINY, "--dry-run"], env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1].split(), result.stderr
 
@@ -76,7 +76,7 @@ def test_a_python_without_mxnet_falls_back_to_the_kits_venv_and_says_so():
     if not os.path.isfile(kit_python) or not base or base == sys.executable:
         pytest.skip("needs the kit's .venv and a base Python outside it")
     has_mxnet = subprocess.run([base, "-c", "import importlib.util as u; print(u.find_spec('mxnet') is not None)"],
-                               capture_output=True, text=True, timeout=60).stdout.strip()
+                               capture_output=True, text=True, timeout=HANG_S).stdout.strip()
     if has_mxnet != "False":
         pytest.skip(f"{base} has MXNet itself")
     command, stderr = dry_run_command(base)

@@ -5,14 +5,14 @@ import sys
 
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
 
 def run_runner(*args):
     return subprocess.run([sys.executable, os.path.join(ROOT, "runner"), *args], env=venv_env(),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 def test_missing_data_root_is_one_clear_line(tmp_path):
@@ -107,7 +107,7 @@ def test_float16_on_cpu_refused_at_once_without_mxnet():
     env = venv_env()
     env["PYTHONPROFILEIMPORTTIME"] = "1"  # lists every module imported: MXNet must not be among them
     result = subprocess.run([sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "-b", "208", "--dtype",
-                             "float16"], env=env, capture_output=True, text=True, timeout=60)
+                             "float16"], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 2
     assert " mxnet" not in result.stderr and "horovod" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
@@ -125,7 +125,7 @@ def test_cpu_defaults_and_too_many_workers():
     env = venv_env()
     env.pop("OMP_NUM_THREADS")  # a value already set wins; without one, runner shares the cores out
     result = subprocess.run([sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "--data-backend",
-                             "synthetic", "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+                             "synthetic", "--dry-run"], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert f"OMP_NUM_THREADS={cores}" in result.stdout.splitlines()
 
 

@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import ROOT, digits_run, venv_env
+from conftest import HANG_S, ROOT, digits_run, venv_env, wait_until
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -66,10 +65,8 @@ def test_killed_run_resumes_to_the_same_metrics(full_run, digits_data, tmp_path)
     command = train_command(digits_data, tmp_path)
     process = subprocess.Popen(command, env=venv_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 300
-        while not (tmp_path / "model-0001.state.json").exists() and process.poll() is None:
-            assert time.time() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: (tmp_path / "model-0001.state.json").exists(), "the first epoch's checkpoint",
+                   process=process)
         process.send_signal(signal.SIGKILL)  # wherever it is: inside epoch 2, maybe mid-write
     finally:
         process.wait()
@@ -87,14 +84,11 @@ def test_sigterm_mid_epoch_saves_exits_0_and_resume_completes(digits_data, tmp_p
     command = train_command(digits_data, tmp_path, "--num-epochs", "2", "--save-frequency", "5")
     process = subprocess.Popen(command, env=venv_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "log.jsonl"
-    deadline = time.time() + 300
-    while process.poll() is None:
-        assert time.time() < deadline
-        if log.exists() and sum(1 for line in open(log) if '"iter"' in line) >= 3:
-            break
-        time.sleep(0.05)
+    # Its pipes are read only at the end: a tiny run's few lines fit in them meanwhile.
+    wait_until(lambda: log.exists() and sum(1 for line in open(log) if '"iter"' in line) >= 3,
+               f"3 steps in {log}", process=process)
     process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=300)
+    out, err = process.communicate(timeout=HANG_S)
     assert process.returncode == 0, err[-3000:]
     states = sorted(tmp_path.glob("model-0000-step*.state.json"))
     assert len(states) == 1, os.listdir(tmp_path)

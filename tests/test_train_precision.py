@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -17,7 +17,7 @@ def train_losses(tmp_path, dtype):
                "--data-backend", "synthetic", "--mode", "train", "--num-layers", "18", "--num-classes", "10",
                "--image-shape", "3,32,32", "--batch-size", "8", "--num-epochs", "2", "--num-examples", "32",
                "--lr", "0.05", "--warmup-epochs", "0", "--seed", "7", "--workspace", str(workspace)]
-    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(workspace / "report.json") as f:
         return json.load(f)["metrics"]["train.loss"]
@@ -40,13 +40,13 @@ def test_bfloat16_trains_close_to_float32_or_is_refused_where_onednn_cannot_run_
     import settings
     if settings.bfloat16_unsupported():
         plain = subprocess.run([sys.executable, "-c", BFLOAT16_CONVOLUTION], env=venv_env(), capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=HANG_S)
         assert plain.returncode != 0 and "primitive descriptor" in plain.stderr, plain.stderr[-2000:]
         command = [sys.executable, os.path.join(ROOT, "train.py"), "--kv-store", "local", "--dtype", "bfloat16",
                    "--data-backend", "synthetic", "--mode", "train", "--num-layers", "18", "--num-classes", "10",
                    "--image-shape", "3,32,32", "--batch-size", "8", "--num-epochs", "1", "--num-examples", "16",
                    "--workspace", str(tmp_path / "bf16")]
-        result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=300)
+        result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
         assert result.returncode == 2, result.stderr[-3000:]
         assert "Traceback" not in result.stderr and "AVX-512" in result.stderr
         assert not (tmp_path / "bf16" / "report.json").exists()

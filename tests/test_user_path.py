@@ -250,13 +250,13 @@ def test_num_classes_checked_against_the_lst(tmp_path):
     rec = tmp_path / "train.rec"
     (tmp_path / "train.lst").write_text("".join(f"{i}\t{i % 3}\tc{i % 3}/{i}.jpg\n" for i in range(9)))
     args = argparse.Namespace(data_train=str(rec), data_val=None, num_classes=1000)
-    error, warning = settings.class_count_problem(args)
+    error, warning = settings.class_count_problem(args.data_train, args.data_val, args.num_classes)
     assert error is None and "3 classes" in warning and "--num-classes 3" in warning
     args.num_classes = 2
-    error, warning = settings.class_count_problem(args)
+    error, warning = settings.class_count_problem(args.data_train, args.data_val, args.num_classes)
     assert "labels up to 2" in error and warning is None
     args.num_classes = 3
-    assert settings.class_count_problem(args) == (None, None)
+    assert settings.class_count_problem(args.data_train, args.data_val, args.num_classes) == (None, None)
 
 
 def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):

@@ -46,11 +46,13 @@ def run_one(argv):
     """In a child process: build one backend's iterators and time them (train.py's parser, data.test_io)."""
     sys.path.insert(0, ROOT)
     import mxnet as mx
+    import config
     import data
     import train
     args = train.parse_args(argv)
-    train_iter, val_iter = data.get_data_iterators(args, 0, 1, 0, 1, mx.cpu())
-    result = data.test_io(args, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
+    cfg = config.from_args(args)
+    train_iter, val_iter = data.get_data_iterators(cfg, 0, 1, 0, 1, mx.cpu())
+    result = data.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
     print(json.dumps(dict(result, backend=args.data_backend)))
 
 

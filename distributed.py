@@ -1,0 +1,63 @@
+"""The few collectives the loop and scoring need, over Horovod's ranks (one process works too), and the
+averaging of what each device keeps for itself."""
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+
+class Distributed:
+    """Rank information and the few collectives the loop needs (Horovod; one process works too)."""
+
+    def __init__(self, hvd):
+        self.hvd = hvd
+        if hvd is None:  # device/local kv-store: one process
+            self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+        else:
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+
+    @property
+    def is_primary(self):
+        return self.rank == 0
+
+    def sum(self, values, name):
+        """Sum a list of floats over all ranks."""
+        if self.hvd is None or self.size == 1:
+            return [float(v) for v in values]
+        array = mx.nd.array(values, dtype="float64")
+        return self.hvd.allreduce(array, op=self.hvd.Sum, name=name).asnumpy().tolist()
+
+    def gather(self, values, name):
+        """Every rank's list of floats, indexed by rank (exact: each rank adds zeros to the others' slots)."""
+        if self.hvd is None or self.size == 1:
+            return [[float(v) for v in values]]
+        slots = np.zeros((self.size, len(values)))
+        slots[self.rank] = values
+        return np.array(self.sum(slots.ravel().tolist(), name)).reshape(self.size, len(values)).tolist()
+
+    def average_(self, arrays, name):
+        """Average parameters (or NDArrays) in place over all ranks (BatchNorm running statistics)."""
+        if self.hvd is None or self.size == 1:
+            return
+        for i, array in enumerate(arrays):
+            array = array.data() if isinstance(array, gluon.Parameter) else array
+            self.hvd.allreduce_(array, op=self.hvd.Average, name=f"{name}.{i}")
+
+    def finish(self):
+        """Before a worker exits: its queued collectives done, and every rank at this point (so no rank's
+        exit shuts Horovod down under another's last allreduce or rank 0's last checkpoint)."""
+        mx.nd.waitall()
+        self.sum([0.0], "finish")
+
+    def broadcast_parameters(self, net):
+        if self.hvd is not None and self.size > 1:
+            self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+
+
+def average_over_devices(params):
+    """Give parameters kept on several devices (BatchNorm statistics, which each device updates from its own
+    slice of the batch) their mean on every device, so validation and checkpoints do not depend on the device."""
+    for param in params:
+        copies = param.list_data()
+        if len(copies) > 1:
+            param.set_data(mx.nd.add_n(*[c.as_in_context(copies[0].context) for c in copies]) / len(copies))

@@ -1,0 +1,233 @@
+"""Scoring: top-1/top-5 over a validation set (exact over devices and ranks), the graph a checkpoint is scored
+with (as trained, oneDNN's fused float32, or calibrated INT8), --mode val's passes and --mode pred's top classes.
+Facts about what was scored come back as values (Scorable), not as attributes on the network."""
+import dataclasses
+import logging
+import os
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+import checkpoint
+from checkpoint import workspace_path
+from data import out_dtype
+import models
+import predict
+import quantize
+from report import Report
+
+log = logging.getLogger("rn50")
+
+
+class ScoringError(Exception):
+    """Nothing to score, or no data to score it on: reported as one line."""
+
+
+def topk_hits(logits, label, valid):
+    """(top-1 hits, top-5 hits) over the first ``valid`` rows."""
+    return tuple(count.asscalar() for count in topk_counts(logits, label, valid))
+
+
+def topk_counts(logits, label, valid):
+    """(top-1 hits, top-5 hits) over the first ``valid`` rows, as NDArrays not yet read from the device."""
+    if valid == 0:  # all padding: a device whose validation shard has ended
+        zero = mx.nd.zeros((1,), ctx=logits.context)
+        return zero, zero
+    logits, label = logits[:valid], label[:valid]
+    top5 = mx.nd.topk(logits, k=min(5, logits.shape[1]), ret_typ="indices")
+    hits = top5 == label.reshape((-1, 1)).astype(top5.dtype)
+    return hits[:, 0].sum(), hits.sum()
+
+
+def valid_counts(batch, sizes):
+    """Samples that are not padding in each part of ``batch`` (parts of ``sizes``): a batch of per-device parts
+    has one ``pads`` entry per part; a single batch split over devices has its padding at the end."""
+    pads = getattr(batch, "pads", None)
+    if pads is not None:
+        return [size - pad for size, pad in zip(sizes, pads)]
+    counts, remaining = [], sum(sizes) - batch.pad
+    for size in sizes:
+        counts.append(max(0, min(size, remaining)))
+        remaining -= size
+    return counts
+
+
+def split(batch, ctxs, dtype):
+    """Slices of the batch, one per device, in the model's input dtype."""
+    if len(batch.data) == len(ctxs) > 1:  # already one part per device (one pipeline per device)
+        return ([d.astype(out_dtype(dtype), copy=False).as_in_context(c) for d, c in zip(batch.data, ctxs)],
+                [label.as_in_context(c) for label, c in zip(batch.label, ctxs)])
+    data, label = batch.data[0], batch.label[0]
+    if data.dtype != np.dtype(out_dtype(dtype)):
+        data = data.astype(out_dtype(dtype))
+    if len(ctxs) == 1:
+        return [data.as_in_context(ctxs[0])], [label.as_in_context(ctxs[0])]
+    return (gluon.utils.split_and_load(data, ctxs, even_split=False),
+            gluon.utils.split_and_load(label, ctxs, even_split=False))
+
+
+def validation_batches(val_iter, max_iters=None):
+    """(batch, first pass?) pairs: one pass over the validation set, or with ``max_iters`` exactly that many
+    batches, the set cycled when it is shorter (benchmarks time as many batches on every backend). No batch is
+    drawn past ``max_iters``: the readers stay where the timed ones ended."""
+    served, first_pass = 0, True
+    while max_iters is None or served < max_iters:
+        batches = 0
+        for batch in val_iter:
+            yield batch, first_pass
+            served, batches = served + 1, batches + 1
+            if max_iters is not None and served >= max_iters:
+                return
+        if max_iters is None or batches == 0:
+            return
+        first_pass = False
+
+
+def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_iters=None):
+    """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks (with
+    ``max_iters``, that many batches are timed, the set cycled; the accuracy counts its first pass)."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    correct1 = correct5 = loss_sum = count = 0.0
+    durations = []
+    tic = time.time()
+    for batch, first_pass in validation_batches(val_iter, max_iters):
+        datas, labels = split(batch, ctxs, dtype)
+        for data, label, valid in zip(datas, labels, valid_counts(batch, [d.shape[0] for d in datas])):
+            logits = net(data).astype("float32")
+            if no_metrics:
+                logits.wait_to_read()
+            else:  # computed on every pass, so each timed batch does the same work
+                c1, c5 = topk_hits(logits, label, valid)
+                batch_loss = loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
+                if first_pass:
+                    correct1, correct5, loss_sum = correct1 + c1, correct5 + c5, loss_sum + batch_loss
+            count += valid if first_pass else 0
+        now = time.time()
+        durations.append(now - tic)
+        tic = now
+    correct1, correct5, loss_sum, count = dist.sum([correct1, correct5, loss_sum, count], "val.counts")
+    total = max(count, 1)
+    return {"top1": correct1 / total, "top5": correct5 / total, "loss": loss_sum / total,
+            "durations": durations, "samples": int(count), "correct1": correct1, "correct5": correct5}
+
+
+@dataclasses.dataclass
+class Scorable:
+    """A network ready to score: ``weights`` is the file its parameters came from (None: freshly initialised),
+    ``info`` how its graph was made (an INT8 graph's calibration), for the report."""
+    net: object
+    weights: str = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+def weights_to_score(load, workspace, model_prefix):
+    """--load, else the latest checkpoint of the workspace; None when there is none."""
+    if load is not None:
+        return load
+    state = checkpoint.find_latest(workspace_path(workspace, model_prefix))
+    return state and state["paths"]["params"]
+
+
+def load_weights(net, fit_cfg, data_backend, ctxs, dist):
+    """Load --load, else the latest checkpoint in --workspace, into ``net``; returns the path loaded, or None
+    for fresh weights.
+
+    --mode val scores freshly initialised weights when there is no checkpoint only where no accuracy is
+    reported from them: on synthetic data, or with --no-metrics (a speed benchmark: the time a batch takes does
+    not depend on the weights; the original kit benchmarked inference so). Elsewhere that is an error.
+    """
+    path = weights_to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix)
+    if path is None:
+        if fit_cfg.mode == "val" and (data_backend == "synthetic" or fit_cfg.no_metrics):
+            if dist.is_primary:
+                log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
+            return None
+        raise ScoringError(f"no checkpoint to score: give --load PATH.params or train first (nothing matches "
+                           f"{workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)}-NNNN.params); "
+                           "to time fresh weights, add --no-metrics")
+    if not os.path.isfile(path):
+        raise ScoringError(f"--load {path} does not exist")
+    checkpoint.load_params(net, path, ctxs)  # on every device the network was initialised on
+    if dist.is_primary:
+        log.info("Loaded %s", path)
+    return path
+
+
+def input_shape(image_shape, layout, batch):
+    channels, height, width = image_shape
+    return (batch, channels, height, width) if layout == "NCHW" else (batch, height, width, channels)
+
+
+def int8_graph(cfg, net, ctxs, dist, calibration_batches):
+    """--dtype int8: the float32 checkpoint (loaded here) as oneDNN's calibrated INT8 graph (quantize.py).
+    ``cfg``: the RunConfig; ``calibration_batches()``: an iterator of training batches, asked for only when the
+    graph is not cached beside the checkpoint."""
+    path = load_weights(net, cfg.fit, cfg.data.data_backend, ctxs, dist)
+    batch = cfg.fit.batch_size // dist.size
+    shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, batch)
+    source = quantize.calibration_source(cfg.data.data_backend, cfg.data.data_train)
+    calibration = quantize.describe_calibration(cfg.quantize.calib_mode, cfg.quantize.calib_batches, batch, source)
+    qnet, calibration = quantize.int8_net(net, path, shape, calibration, calibration_batches, dist.is_primary,
+                                          barrier=lambda: dist.sum([0.0], "int8.saved"))
+    calibration["cpu_vnni"] = quantize.vnni()  # without VNNI oneDNN's INT8 kernels are about half as fast
+    if dist.is_primary:
+        log.info(quantize.summary(calibration))
+    return Scorable(qnet, path, {"int8": calibration})
+
+
+def fused_float32(cfg, net, ctxs, dist):
+    """float32 scoring on one CPU worker: the loaded checkpoint through oneDNN's conv+BN+ReLU(+add) fusion
+    (models.optimize_for_inference); ``net`` itself elsewhere (several workers: Horovod's broadcast cannot read the
+    weights oneDNN has reordered)."""
+    path = load_weights(net, cfg.fit, cfg.data.data_backend, ctxs, dist)
+    if dist.size > 1 or len(ctxs) > 1 or ctxs[0].device_type != "cpu":
+        return Scorable(net, path)
+    shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, cfg.fit.batch_size)
+    return Scorable(models.optimize_for_inference(net, shape, ctxs[0]), path)
+
+
+def for_scoring(cfg, net, ctxs, dist, calibration_batches=None, fuse=True):
+    """The fastest correct graph of the checkpoint to score for the run's dtype (``cfg``: the RunConfig)."""
+    if cfg.fit.dtype == "int8":
+        return int8_graph(cfg, net, ctxs, dist, calibration_batches)
+    if cfg.fit.dtype == "float32" and fuse:
+        return fused_float32(cfg, net, ctxs, dist)
+    return Scorable(net, load_weights(net, cfg.fit, cfg.data.data_backend, ctxs, dist))
+
+
+def score(cfg, run, model, val_iter, ctxs, dist):
+    """--mode val: --num-epochs passes over the validation data (with --benchmark-iters, that many batches per
+    pass, the set cycled) of ``model`` (a Scorable); returns the report, which names the weights scored."""
+    fit_cfg = cfg.fit
+    if val_iter is None:
+        raise ScoringError("--mode val needs validation data (--data-val)")
+    net = model.net
+    dist.broadcast_parameters(net)
+    report = Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
+    report.weights = os.path.abspath(model.weights) if model.weights else "fresh"
+    report.info.update(model.info)
+    start = time.time()
+    for epoch in range(fit_cfg.num_epochs):
+        metrics = evaluate(net, val_iter, ctxs, dist, fit_cfg.dtype, fit_cfg.no_metrics, fit_cfg.benchmark_iters)
+        values = {} if fit_cfg.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
+        report.add_epoch("val", durations=metrics["durations"], batch_size=fit_cfg.batch_size, **values)
+        if dist.is_primary:
+            log.info("Pass %d: %s%.1f img/s (%d samples)", epoch + 1,
+                     "" if fit_cfg.no_metrics else f"top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} ",
+                     report.metrics.get("val.total_ips", [0.0])[-1] if metrics["durations"] else 0.0,
+                     metrics["samples"])
+    report.total_duration = time.time() - start
+    if dist.is_primary:
+        report.save(workspace_path(fit_cfg.workspace, run.report_path))
+    return report
+
+
+def predict_image(cfg, model, ctxs):
+    """--mode pred: the top-5 classes of --data-pred by ``model`` (a Scorable)."""
+    data = cfg.data
+    image = predict.load_image(cfg.predict.data_pred, data.image_shape, data.data_val_resize, data.rgb_mean,
+                               data.rgb_std, data.input_layout)
+    names = predict.class_names(cfg.predict.class_names, data.data_train)
+    return predict.predict(model.net, image, ctxs[0], cfg.fit.dtype, names)
