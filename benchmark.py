@@ -31,8 +31,10 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
+import backends
 import cli
 import launch
+from report import write_json
 
 HERE = Path(__file__).resolve().parent
 LATENCIES = ["latency_avg", "latency_50", "latency_90", "latency_95", "latency_99", "latency_100"]
@@ -183,8 +185,8 @@ def run_settings(train_command):
     found = parser.parse_known_args(train_command.split())[0]
     return OrderedDict(dtype=found.dtype, data_backend=found.data_backend,
                        layout=OrderedDict(input=found.input_layout, conv=found.conv_layout),
-                       real_data=found.data_backend != "synthetic",
-                       data=None if found.data_backend == "synthetic" else
+                       real_data=backends.reads_records(found.data_backend),
+                       data=None if not backends.reads_records(found.data_backend) else
                        OrderedDict((k, v) for k, v in (("train", found.data_train), ("val", found.data_val)) if v),
                        kv_store=found.kv_store, load=found.load)
 
@@ -496,10 +498,7 @@ def plot(result, path):
 
 def save_json(result, path):
     """Atomically, after every configuration: an interrupted sweep keeps what it measured."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=4)
-    os.replace(tmp, path)
+    write_json(path, result)
 
 
 def error(message):

@@ -119,6 +119,15 @@ def find_latest(prefix):
     return states[-1] if states else None
 
 
+def to_score(load, workspace, model_prefix):
+    """The parameters --mode val/pred score: --load, else the latest complete checkpoint of the workspace; None
+    when there is none."""
+    if load:
+        return load
+    latest = find_latest(workspace_path(workspace, model_prefix))
+    return latest and latest["paths"]["params"]
+
+
 def files_of(state):
     """The files one checkpoint owns, its state file first (the symbol file is shared by all of them)."""
     return [state["state_path"]] + [path for kind, path in state["paths"].items() if kind != "symbol"]

@@ -8,8 +8,10 @@ import os
 import shutil
 import sys
 
+import backends
+
 DTYPES = ["float32", "float16", "bfloat16", "int8"]
-DATA_BACKENDS = ["dali-gpu", "dali-cpu", "mxnet", "synthetic"]
+DATA_BACKENDS = backends.NAMES
 KV_STORES = ["horovod", "device", "local"]
 DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"
 PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "

@@ -13,6 +13,7 @@ import time
 import mxnet as mx
 import numpy as np
 
+import backends
 import cli
 import records
 
@@ -145,10 +146,7 @@ def check_data_files(cfg):
             return f"{flag} is required with the {cfg.data_backend} backend; {cli.PREPARE_HINT}"
         if not os.path.isfile(path):
             return f"{flag} {path} does not exist; {cli.PREPARE_HINT}"
-    if cfg.data_backend == "dali-gpu" and mx.context.num_gpus() == 0:
-        return ("--data-backend dali-gpu needs a GPU and a GPU build of MXNet, none found; "
-                "use --data-backend dali-cpu (or mxnet)")
-    if cfg.test_io and cfg.data_backend != "synthetic" and not getattr(cfg, f"data_{cfg.test_io_mode}"):
+    if cfg.test_io and backends.reads_records(cfg.data_backend) and not getattr(cfg, f"data_{cfg.test_io_mode}"):
         return f"--test-io-mode {cfg.test_io_mode} needs --data-{cfg.test_io_mode}; {cli.PREPARE_HINT}"
     return None
 
@@ -308,7 +306,10 @@ def part_failure_finder(record_file, part_index, num_parts, limit=50000):
     return find
 
 
-def get_mxnet_iterators(cfg, feed, rank, num_workers, local_size, ctx, record_files=None):
+def get_mxnet_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx):
+    record_files = open_record_files(cfg)
+    if "train" in record_files:
+        check_mxnet_shards(record_files["train"], num_workers)
     local_batch = feed.batch_size // num_workers
     channels, height, width = cfg.image_shape
     threads = cfg.data_mxnet_threads or default_threads(local_size)
@@ -384,7 +385,7 @@ def quadrant_means(data):
     return pooled * math.sqrt(data.shape[2] * data.shape[3] / 4 * 3)  # uniform(-1,1) variance is 1/3
 
 
-def get_synthetic_iterators(cfg, feed, rank, num_workers, ctx):
+def get_synthetic_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx):
     local_batch = feed.batch_size // num_workers
     steps = math.ceil((cfg.num_examples or 32 * feed.batch_size) / feed.batch_size)
     seed = 0 if feed.seed is None else feed.seed
@@ -454,11 +455,11 @@ class DaliIterator(BatchIterator):
 _warned_partial_epochs = set()
 
 
-def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx, record_files):
-    """Train and val iterators for this rank. ``feed.batch_size`` is the global batch; ``record_files`` holds the
-    checked records.RecordFile of "train" and "val" (data.open_record_files)."""
+def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx):
+    """Train and val iterators for this rank (dali-gpu or dali-cpu). ``feed.batch_size`` is the global batch."""
     import dali  # only now: DALI is a large import, and only its backends need it
-    device = "gpu" if cfg.data_backend == "dali-gpu" else "cpu"
+    record_files = open_record_files(cfg)
+    device = backends.get(cfg.data_backend).pipeline_device
     if device == "gpu" and ctx.device_type != "gpu":
         raise ValueError("--data-backend dali-gpu needs a GPU context; use --data-backend dali-cpu")
     device_id = ctx.device_id if device == "gpu" else None  # the GPU of this rank (or of this part of a batch)
@@ -566,18 +567,8 @@ def feed_of(run_cfg):
 
 def get_data_iterators(run_cfg, rank, num_workers, local_rank, local_size, ctx):
     """(train, val) iterators for this rank of a RunConfig; either is None when its data is not given."""
-    cfg, feed = run_cfg.data, feed_of(run_cfg)
-    if cfg.data_backend in ("dali-gpu", "dali-cpu"):
-        record_files = open_record_files(cfg)
-        return get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx, record_files)
-    if cfg.data_backend == "mxnet":
-        record_files = open_record_files(cfg)
-        if "train" in record_files:
-            check_mxnet_shards(record_files["train"], num_workers)
-        return get_mxnet_iterators(cfg, feed, rank, num_workers, local_size, ctx, record_files)
-    if cfg.data_backend == "synthetic":
-        return get_synthetic_iterators(cfg, feed, rank, num_workers, ctx)
-    raise ValueError(f"unknown --data-backend {cfg.data_backend}; choose from {', '.join(cli.DATA_BACKENDS)}")
+    build = backends.builder(run_cfg.data.data_backend)  # the backends table names each one's builder
+    return build(run_cfg.data, feed_of(run_cfg), rank, num_workers, local_rank, local_size, ctx)
 
 
 def get_data_iterators_per_device(run_cfg, rank, num_workers, local_rank, local_size, ctxs):

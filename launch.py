@@ -19,10 +19,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+import backends
 import cli
 from cli import PREPARE_HINT, UsageError
 from helptext import HelpFormatter
+import rules
 import run_lock
+import schedules
 import world
 
 KIT_DIR = Path(__file__).resolve().parent  # where train.py is, unless runner says otherwise
@@ -245,23 +248,11 @@ def resolve_and_check(args, extra, machine):
     if args.dtype is None:
         args.dtype = "float16" if gpu else "float32"
     if args.data_backend is None:
-        args.data_backend = "dali-gpu" if gpu else "dali-cpu"
-    if args.dtype == "float16" and not gpu:
-        raise UsageError(f"--dtype float16 needs a GPU and this machine has none{why}; "
-                         "use --dtype float32 or --dtype bfloat16 on the CPU")
-    if args.dtype == "bfloat16" and gpu:
-        raise UsageError("--dtype bfloat16 runs on the CPU only in MXNet 1.9 (oneDNN); use --dtype float16 on GPUs")
-    if args.dtype == "int8" and (peek_extra(extra).mode or "train_val") not in ("val", "pred"):
-        raise UsageError("--dtype int8 scores and predicts only (--mode val or pred): train in float32 or "
-                         "bfloat16, then score the checkpoint with --dtype int8")
-    if args.dtype == "int8" and gpu:
-        raise UsageError("--dtype int8 runs on the CPU only (oneDNN); use --dtype float16 on GPUs")
-    if args.data_backend == "dali-gpu" and not gpu:
-        raise UsageError(f"--data-backend dali-gpu needs a GPU and this machine has none{why}; "
-                         "use --data-backend dali-cpu (or synthetic)")
-    if gpu and peek_extra(extra).fuse_bn_relu == "1":
-        raise UsageError("--fuse-bn-relu 1 runs on CPUs only: upstream MXNet's BatchNormWithReLU has a oneDNN kernel "
-                         "and no GPU one; leave it out on GPUs")
+        args.data_backend = backends.default(gpu)
+    problem = rules.run_problem(args.dtype, args.data_backend, peek_extra(extra).mode or "train_val",
+                                peek_extra(extra).fuse_bn_relu == "1", gpu, why)
+    if problem:
+        raise UsageError(problem)
     slots = host_slots(args)
     if slots is not None:
         slots = sum(slots)
@@ -327,7 +318,7 @@ def use_srun_step(args, environ):
 def check_data_root(args, given):
     """The record files the mode needs must be in --data-root, unless given to train.py directly."""
     mode = given.mode or "train_val"
-    if args.data_backend == "synthetic" or mode == "pred":
+    if not backends.reads_records(args.data_backend) or mode == "pred":
         return
     needed = []
     if mode in ("train_val", "train") and not given.data_train:
@@ -380,7 +371,7 @@ def build_command(args, extra, env=(), kit_dir=KIT_DIR):
     batch_size = args.batch_size * args.ngpus
     train = [str(kit_dir / "train.py")] if (kit_dir / "train.py").is_file() else ["-m", "train"]  # repo or installed
     command = launcher_prefix(args, env) + [sys.executable, *train]
-    if args.data_backend != "synthetic":
+    if backends.reads_records(args.data_backend):
         mode = peek_extra(extra).mode or "train_val"
         root = args.data_root
         calibrates = args.dtype == "int8" and (root / "train.rec").is_file()  # INT8 calibrates on training records
@@ -393,7 +384,7 @@ def build_command(args, extra, env=(), kit_dir=KIT_DIR):
     if args.num_epochs is not None:
         command += ["--num-epochs", str(args.num_epochs)]
     if args.lr is not None:  # else train.py scales the recipe's LR per 256 images by the same rule
-        command += ["--lr", f"{args.lr * batch_size / 256:.10g}"]
+        command += ["--lr", f"{schedules.scaled_lr(args.lr, batch_size):.10g}"]
     return command + float16_gpu_flags(args, peek_extra(extra)) + extra
 
 
@@ -404,9 +395,10 @@ def float16_gpu_flags(args, given):
     flags = []
     if not any(getattr(given, flag[2:].replace("-", "_")) for flag in LAYOUT_FLAGS):
         flags += FLOAT16_GPU_LAYOUT
-        if args.data_backend == "mxnet":  # ImageRecordIter writes NCHW: the network's transpose runs on the GPU
-            flags[1] = "NCHW"
-    if given.image_shape is None and args.data_backend != "mxnet":
+        fixed = backends.get(args.data_backend).input_layout_fixed
+        if fixed:  # e.g. ImageRecordIter writes NCHW: the network's transpose runs on the GPU
+            flags[1] = fixed
+    if given.image_shape is None and not backends.get(args.data_backend).input_layout_fixed:
         flags += ["--image-shape", "4,224,224"]
     return flags
 

@@ -16,7 +16,11 @@ import warnings
 
 import mxnet as mx
 
+import backends
 import cli
+from report import write_json
+import rules
+from rules import cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -48,27 +52,13 @@ def add_quantize_args(parser):
     return group
 
 
-def cpu_flags(path="/proc/cpuinfo"):
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def int8_unavailable(mode, ctxs, conv_layout, calib_batches, flags=None):
     """Why --dtype int8 cannot run here (one line), or None."""
-    if mode not in ("val", "pred"):
-        return (f"--dtype int8 scores and predicts only (--mode val or pred), not --mode {mode}: train in "
-                "float32 or bfloat16, then score the checkpoint with --dtype int8")
+    why = rules.dtype_problem("int8", mode, any(ctx.device_type != "cpu" for ctx in ctxs))
+    if why:
+        return why
     if not mx.runtime.Features().is_enabled("MKLDNN"):
         return "--dtype int8 needs MXNet built with oneDNN (mx.runtime.Features() lacks MKLDNN); pip install mxnet"
-    if any(ctx.device_type != "cpu" for ctx in ctxs):
-        return ("--dtype int8 runs on the CPU (oneDNN) and this run uses GPUs; hide them (CUDA_VISIBLE_DEVICES=) "
-                "or score in float16")
     flags = cpu_flags() if flags is None else flags
     if flags and not flags & set(INT8_ISA):
         return ("--dtype int8 needs a CPU with AVX2, AVX-512 VNNI or AMX (oneDNN's INT8 kernels); this one has none "
@@ -113,8 +103,8 @@ def describe_calibration(mode, batches, batch_size, data_source):
 
 def calibration_source(backend, data_train):
     """The training data named in the calibration description (a file's identity: path, size, time)."""
-    if backend == "synthetic":
-        return "synthetic"
+    if not backends.reads_records(backend):
+        return backend
     if not data_train:
         return None
     stat = os.stat(data_train)
@@ -155,9 +145,7 @@ def quantize(net, data_shape, calibration, calib_batches_fn):
 
 def save(qnet, prefix, calibration):
     qnet.export(prefix, epoch=0)
-    with open(prefix + ".json.tmp", "w") as f:
-        json.dump(calibration, f, indent=2)
-    os.replace(prefix + ".json.tmp", prefix + ".json")  # written last: its presence means the graph is complete
+    write_json(prefix + ".json", calibration, indent=2)  # last: its presence means the graph is complete
 
 
 def load(prefix, data_shape):

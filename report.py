@@ -14,6 +14,15 @@ LATENCY_PERCENTILES = [50, 90, 95, 99, 100]
 WARMUP_ITERATIONS = 20  # the first iterations (graph building, caches) do not count towards speed
 
 
+def write_json(path, value, indent=4):
+    """Write ``value`` to ``path`` atomically (a temporary file renamed over it): a reader, or a run stopped in the
+    middle, never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=indent)
+    os.replace(tmp, path)
+
+
 class Report:
     def __init__(self, model, ngpus, cmd, metrics=None):
         self.model = model
@@ -53,11 +62,7 @@ class Report:
         return out
 
     def save(self, path):
-        """Write atomically, so a reader never sees half a report."""
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=4)
-        os.replace(tmp, path)
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path):

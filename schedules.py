@@ -19,7 +19,6 @@ RECIPES = {
     "he": dict(optimizer="nag", mom=0.9, lr_per_256=0.1, lr_schedule="step", lr_steps=[30, 60, 80],
                lr_factor=0.1, warmup_epochs=5.0, wd=1e-4, label_smoothing=0.0, mixup=0.0, num_epochs=90),
 }
-SCHEDULES = ["cosine", "step", "poly", "linear"]
 
 
 DEFAULT_RECIPE = "nvidia"
@@ -34,37 +33,58 @@ def recipe_defaults(name):
     return {key: value for key, value in RECIPES[name].items() if key not in DERIVED_FIELDS}
 
 
+def scaled_lr(lr_per_256, batch_size):
+    """The one LR-scaling rule (runner's -l and the recipes'): an LR per 256 images scaled linearly to the global
+    batch (Goyal et al. 2017)."""
+    return lr_per_256 * batch_size / 256
+
+
 def recipe_lr(name, batch_size):
-    """The recipe's LR for a global batch: its LR per 256 images, scaled linearly (Goyal et al. 2017)."""
-    return RECIPES[name]["lr_per_256"] * batch_size / 256
+    """The recipe's LR for a global batch."""
+    return scaled_lr(RECIPES[name]["lr_per_256"], batch_size)
 
 
 def recipe_epochs(name):
     return RECIPES[name]["num_epochs"]
 
 
-def get_schedule(kind, base_lr, num_epochs, warmup_epochs=0.0, steps=(), factor=0.1, power=2.0, final_lr=0.0):
-    """LR as a function of the fractional epoch (epoch + step / steps_per_epoch).
+# After the warmup, the LR of each schedule as a small function of the progress through the remaining epochs (0 to
+# 1), the epoch, and the schedule's own parameters.
+def cosine(base_lr, progress, epoch, final_lr=0.0, **_):
+    return final_lr + (base_lr - final_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    Linear warmup from 0 over ``warmup_epochs``, then: cosine to ``final_lr``; step (multiply by ``factor``
-    at each epoch in ``steps``); poly ((1 - progress) ** power); linear (straight to ``final_lr``).
-    """
-    if kind not in SCHEDULES:
+
+def step(base_lr, progress, epoch, steps=(), factor=0.1, **_):
+    """Multiply by ``factor`` at each epoch in ``steps``."""
+    return base_lr * factor ** sum(1 for s in steps if s <= epoch)
+
+
+def poly(base_lr, progress, epoch, power=2.0, final_lr=0.0, **_):
+    return final_lr + (base_lr - final_lr) * (1 - progress) ** power
+
+
+def linear(base_lr, progress, epoch, final_lr=0.0, **_):
+    return final_lr + (base_lr - final_lr) * (1 - progress)
+
+
+SCHEDULE_FUNCTIONS = {"cosine": cosine, "step": step, "poly": poly, "linear": linear}
+SCHEDULES = list(SCHEDULE_FUNCTIONS)
+
+
+def get_schedule(kind, base_lr, num_epochs, warmup_epochs=0.0, steps=(), factor=0.1, power=2.0, final_lr=0.0):
+    """LR as a function of the fractional epoch (epoch + step / steps_per_epoch): a linear warmup from 0 over
+    ``warmup_epochs``, then the schedule named ``kind`` to the end of ``num_epochs``."""
+    if kind not in SCHEDULE_FUNCTIONS:
         raise ValueError(f"unknown LR schedule '{kind}'; choose one of: {', '.join(SCHEDULES)}")
-    steps = sorted(steps)
+    after_warmup = SCHEDULE_FUNCTIONS[kind]
+    params = dict(steps=sorted(steps), factor=factor, power=power, final_lr=final_lr)
     span = max(num_epochs - warmup_epochs, 1e-8)
 
     def schedule(epoch):
         if epoch < warmup_epochs:
             return base_lr * epoch / warmup_epochs
         progress = min(max((epoch - warmup_epochs) / span, 0.0), 1.0)
-        if kind == "cosine":
-            return final_lr + (base_lr - final_lr) * 0.5 * (1 + math.cos(math.pi * progress))
-        if kind == "step":
-            return base_lr * factor ** sum(1 for s in steps if s <= epoch)
-        if kind == "poly":
-            return final_lr + (base_lr - final_lr) * (1 - progress) ** power
-        return final_lr + (base_lr - final_lr) * (1 - progress)
+        return after_warmup(base_lr, progress, epoch, **params)
     return schedule
 
 

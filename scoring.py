@@ -10,6 +10,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
+import backends
 import checkpoint
 from checkpoint import workspace_path
 from data import out_dtype
@@ -122,14 +123,6 @@ class Scorable:
     info: dict = dataclasses.field(default_factory=dict)
 
 
-def weights_to_score(load, workspace, model_prefix):
-    """--load, else the latest checkpoint of the workspace; None when there is none."""
-    if load is not None:
-        return load
-    state = checkpoint.find_latest(workspace_path(workspace, model_prefix))
-    return state and state["paths"]["params"]
-
-
 def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     """Load --load, else the latest checkpoint in --workspace, into ``net``; returns the path loaded, or None
     for fresh weights.
@@ -138,9 +131,9 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     reported from them: on synthetic data, or with --no-metrics (a speed benchmark: the time a batch takes does
     not depend on the weights; the original kit benchmarked inference so). Elsewhere that is an error.
     """
-    path = weights_to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix)
+    path = checkpoint.to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix)
     if path is None:
-        if fit_cfg.mode == "val" and (data_backend == "synthetic" or fit_cfg.no_metrics):
+        if fit_cfg.mode == "val" and (not backends.reads_records(data_backend) or fit_cfg.no_metrics):
             if dist.is_primary:
                 log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
             return None

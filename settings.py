@@ -12,10 +12,11 @@ import re
 import shutil
 import time
 
+import backends
 import checkpoint
 import cli
 import models
-import quantize
+import rules
 
 RUNS_DIR = "runs"
 # What a checkpoint's state records about the data the network expects: scoring or predicting with other values
@@ -43,7 +44,7 @@ def machine_defaults(args, num_gpus):
     if args.dtype is None:
         args.dtype = "float16" if num_gpus else "float32"
     if args.data_backend is None:
-        args.data_backend = "dali-gpu" if num_gpus else "dali-cpu"
+        args.data_backend = backends.default(num_gpus > 0)
 
 
 def index_beside(rec):
@@ -56,7 +57,7 @@ def fill_data_files(args):
     """--data-root DIR gives DIR/train.rec and DIR/val.rec (those that exist) for the files not given one by one;
     without any data flag the default root is used, as runner does. Each index defaults to the .idx beside its
     .rec."""
-    if args.data_backend != "synthetic" and args.mode != "pred" and \
+    if backends.reads_records(args.data_backend) and args.mode != "pred" and \
             (args.data_root or not (args.data_train or args.data_val)):
         root = args.data_root or cli.DEFAULT_DATA_ROOT
         if not os.path.isdir(root):
@@ -77,14 +78,6 @@ def fill_data_files(args):
 
 def default_workspace(model_name):
     return os.path.join(RUNS_DIR, model_name)
-
-
-def checkpoint_to_score(args):
-    """--load, else the latest complete checkpoint of the workspace; None if there is none."""
-    if args.load:
-        return args.load
-    latest = checkpoint.find_latest(os.path.join(args.workspace, args.model_prefix))
-    return latest and latest["paths"]["params"]
 
 
 def trained_settings(params_path):
@@ -160,7 +153,7 @@ def complete(args, given, num_gpus):
         return None
     if args.num_epochs is None:
         args.num_epochs = 1  # passes over the validation set, not the recipe's training epochs
-    path = checkpoint_to_score(args)
+    path = checkpoint.to_score(args.load, args.workspace, args.model_prefix)
     if path is None:
         return None
     if not os.path.isfile(path):
@@ -242,14 +235,5 @@ def set_aside_superseded(workspace, prefix_name, state, other_files=()):
 
 
 def bfloat16_unsupported(cpuinfo="/proc/cpuinfo"):
-    """Why this CPU cannot run --dtype bfloat16, or None. oneDNN's bfloat16 kernels need AVX-512 (its
-    avx512_core level: F, BW, VL, DQ); without it MXNet fails deep inside the first convolution with "could not
-    create a primitive descriptor iterator". None also where the flags cannot be read (not Linux)."""
-    flags = quantize.cpu_flags(cpuinfo)
-    if not flags:
-        return None
-    missing = [flag for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq") if flag not in flags]
-    if not missing:
-        return None
-    return (f"--dtype bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels) and this one lacks "
-            f"{', '.join(missing)}; use --dtype float32")
+    """Why this CPU cannot run --dtype bfloat16 (rules.bfloat16_problem), or None."""
+    return rules.bfloat16_problem("bfloat16", rules.cpu_flags(cpuinfo))

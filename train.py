@@ -26,6 +26,7 @@ except ImportError:
     sys.exit("train.py: error: MXNet is not installed for this Python; run `make setup`, then use "
              ".venv/bin/python (or `source .venv/bin/activate`)")
 
+import backends
 import checkpoint
 import cli
 from cli import OneLineParser, UsageError
@@ -37,6 +38,7 @@ from helptext import HelpFormatter
 import models
 import predict
 import quantize
+import rules
 import run_lock
 import schedules
 import scoring
@@ -162,7 +164,7 @@ def header(cfg, size, report_path):
         return (f"Scoring {fit_cfg.load or 'freshly initialised weights'}: {model}, resize {data_cfg.data_val_resize}, "
                 f"{machine}; data {data_cfg.data_val or 'synthetic'}; "
                 f"results in {checkpoint.workspace_path(fit_cfg.workspace, report_path)}")
-    data_files = "synthetic" if data_cfg.data_backend == "synthetic" else \
+    data_files = data_cfg.data_backend if not backends.reads_records(data_cfg.data_backend) else \
         ", ".join(f for f in (data_cfg.data_train, data_cfg.data_val) if f)
     return (f"Training {model} on {machine}; recipe {fit_cfg.recipe}, LR {fit_cfg.lr:g}, {fit_cfg.num_epochs} "
             f"epochs; data {data_files}; results in {os.path.join(fit_cfg.workspace, '')}")
@@ -199,7 +201,7 @@ def validate_args(cfg, num_workers):
         raise UsageError(f"--image-shape must be C,H,W with C 3 or 4, got {list(data_cfg.image_shape)}")
     if fit_cfg.mode == "pred":
         return
-    if data_cfg.data_backend != "synthetic":
+    if backends.reads_records(data_cfg.data_backend):
         missing = data.check_data_files(data_cfg)
         if missing:
             raise UsageError(missing)
@@ -229,13 +231,6 @@ def gpu_ordinal(local_rank, local_size, visible_gpus):
     raise UsageError(f"this rank (local rank {local_rank} of {local_size}) sees {visible_gpus} GPUs: either make "
                      f"every GPU of the node visible to every rank, or give each rank one (CUDA_VISIBLE_DEVICES, "
                      "srun --gpus-per-task=1)")
-
-
-def check_fusions(model_cfg, ctxs):
-    """Fused operators only where upstream MXNet has a kernel for them."""
-    if model_cfg.fuse_bn_relu and any(ctx.device_type == "gpu" for ctx in ctxs):
-        raise UsageError("--fuse-bn-relu 1 runs on CPUs only: MXNet's BatchNormWithReLU has a oneDNN kernel and "
-                         "no GPU one; leave it out on GPUs")
 
 
 def train_iterator_factory(cfg, dist, ctxs, first):
@@ -284,7 +279,7 @@ def calibration_batches(cfg, dist, ctxs, train_iter):
     def batches():
         if train_iter is not None:
             return train_iter
-        if cfg.data.data_backend != "synthetic" and not cfg.data.data_train:
+        if backends.reads_records(cfg.data.data_backend) and not cfg.data.data_train:
             raise UsageError("--dtype int8 calibrates on training records: give --data-train (or run once with it: "
                              "the INT8 graph is kept beside the checkpoint)")
         return data.get_data_iterators(cfg, dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs[0])[0]
@@ -322,8 +317,6 @@ def configure(args, given, num_gpus):
         settings.complete(args, given, num_gpus)
     except ValueError as error:
         raise UsageError(str(error))
-    if args.dtype == "bfloat16" and settings.bfloat16_unsupported():
-        raise UsageError(settings.bfloat16_unsupported())
     fill_hyper_parameters(args)
     cfg = config.from_args(args)
     check_config(cfg)
@@ -351,19 +344,22 @@ def main(args, command=None, given=()):
     fit_cfg = cfg.fit
     ctxs = contexts(fit_cfg, dist.local_rank, dist.local_size)
     validate_args(cfg, dist.size * len(ctxs))
-    check_fusions(cfg.model, ctxs)
+    problem = rules.run_problem(fit_cfg.dtype, cfg.data.data_backend, fit_cfg.mode, cfg.model.fuse_bn_relu,
+                                any(ctx.device_type == "gpu" for ctx in ctxs))  # runner's rules, worded once
+    if problem:
+        raise UsageError(problem)
     if fit_cfg.dtype == "int8":
         why = quantize.int8_unavailable(fit_cfg.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:
             raise UsageError(why)
-    run = run_info(cfg, json_values(args), typed, given, command)
+    info = run_info(cfg, json_values(args), typed, given, command)
     if fit_cfg.mode in ("train", "train_val"):
         os.makedirs(fit_cfg.workspace, exist_ok=True)
         # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
         os.makedirs(os.path.dirname(checkpoint.workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)) or ".",
                     exist_ok=True)
     if fit_cfg.mode != "pred":
-        report_file = os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, run.report_path))
+        report_file = os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))
         os.makedirs(os.path.dirname(report_file), exist_ok=True)
     lock = hold_workspace(fit_cfg, dist)
     if fit_cfg.seed is not None:
@@ -373,7 +369,7 @@ def main(args, command=None, given=()):
         np.random.seed(fit_cfg.seed)
     warn_about(cfg, dist.is_primary)
     if dist.is_primary and fit_cfg.mode != "pred":
-        logging.info("%s", header(cfg, dist.size, run.report_path))
+        logging.info("%s", header(cfg, dist.size, info.report_path))
 
     net = build_network(cfg, ctxs)
     stopped = False
@@ -388,12 +384,12 @@ def main(args, command=None, given=()):
         if fit_cfg.mode == "val":
             model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, train_iter))
             net = model.net
-            report = scoring.score(cfg, run, model, val_iter, ctxs, dist)
+            report = scoring.score(cfg, info, model, val_iter, ctxs, dist)
         else:
             if train_iter is None:
                 raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
             make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)
-            report, stopped = fit.fit(fit_cfg, run, net, make_train_iter, val_iter, ctxs, dist,
+            report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
                                       cfg.model.num_classes)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
@@ -407,7 +403,7 @@ def main(args, command=None, given=()):
         top1 = report.metrics.get("val.top1")
         if top1:
             print(f"Validation top-1: {top1[-1]:.4f}")
-        print(f"Report: {os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, run.report_path))}")
+        print(f"Report: {os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))}")
     return Outcome(net=net, report=report, stopped=stopped)
 
 

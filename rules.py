@@ -1,0 +1,67 @@
+"""The rules a run must satisfy on its machine, each worded once, checked by runner before any worker starts and
+by train.py (which also runs alone). No MXNet here: runner checks them before it can import it.
+
+Each function returns one line saying what is wrong and what to do, or None."""
+import backends
+
+BFLOAT16_ISA = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # oneDNN's avx512_core: its bfloat16 kernels
+
+
+def cpu_flags(path="/proc/cpuinfo"):
+    """The CPU's feature flags (empty where they cannot be read: not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def dtype_problem(dtype, mode, gpu, why=""):
+    """``gpu``: the run's workers use GPUs; ``why``: why the machine has none, when known."""
+    if dtype == "float16" and not gpu:
+        return (f"--dtype float16 needs a GPU and this machine has none{why}; use --dtype float32 or --dtype "
+                "bfloat16 on the CPU")
+    if dtype == "bfloat16" and gpu:
+        return "--dtype bfloat16 runs on the CPU only in MXNet 1.9 (oneDNN); use --dtype float16 on GPUs"
+    if dtype == "int8" and mode not in ("val", "pred"):
+        return (f"--dtype int8 scores and predicts only (--mode val or pred), not --mode {mode}: train in float32 "
+                "or bfloat16, then score the checkpoint with --dtype int8")
+    if dtype == "int8" and gpu:
+        return "--dtype int8 runs on the CPU only (oneDNN); use --dtype float16 on GPUs (or hide them: CUDA_VISIBLE_DEVICES=)"
+    return None
+
+
+def bfloat16_problem(dtype, flags=None):
+    """oneDNN's bfloat16 kernels need AVX-512 (its avx512_core level); without it MXNet fails deep inside the
+    first convolution ("could not create a primitive descriptor iterator"). None where the flags cannot be read."""
+    if dtype != "bfloat16":
+        return None
+    flags = cpu_flags() if flags is None else flags
+    missing = [flag for flag in BFLOAT16_ISA if flag not in flags]
+    if not flags or not missing:
+        return None
+    return (f"--dtype bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels) and this one lacks "
+            f"{', '.join(missing)}; use --dtype float32")
+
+
+def backend_problem(data_backend, gpu, why=""):
+    if backends.needs_gpu(data_backend) and not gpu:
+        return (f"--data-backend {data_backend} needs a GPU (and a GPU build of MXNet) and this machine has "
+                f"none{why}; use --data-backend dali-cpu (or mxnet, or synthetic)")
+    return None
+
+
+def fusion_problem(fuse_bn_relu, gpu):
+    if fuse_bn_relu and gpu:
+        return ("--fuse-bn-relu 1 runs on CPUs only: upstream MXNet's BatchNormWithReLU has a oneDNN kernel and no "
+                "GPU one; leave it out on GPUs")
+    return None
+
+
+def run_problem(dtype, data_backend, mode, fuse_bn_relu, gpu, why=""):
+    """The first rule a run breaks on its machine, or None."""
+    return (dtype_problem(dtype, mode, gpu, why) or backend_problem(data_backend, gpu, why)
+            or fusion_problem(fuse_bn_relu, gpu) or (None if gpu else bfloat16_problem(dtype)))
