@@ -97,9 +97,20 @@ def get_args_parser():
 def peek_flags(passthrough):
     """The runner/train.py flags benchmark.py needs to know about, as the user gave them (None: not given)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--dtype", "--load", "--workspace", "--resume", "--data-backend", "--data-root"):
+    for flag in ("--dtype", "--load", "--workspace", "--resume", "--data-backend", "--data-root", "--hostfile",
+                 "--launcher"):
         parser.add_argument(flag)
+    parser.add_argument("-H", "--hosts")
     return parser.parse_known_args(passthrough)[0]
+
+
+def cpu_refuses(given):
+    """Why this machine's CPU cannot run the --dtype given (train.py's own check), or None. Runs on other hosts
+    (-H, --hostfile, --launcher slurm) are left to their workers."""
+    if given.dtype != "bfloat16" or given.hosts or given.hostfile or given.launcher == "slurm":
+        return None
+    import settings  # MXNet comes with it: only for bfloat16
+    return settings.bfloat16_unsupported()
 
 
 def peek_dtype(passthrough):
@@ -546,6 +557,9 @@ def check_args(args, given):
         error(f"--load scores a checkpoint: it needs --only-inference (--mode val), not --mode {args.mode}")
     if given.dtype == "int8" and args.mode != "val":
         error("--dtype int8 benchmarks inference only: add --only-inference")
+    refused = cpu_refuses(given)
+    if refused:  # one line now, not a failed run per configuration
+        error(refused)
     if args.batch_sizes is None:
         mode = "val" if args.mode == "val" else "train"
         args.batch_sizes = DEFAULT_BATCH_SIZES.get((mode, given.dtype or "float32"),

@@ -9,6 +9,10 @@ alike; the median of the rounds is kept and the ratios ours/PyTorch are printed.
 practical ceiling of its precision (a large matrix product through the same library), and every figure is given
 as a fraction of the best of them (ResNet-50 at 224 px: 8.2 GFLOP per image forward, 24.5 per training image).
 
+The bfloat16 worker builds on any CPU (AMP, its graph, the operands cast to bfloat16; the `built:` lines say what
+each worker computes in); only oneDNN's bfloat16 kernels need AVX-512: without them it is reported as not
+measured, with the reason. Where they run, its logits are checked against float32's (same weights and image).
+
 PyTorch is optional and never a dependency of the kit: give its interpreter with --torch-python, e.g.
 
     python3.11 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
@@ -29,19 +33,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GFLOP_PER_IMAGE = {"inference": 8.2, "training": 24.5}  # ResNet-50 (v1 and v1.5) at 224 px
 WORKERS = ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16", "torch")
+CEILING_SIZE = 2048  # the matrix products' side
+SEED = 1  # every MXNet worker draws the same weights and data: their logits can be compared
 
 
-def bfloat16_missing():
-    """Why this CPU has no bfloat16 worth timing, or None. Without AVX-512, oneDNN (in both libraries) has no
-    bfloat16 kernels: MXNet fails and PyTorch emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
+def bfloat16_missing(cpuinfo="/proc/cpuinfo"):
+    """Why this CPU has no bfloat16 worth timing, or None (also where the flags cannot be read). oneDNN's bfloat16
+    kernels (in both libraries) need AVX-512 (F, BW, VL, DQ), the rule of settings.bfloat16_unsupported, which
+    train.py refuses by; kept free of MXNet for the PyTorch worker. Without them MXNet fails ("could not create a
+    primitive descriptor") and PyTorch emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
         return None
-    if not flags or flags & {"avx512_bf16", "amx_bf16"} or {"avx512bw", "avx512vl", "avx512dq"} <= flags:
+    missing = [flag for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq") if flag not in flags]
+    if not flags or not missing:
         return None
-    return "bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels); this one has none"
+    return f"bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels); this one lacks {', '.join(missing)}"
 
 
 def timed(step, batch_size, iters, warmup):
@@ -64,86 +73,131 @@ def matmul_rate(product, size, iters=5):
 
 # --- MXNet workers -----------------------------------------------------------------------------------------
 
-def mxnet_ceilings(mx, dtype, size=2048):
-    """Large matrix products through oneDNN (FullyConnected), in this worker's precisions."""
+def mxnet_bfloat16():
+    """MXNet 1.x's bfloat16 dtype, np.dtype([("bfloat16", np.uint16)]): NumPy has none, so MXNet's operators take
+    this one (``dtype="bfloat16"`` fails in NumPy: "data type 'bfloat16' not understood")."""
+    from mxnet.contrib.amp.amp import bfloat16
+    return bfloat16
+
+
+def dtype_name(dtype):
+    """'float32', 'int8', 'bfloat16' (MXNet's bfloat16 is a NumPy record dtype: its one field names it)."""
+    import numpy as np
+    dtype = np.dtype(dtype)
+    return dtype.names[0] if dtype.names else dtype.name
+
+
+def mxnet_matrix_products(mx, dtype, size=CEILING_SIZE):
+    """The large matrix product of this worker's precision through oneDNN (FullyConnected), its operands made
+    (cast or quantized) but nothing multiplied yet: {precision: product}, ``product()`` returning the output (in
+    the operands' precision; int32 for int8), ``product.operands`` the two inputs."""
     a = mx.nd.random.uniform(-1, 1, shape=(size, size))
     w = mx.nd.random.uniform(-1, 1, shape=(size, size))
 
     def fc(x, weight):
-        return lambda: mx.nd.FullyConnected(x, weight, num_hidden=size, no_bias=True).wait_to_read()
+        def product():
+            return mx.nd.FullyConnected(x, weight, num_hidden=size, no_bias=True)
+        product.operands = (x, weight)
+        return product
     if dtype == "bfloat16":
-        return {"bfloat16": matmul_rate(fc(mx.nd.amp_cast(a, dtype="bfloat16"), mx.nd.amp_cast(w, dtype="bfloat16")),
-                                        size)}
+        bfloat16 = mxnet_bfloat16()
+        return {"bfloat16": fc(mx.nd.amp_cast(a, dtype=bfloat16), mx.nd.amp_cast(w, dtype=bfloat16))}
     if dtype == "float32":
-        return {"float32": matmul_rate(fc(a, w), size)}
-    out = {}
+        return {"float32": fc(a, w)}
     qa, amin, amax = mx.nd.contrib.quantize_v2(a + 1, out_type="uint8")
     qw, wmin, wmax = mx.nd.contrib.quantize_v2(w, out_type="int8")
-    out["int8"] = matmul_rate(lambda: mx.nd.contrib.quantized_fully_connected(
-        qa, qw, None, amin, amax, wmin, wmax, None, None, num_hidden=size, no_bias=True)[0].wait_to_read(), size)
-    return out
+
+    def int8():
+        return mx.nd.contrib.quantized_fully_connected(qa, qw, None, amin, amax, wmin, wmax, None, None,
+                                                       num_hidden=size, no_bias=True)[0]
+    int8.operands = (qa, qw)
+    return {"int8": int8}
+
+
+def mxnet_ceilings(products, size=CEILING_SIZE):
+    """GFLOP/s (GOP/s) of each of ``mxnet_matrix_products``."""
+    return {precision: matmul_rate(lambda product=product: product().wait_to_read(), size)
+            for precision, product in products.items()}
+
+
+def graph_summary(mx, net, shape):
+    """What the hybridized ``net`` computes in, read from its symbol (nothing runs): its convolutions, how many
+    of them take bfloat16 input (the AMP pass's amp_cast in front), and the logits' dtype and shape."""
+    symbol = net(mx.sym.var("data"))
+    nodes = json.loads(symbol.tojson(remove_amp_cast=False))["nodes"]  # tojson() drops the AMP casts by default
+    convolutions = [node for node in nodes if node["op"] == "Convolution"]
+    in_bfloat16 = [node for node in convolutions if nodes[node["inputs"][0][0]]["op"] == "amp_cast"
+                   and nodes[node["inputs"][0][0]]["attrs"].get("dtype") == "bfloat16"]
+    _, (logits_type,), _ = symbol.infer_type(data="float32")
+    _, (logits_shape,), _ = symbol.infer_shape(data=shape)
+    return {"convolutions": len(convolutions), "bfloat16 convolutions": len(in_bfloat16),
+            "logits": [dtype_name(logits_type), list(logits_shape)]}
 
 
 def mxnet_training(mx, net, data, label):
+    """A training step as train.py runs it: in a bfloat16 worker the AMP pass is in the graph, and there is no loss
+    scaling (bfloat16 keeps float32's exponent range; fit.py scales float16 only)."""
     from mxnet import autograd, gluon
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-5})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    amp = None
-    if net.bfloat16:
-        from mxnet.contrib import amp
-        amp.init_trainer(trainer)
 
     def step():
         with autograd.record():
             loss = loss_fn(net(data), label)
-            if amp:
-                with amp.scale_loss(loss, trainer) as scaled:
-                    autograd.backward(scaled)
-        if not amp:
-            loss.backward()
+        loss.backward()
         trainer.step(data.shape[0])
         mx.nd.waitall()
     return step
 
 
 def mxnet_steps(kind, model, batch_size, image_size):
+    """(steps to time, ceilings, why nothing is timed or None, what was built, the first image's float32 logits).
+
+    A bfloat16 worker builds everything on any CPU: AMP (amp.init), the networks and their AMP graphs
+    (graph_summary), the matrix product's operands cast to bfloat16. Only what runs oneDNN's bfloat16 kernels (a
+    forward pass, a training step, the matrix product) waits for a CPU that has them."""
     sys.path.insert(0, ROOT)
-    import mxnet as mx
-    import models
     bfloat16 = kind == "mxnet-bfloat16"
-    import quantize
-    if bfloat16 and bfloat16_missing():
-        return {}, {}, bfloat16_missing()
     if bfloat16:
         from mxnet.contrib import amp
-        amp.init(target_dtype="bfloat16")  # before the network is built: AMP patches MXNet's operators
+        amp.init(target_dtype="bfloat16")  # before the networks are built: AMP patches MXNet's operators
+    import mxnet as mx
+    import models
+    import quantize
+    mx.random.seed(SEED)
     shape = (batch_size, 3, image_size, image_size)
     data = mx.nd.random.uniform(-1, 1, shape=shape)
     label = mx.nd.array([i % 1000 for i in range(batch_size)])
+    precision = {"mxnet-float32": "float32", "mxnet-int8": "int8", "mxnet-bfloat16": "bfloat16"}[kind]
 
-    def fresh():
-        net = models.get_model(model)
+    def fresh():  # as train.py builds it: bfloat16 keeps float32 parameters and casts the logits to float32
+        net = models.get_model(model, dtype="bfloat16" if bfloat16 else "float32")
         net.initialize(mx.init.Xavier())
         net.hybridize(static_alloc=True, static_shape=True)
-        net.bfloat16 = bfloat16
         return net
-    precision = "bfloat16" if bfloat16 else "float32"
     steps = {}
     if kind != "mxnet-int8":
         steps[f"ours {precision} training step"] = mxnet_training(mx, fresh(), data, label)
     inference_net = fresh()
-    inference_net(data).wait_to_read()
+    built = {} if kind == "mxnet-int8" else graph_summary(mx, inference_net, shape)
+    products = mxnet_matrix_products(mx, precision)
+    built["operands"] = [dtype_name(x.dtype) for x in products[precision].operands]
+    missing = bfloat16_missing() if bfloat16 else None
+    if missing:  # all built and cast; what is left runs oneDNN's bfloat16 kernels, which this CPU lacks
+        return {}, {}, missing, built, None
+    logits = inference_net(data)[0].asnumpy().astype(float).tolist()
     if kind == "mxnet-int8":  # a worker of its own: the fusion switch it needs is process-wide
         calibration = quantize.describe_calibration("naive", 1, batch_size, "synthetic")
         int8 = quantize.quantize(inference_net, shape, calibration,
                                  lambda: mx.io.NDArrayIter(data, batch_size=batch_size))
-        return {"ours int8 inference": lambda: int8(data).wait_to_read()}, mxnet_ceilings(mx, "int8"), None
-    if bfloat16:  # in an amp.init process the hybridized graph already runs the AMP pass (bfloat16 convolutions)
+        steps["ours int8 inference"] = lambda: int8(data).wait_to_read()
+        logits = None  # the float32 network's: nothing to compare
+    elif bfloat16:  # in an amp.init process the hybridized graph already runs the AMP pass (bfloat16 convolutions)
         steps["ours bfloat16 inference"] = lambda: inference_net(data).wait_to_read()
     else:
         fused = models.optimize_for_inference(inference_net, shape)
         steps["ours float32 inference"] = lambda: fused(data).wait_to_read()
-    return steps, mxnet_ceilings(mx, precision), None
+    return steps, mxnet_ceilings(products), None, built, logits
 
 
 # --- PyTorch worker ----------------------------------------------------------------------------------------
@@ -217,13 +271,13 @@ def torch_steps(batch_size, image_size):
 
 def worker(kind, model, batch_size, image_size):
     """Build the steps, say which, then time the one asked for on each stdin line ('KEY\\titers\\twarmup')."""
-    version = unavailable = None
+    version = unavailable = built = logits = None
     if kind == "torch":
         steps, ceilings, version, unavailable = torch_steps(batch_size, image_size)
     else:
-        steps, ceilings, unavailable = mxnet_steps(kind, model, batch_size, image_size)
-    print(json.dumps({"steps": list(steps), "ceilings": ceilings, "version": version, "unavailable": unavailable}),
-          flush=True)
+        steps, ceilings, unavailable, built, logits = mxnet_steps(kind, model, batch_size, image_size)
+    print(json.dumps({"steps": list(steps), "ceilings": ceilings, "version": version, "unavailable": unavailable,
+                      "built": built, "logits": logits}), flush=True)
     for line in sys.stdin:
         key, iters, warmup = line.rstrip("\n").split("\t")
         print(json.dumps({"ips": timed(steps[key], batch_size, int(iters), int(warmup))}), flush=True)
@@ -245,7 +299,7 @@ class Worker:
             raise SystemExit(f"bench_models: error: the {kind} worker ({python}) failed to start; see above")
         hello = json.loads(hello)
         self.steps, self.ceilings, self.version = hello["steps"], hello["ceilings"], hello["version"]
-        self.unavailable = hello["unavailable"]
+        self.unavailable, self.built, self.logits = hello["unavailable"], hello["built"], hello["logits"]
 
     def time(self, key, iters, warmup):
         self.process.stdin.write(f"{key}\t{iters}\t{warmup}\n")
@@ -288,6 +342,27 @@ def ratios(results):
         if a and b:
             out[f"ours {ours} / PyTorch {theirs}"] = a["median"] / b["median"]
     return out
+
+
+def logits_difference(workers):
+    """The bfloat16 worker's logits against the float32 worker's (the same weights and image: SEED), as the largest
+    difference over the largest float32 logit; None where either was not computed."""
+    logits = {w.kind: w.logits for w in workers if w.logits}
+    if "mxnet-float32" not in logits or "mxnet-bfloat16" not in logits:
+        return None
+    reference, low = logits["mxnet-float32"], logits["mxnet-bfloat16"]
+    return max(abs(a - b) for a, b in zip(reference, low)) / max(abs(a) for a in reference)
+
+
+def describe_built(built):
+    """One line for what a worker built (graph_summary and the operands)."""
+    parts = []
+    if "convolutions" in built:
+        dtype, shape = built["logits"]
+        parts.append(f"{built['bfloat16 convolutions']}/{built['convolutions']} convolutions take bfloat16, "
+                     f"logits {dtype} {tuple(shape)}")
+    parts.append(f"matrix product of {' x '.join(built['operands'])}")
+    return "; ".join(parts)
 
 
 def main(argv=None):
@@ -348,9 +423,15 @@ def main(argv=None):
     for w in workers:
         if w.unavailable:
             print(f"not measured: {w.kind}: {w.unavailable}")
+        if w.built:
+            print(f"built: {w.kind:<15} {describe_built(w.built)}")
         for precision, rate in w.ceilings.items():
             unit = "GOP/s" if precision == "int8" else "GFLOP/s"
             print(f"ceiling: {w.kind:<15} {precision:<9} matrix product {rate:8.1f} {unit}")
+    difference = logits_difference(workers)
+    if difference is not None:
+        print(f"check: bfloat16 logits vs float32 (same weights and image): largest difference "
+              f"{100 * difference:.2f} % of the largest logit")
     ratio = ratios(results)
     for key, value in ratio.items():
         print(f"{key:<60}{value:>6.2f}x")
@@ -358,7 +439,8 @@ def main(argv=None):
         out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "rounds": args.rounds, "iters": args.iters, "torch": torch_version, "images_per_s": results,
                "ceilings": {w.kind: w.ceilings for w in workers}, "ratios": ratio, "cmd": sys.argv,
-               "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable}}
+               "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
+               "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference}
         with open(args.json + ".tmp", "w") as f:
             json.dump(out, f, indent=2)
         os.replace(args.json + ".tmp", args.json)
