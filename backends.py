@@ -43,7 +43,8 @@ def default(gpu):
 
 
 def reads_records(name):
-    return get(name).reads_records
+    """Whether ``name`` reads record files; None (not chosen yet: the machine's default) does."""
+    return name is None or get(name).reads_records
 
 
 def needs_gpu(name):

@@ -34,6 +34,7 @@ from pathlib import Path
 import backends
 import cli
 import launch
+import rules
 from report import write_json
 
 HERE = Path(__file__).resolve().parent
@@ -109,8 +110,7 @@ def cpu_refuses(given):
     (-H, --hostfile, --launcher slurm) are left to their workers."""
     if given.dtype != "bfloat16" or given.hosts or given.hostfile or given.launcher == "slurm":
         return None
-    import settings  # MXNet comes with it: only for bfloat16
-    return settings.bfloat16_unsupported()
+    return rules.bfloat16_problem(given.dtype)
 
 
 def peek_dtype(passthrough):

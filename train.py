@@ -317,6 +317,9 @@ def configure(args, given, num_gpus):
         settings.complete(args, given, num_gpus)
     except ValueError as error:
         raise UsageError(str(error))
+    problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
+    if problem:
+        raise UsageError(problem)
     fill_hyper_parameters(args)
     cfg = config.from_args(args)
     check_config(cfg)

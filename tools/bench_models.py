@@ -39,18 +39,12 @@ SEED = 1  # every MXNet worker draws the same weights and data: their logits can
 
 def bfloat16_missing(cpuinfo="/proc/cpuinfo"):
     """Why this CPU has no bfloat16 worth timing, or None (also where the flags cannot be read). oneDNN's bfloat16
-    kernels (in both libraries) need AVX-512 (F, BW, VL, DQ), the rule of settings.bfloat16_unsupported, which
-    train.py refuses by; kept free of MXNet for the PyTorch worker. Without them MXNet fails ("could not create a
+    kernels (in both libraries) need AVX-512 (F, BW, VL, DQ), the rule train.py refuses by (rules.py); kept free of MXNet for the PyTorch worker. Without them MXNet fails ("could not create a
     primitive descriptor") and PyTorch emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return None
-    missing = [flag for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq") if flag not in flags]
-    if not flags or not missing:
-        return None
-    return f"bfloat16 needs a CPU with AVX-512 (oneDNN's bfloat16 kernels); this one lacks {', '.join(missing)}"
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import rules  # MXNet-free: the PyTorch worker imports it too
+    return rules.bfloat16_problem("bfloat16", rules.cpu_flags(cpuinfo))
 
 
 def timed(step, batch_size, iters, warmup):
