@@ -691,7 +691,8 @@ def load_pretrained(net, path, ctxs, num_classes=None, model_name=None):
         param._load_init(mx.nd.array(np.ascontiguousarray(value), dtype="float32"), ctxs, cast_dtype=True,
                          dtype_source="current")
     if dtypes - {"float32"}:
-        notes.append(f"cast to {'/'.join(sorted(dtypes))}")
+        kept = " (BatchNorm kept in float32)" if "float32" in dtypes else ""
+        notes.append(f"cast to {'/'.join(sorted(dtypes - {'float32'}))}{kept}")
     return PretrainedInfo(path=path, file_format=fmt, source=source, architecture=file_arch.describe(),
                           model=file_arch.kit_name() or net_name, file_classes=file_arch.num_classes,
                           num_classes=net_arch.num_classes, head_reinitialized=new_head,
