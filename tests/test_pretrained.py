@@ -389,3 +389,52 @@ def test_backbone_lr_mult_freezes_then_releases_the_backbone(tv18):
     pretrained.set_backbone_lr_mult(net, 0.5)
     changed = step()
     assert {"fc1_weight", "conv0_weight", "stage4_unit2_conv2_weight"} <= changed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GluonCV's own model definitions, where gluoncv is importable (it is not a dependency of the kit)
+
+GLUONCV_LOADABLE = [("resnet18_v1", "resnet18_v1"), ("resnet50_v1", "resnet50_v1"), ("resnet50_v1b", "resnet50_v1.5"),
+                    ("resnext50_32x4d", "resnext50_32x4d")]
+
+
+def gluoncv_net(name, classes):
+    model_zoo = pytest.importorskip("gluoncv.model_zoo", reason="gluoncv is not installed: GluonCV's own model "
+                                    "definitions are checked only where it is")
+    net = getattr(model_zoo, name)(classes=classes)
+    net.initialize(mx.init.Xavier(magnitude=2))
+    net(mx.nd.array(X))  # shapes
+    rng = np.random.RandomState(4)
+    for pname, param in net.collect_params().items():  # non-trivial BatchNorm statistics, biases, gammas
+        shape = param.shape
+        if pname.endswith("running_var") or pname.endswith("gamma"):
+            param.set_data(mx.nd.array(rng.uniform(0.5, 1.5, shape)))
+        elif pname.endswith(("running_mean", "beta", "bias")):
+            param.set_data(mx.nd.array(rng.normal(0, 0.1, shape)))
+    return net
+
+
+@pytest.mark.parametrize("gluon_name, kit_name", GLUONCV_LOADABLE)
+@pytest.mark.parametrize("naming", ["save_parameters", "legacy save_params"])
+def test_gluoncv_models_give_their_own_logits(gluon_name, kit_name, naming, tmp_path):
+    net = gluoncv_net(gluon_name, 6)
+    expected = net(mx.nd.array(X)).asnumpy()
+    path = str(tmp_path / f"{gluon_name}.params")
+    if naming == "save_parameters":
+        net.save_parameters(path)
+    elif gluon_name.endswith("v1b"):
+        pytest.skip("resnetv1b postdates save_params: its files have save_parameters names")
+    else:
+        net.collect_params().save(path, strip_prefix=net.prefix)  # what the old save_params wrote
+    kit, info = load(kit_name, path, 6)
+    assert_logits(logits(kit), expected)
+    assert info.params_loaded == info.params_total
+
+
+@pytest.mark.parametrize("gluon_name, what", [("resnet50_v1d", "deep-stem"), ("resnet18_v2", "resnet_v2"),
+                                              ("se_resnet18_v1", "squeeze-excitation")])
+def test_gluoncv_models_the_kit_does_not_build_are_refused(gluon_name, what, tmp_path):
+    net = gluoncv_net(gluon_name, 6)
+    net.save_parameters(str(tmp_path / f"{gluon_name}.params"))
+    message = refusal("resnet50_v1.5" if "50" in gluon_name else "resnet18_v1", tmp_path / f"{gluon_name}.params", 6)
+    assert what in message
