@@ -438,3 +438,26 @@ def test_gluoncv_models_the_kit_does_not_build_are_refused(gluon_name, what, tmp
     net.save_parameters(str(tmp_path / f"{gluon_name}.params"))
     message = refusal("resnet50_v1.5" if "50" in gluon_name else "resnet18_v1", tmp_path / f"{gluon_name}.params", 6)
     assert what in message
+
+
+@pytest.mark.parametrize("name, depth, groups, width_per_group", [("resnet18", 18, 1, 64),
+                                                                  ("resnext50_32x4d", 50, 32, 4)])
+def test_reference_and_kit_match_torchvision_itself(name, depth, groups, width_per_group, tmp_path):
+    """Where PyTorch and torchvision are importable: the reference's key names and shapes are torchvision's, and
+    torchvision's own forward gives the reference's logits and the kit's after loading its saved state dict."""
+    try:
+        import torch
+        import torchvision
+    except Exception as error:  # noqa: BLE001 - a torchvision built for another torch raises RuntimeError
+        pytest.skip(f"PyTorch/torchvision not usable here ({type(error).__name__}): the reference is checked "
+                    "against torchvision only where it is")
+    model = getattr(torchvision.models, name)(num_classes=7).eval()
+    sd = ref.torchvision_state_dict(depth, 7, groups=groups, width_per_group=width_per_group)
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == {k: v.shape for k, v in sd.items()}
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in sd.items()})
+    with torch.no_grad():
+        expected = model(torch.from_numpy(X)).double().numpy()
+    assert_logits(ref.forward(sd, X), expected)
+    torch.save(model.state_dict(), tmp_path / f"{name}.pth")
+    net, _ = load("resnet18_v1.5" if depth == 18 else name, tmp_path / f"{name}.pth", 7)
+    assert_logits(logits(net), expected)
