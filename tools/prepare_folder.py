@@ -198,7 +198,7 @@ def prepare(root, out, val_fraction=0.1, seed=0, threads=None, jobs=None, qualit
             if not entries:
                 continue
             stage(root, staging, entries, reencode, quality)
-            log(f"[{name}] packing {len(entries)} images with im2rec ({threads} threads)")
+            log(f"[{name}] packing {len(entries)} images with im2rec ({threads} thread{'s' if threads > 1 else ''})")
             pack(name, entries, out, staging, python, im2rec, threads)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
