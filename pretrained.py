@@ -25,7 +25,6 @@ BatchNorm epsilon is not stored in these files: all of the sources use 1e-5, the
 """
 import dataclasses
 import json
-import logging
 import os
 import re
 import struct
@@ -35,7 +34,6 @@ import numpy as np
 
 import models
 
-log = logging.getLogger("rn50")
 
 HEAD_PREFIX = "fc1_"  # the classifier's parameters: fc1_weight, fc1_bias
 BN_FIELDS = ("gamma", "beta", "running_mean", "running_var")
@@ -130,7 +128,7 @@ class PretrainedInfo:
 
     def summary(self):
         """One line for the log."""
-        head = (f"new {self.num_classes}-class classifier (the file has {self.file_classes})"
+        head = (f"new {self.num_classes}-class classifier (the file has {self.file_classes or 'none'})"
                 if self.head_reinitialized else f"classifier loaded ({self.file_classes} classes)")
         notes = f"; {'; '.join(self.notes)}" if self.notes else ""
         return (f"pretrained: {os.path.basename(self.path)}: {self.source} {self.architecture} -> {self.model}, "
@@ -623,8 +621,8 @@ def _stem_to(value, channels, notes):
     if have == channels:
         return value
     if {have, channels} <= {3, 4}:
-        notes.append(f"stem {'padded' if channels > have else 'cut'} from {have} to {channels} input channels "
-                     f"({'zero weights for the padding channel' if channels > have else 'the padding channel dropped'})")
+        how = "zero weights for the padding channel" if channels > have else "the padding channel dropped"
+        notes.append(f"stem {'padded' if channels > have else 'cut'} from {have} to {channels} input channels ({how})")
         if channels < have:
             return value[:, :channels]
         pad = np.zeros((value.shape[0], channels - have) + value.shape[2:], value.dtype)

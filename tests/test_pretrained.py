@@ -1,6 +1,7 @@
 """pretrained.py: published weights, in each source's exact names and layout, give the kit's network the logits of an
 independent reference forward pass (tests/resnet_reference.py, numpy, torchvision's semantics) on fixed inputs."""
 import argparse
+import importlib.util
 import os
 
 import mxnet as mx
@@ -254,11 +255,8 @@ def test_wide_resnet_is_named_and_refused():
 
 
 def test_pth_without_pytorch_says_how_to_convert(tmp_path):
-    try:
-        import torch  # noqa: F401
+    if importlib.util.find_spec("torch") is not None:
         pytest.skip("PyTorch is installed here: the message is for machines without it")
-    except ImportError:
-        pass
     path = tmp_path / "resnet18.pth"
     path.write_bytes(b"not read")
     message = refusal("resnet18_v1.5", path)
@@ -313,7 +311,7 @@ def test_nhwc_targets_hold_the_transposed_weights(tv18, input_layout, channels):
     net, _ = load("resnet18_v1.5", tv18.path(".safetensors"), 7, layout="NHWC", input_layout=input_layout,
                   in_channels=channels)
     params = net.collect_params()
-    renamed = {**{f"conv0_weight": "conv1.weight", "bn0_running_var": "bn1.running_var", "fc1_weight": "fc.weight"},
+    renamed = {"conv0_weight": "conv1.weight", "bn0_running_var": "bn1.running_var", "fc1_weight": "fc.weight",
                "stage2_unit1_conv1_weight": "layer2.0.conv1.weight", "stage2_unit1_bnsc_gamma":
                "layer2.0.downsample.1.weight", "stage3_unit1_conv1sc_weight": "layer3.0.downsample.0.weight"}
     for kit, tv in renamed.items():
@@ -323,6 +321,20 @@ def test_nhwc_targets_hold_the_transposed_weights(tv18, input_layout, channels):
         if kit == "conv0_weight" and channels == 4:
             value = np.concatenate([value, np.zeros_like(value[..., :1])], axis=3)
         np.testing.assert_array_equal(params[kit].data().asnumpy(), value)
+
+
+def test_every_device_gets_the_weights(tv18):
+    """A network initialised on several devices gets the same values on each (Trainer needs them equal)."""
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+    net = models.get_model("resnet18_v1.5", num_classes=7)
+    net.initialize(ctx=ctxs)
+    pretrained.load_pretrained(net, str(tv18.path(".safetensors")), ctxs, 7)
+    for name in ("conv0_weight", "stage4_unit2_bn2_running_var", "fc1_bias"):
+        copies = net.collect_params()[name].list_data()
+        assert [c.context for c in copies] == ctxs
+        for copy in copies:
+            np.testing.assert_array_equal(copy.asnumpy(), net.collect_params()[name].data(ctxs[0]).asnumpy())
+    assert_logits(net(mx.nd.array(X, ctx=ctxs[1])).asnumpy(), tv18.expected)
 
 
 def test_grouped_convolutions_in_nhwc(resnext50, tmp_path):

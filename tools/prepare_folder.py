@@ -210,7 +210,8 @@ def prepare(root, out, val_fraction=0.1, seed=0, threads=None, jobs=None, qualit
                         "val": sum(1 for label, _ in splits["val"] if label == i)} for i, name in enumerate(names)}
     summary = {"root": root, "val_fraction": val_fraction, "seed": seed, "classes": names, "per_class": per_class,
                "train": len(splits["train"]), "val": len(splits["val"]),
-               "bad_images": {rel: [f"{kind}: {detail}" for kind, detail in errors] for rel, errors in sorted(bad.items())},
+               "bad_images": {rel: [f"{kind}: {detail}" for kind, detail in errors]
+                              for rel, errors in sorted(bad.items())},
                "reencoded_as_jpeg": len(reencode), "warnings": dict(warned),
                "ignored_files": {"not images": others[:100], "outside class folders": loose[:100]}}
     with open(os.path.join(out, "prepare.json.tmp"), "w") as f:
