@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import imagenet_classes
 import predict
 from conftest import ROOT, venv_env
@@ -25,6 +27,7 @@ def test_names_for_imagenet_folders_only():
     assert imagenet_classes.names_for(["cat", "dog"]) is None
 
 
+@pytest.mark.slow  # launches a process
 def test_printed_list_reads_as_class_names(tmp_path):
     out = subprocess.run([sys.executable, f"{ROOT}/imagenet_classes.py"], capture_output=True, text=True,
                          env=venv_env(), check=True).stdout
