@@ -18,6 +18,7 @@ import cli
 from distributed import Distributed, average_over_devices
 from models import running_stats
 from precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
+from pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
 import schedules
 from scoring import evaluate, split, topk_counts, valid_counts
 import settings
@@ -399,6 +400,7 @@ class RunInfo:
     command: list
     report_path: str
     record: dict
+    report_info: dict = dataclasses.field(default_factory=dict)  # how the run started (e.g. --pretrained), for the report
 
 
 @dataclasses.dataclass
@@ -456,7 +458,7 @@ def prepare(cfg, run, net, ctxs, dist):
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
                                         cfg.lr_steps, cfg.lr_factor, cfg.lr_power),
-        report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
+        report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info))
 
 
 def resume(state, checkpoint_state, run, net, ctxs, dist):
@@ -617,9 +619,9 @@ def record_validation(cfg, state, metrics, epoch, dist):
             "val.samples": metrics["samples"]}
 
 
-def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
+def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finetune=FinetuneConfig()):
     """Train ``net`` (initialised, hybridized; ``num_classes`` outputs) as ``cfg`` (a FitConfig) says, ``run``
-    describing the run; returns (report, stopped_by_signal)."""
+    describing the run, the backbone's LR as ``finetune`` says; returns (report, stopped_by_signal)."""
     prefix = workspace_path(cfg.workspace, cfg.model_prefix)
     state = prepare(cfg, run, net, ctxs, dist)
     resumed = resume_state(cfg.resume, prefix)
@@ -645,6 +647,9 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
 
     stopped = False
     for epoch in range(state.epoch, end_epoch):
+        if finetune.changes_lr:  # Gluon's trainers read lr_mult at every update
+            set_backbone_lr_mult(net, backbone_lr_mult(epoch, finetune.backbone_lr_mult,
+                                                       finetune.freeze_backbone_epochs))
         stats, steps, stopped_at = train_one_epoch(cfg, loop, state, make_train_iter(epoch), epoch,
                                                    skip=state.step if epoch == state.epoch else 0)
         if stopped_at is not None:  # a stop signal: save this epoch's progress and end

@@ -18,6 +18,12 @@ RECIPES = {
     # He et al. / the PyTorch reference recipe: Nesterov momentum, step schedule.
     "he": dict(optimizer="nag", mom=0.9, lr_per_256=0.1, lr_schedule="step", lr_steps=[30, 60, 80],
                lr_factor=0.1, warmup_epochs=5.0, wd=1e-4, label_smoothing=0.0, mixup=0.0, num_epochs=90),
+    # Fine-tuning published ImageNet weights (--pretrained) on a user's classes: a short cosine run at a tenth of
+    # the from-scratch LR, the backbone at a tenth of that again, light augmentation (the usual transfer
+    # settings of torchvision's and timm's fine-tuning guides).
+    "finetune": dict(optimizer="sgd", mom=0.9, lr_per_256=0.01, lr_schedule="cosine", lr_steps=[], lr_factor=0.1,
+                     warmup_epochs=1.0, wd=1e-4, label_smoothing=0.1, mixup=0.0, num_epochs=15,
+                     min_random_area=0.25, backbone_lr_mult=0.1),
 }
 
 
