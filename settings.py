@@ -15,6 +15,7 @@ import time
 import backends
 import checkpoint
 import cli
+import devices
 import models
 import rules
 
@@ -149,6 +150,7 @@ def complete(args, given, num_gpus):
     fill_data_files(args)
     if args.workspace is None:
         args.workspace = default_workspace(models.model_name_from_args(args))
+    devices.apply_float16_gpu_defaults(args, given, num_gpus)  # NHWC, 4 channels: not flags the user typed
     if args.mode not in ("val", "pred"):
         return None
     if args.num_epochs is None:
@@ -161,6 +163,7 @@ def complete(args, given, num_gpus):
     state = trained_settings(path)
     if state is not None:
         apply_trained_settings(args, state, given, path)
+        devices.apply_float16_gpu_defaults(args, given, num_gpus)  # the 4th channel over the checkpoint's shape
     args.load = path
     if args.report is None and args.mode == "val":
         args.report = os.path.abspath(score_report_beside(path))

@@ -1,7 +1,10 @@
 """Issue 21 (the second review of the GPU paths): each defect reproduced on CPU, with a described 8-GPU machine,
 the float16 structures built on CPU, several CPU contexts, or device contexts that allocate nothing
 (``mx.gpu(i)`` objects exist on a CPU build)."""
+import os
+
 import mxnet as mx
+import numpy as np
 import pytest
 
 import backends
@@ -66,3 +69,124 @@ def test_dali_cpu_batches_for_a_gpu_rank_go_through_pinned_memory(unique_label_r
     assert images.shape == (4, 3, 16, 16) and labels.shape == (4,)
     reference = dali.DaliBatches(pipe, mx.cpu())
     assert reference.next()[0].shape == images.shape
+
+
+# --- 2: flags runner adds are not the user's: scoring takes the image shape from the checkpoint --------------
+
+import launch as runner  # noqa: E402
+import settings  # noqa: E402
+import train  # noqa: E402
+from test_settings import fake_checkpoint  # noqa: E402
+
+EIGHT_GPUS = runner.Machine(8, 64)
+
+
+def planned_train_argv(argv, machine=EIGHT_GPUS, environ=None):
+    _, env, command = runner.plan_launch([str(a) for a in argv], machine, environ or {})
+    start = next(i for i, word in enumerate(command) if word.endswith("train.py")) + 1
+    return env, command[start:]
+
+
+@pytest.fixture()
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        (root / name).write_bytes(b"")
+    return root
+
+
+def test_runner_float16_scoring_takes_a_32_pixel_checkpoints_shape(data_root, tmp_path):
+    """examples/SCORE_FP16.sh's case: runner's float16 scoring of a checkpoint trained at 32 pixels."""
+    workspace = tmp_path / "ws"
+    params = fake_checkpoint(workspace, 2, num_classes=10, image_shape=[3, 32, 32], data_val_resize=32)
+    _, argv = planned_train_argv(["-n", 1, "-b", 128, "--data-root", data_root, "--mode", "val",
+                                  "--load", params, "--workspace", workspace])
+    given = settings.given_flags(train.get_args_parser(), argv)
+    assert not given & {"image_shape", "input_layout", "conv_layout"}  # runner typed none of them
+    args = train.parse_args(argv)
+    settings.complete(args, given, num_gpus=8)
+    assert args.image_shape == [4, 32, 32] and args.data_val_resize == 32 and args.num_classes == 10
+    assert (args.input_layout, args.conv_layout, args.batchnorm_layout, args.pooling_layout) == ("NHWC",) * 4
+
+
+def test_python_train_py_on_a_gpu_gets_the_float16_defaults_runner_gets(tmp_path):
+    """One place for a float16 GPU run's defaults: train.py alone on a GPU machine (described: 8 GPUs)."""
+    argv = ["--data-backend", "synthetic", "--workspace", str(tmp_path)]
+    args = train.parse_args(argv)
+    settings.complete(args, settings.given_flags(train.get_args_parser(), argv), num_gpus=8)
+    assert args.dtype == "float16" and args.image_shape == [4, 224, 224]
+    assert (args.input_layout, args.conv_layout) == ("NHWC", "NHWC")
+    argv += ["--conv-layout", "NCHW", "--image-shape", "3,160,160"]  # the user's choice stays
+    args = train.parse_args(argv)
+    settings.complete(args, settings.given_flags(train.get_args_parser(), argv), num_gpus=8)
+    assert args.conv_layout == "NCHW" and args.input_layout == "NCHW" and args.image_shape == [3, 160, 160]
+
+
+# --- 4: one rule for --gpus: it selects the GPUs with every --kv-store, consistently with runner's variable ---
+
+def fit_cfg(**fields):
+    import fit
+    return fit.FitConfig(**fields)
+
+
+def test_kv_store_device_gpus_2_3_under_runner_computes_on_the_two_gpus_it_sees(data_root):
+    env, argv = planned_train_argv(["-n", 2, "--kv-store", "device", "--gpus", "2,3", "--data-root", data_root])
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    args = train.parse_args(argv)
+    ctxs = train.contexts(fit_cfg(kv_store="device", gpus=args.gpus), 0, 1, num_gpus=2, environ=env)
+    assert ctxs == [mx.gpu(0), mx.gpu(1)]  # physical GPUs 2 and 3, as this process numbers them
+
+
+def test_gpus_must_agree_with_n_and_name_gpus_that_exist(data_root):
+    with pytest.raises(runner.UsageError, match="-n 4 but --gpus 0,1 names 2"):
+        planned_train_argv(["-n", 4, "--kv-store", "device", "--gpus", "0,1", "--data-root", data_root])
+    with pytest.raises(train.UsageError, match="GPU 9, and this machine has GPUs 0 to 7"):
+        train.contexts(fit_cfg(kv_store="device", gpus="0,9"), 0, 1, num_gpus=8, environ={})
+    with pytest.raises(train.UsageError, match="CUDA_VISIBLE_DEVICES=0,1 hides"):
+        train.contexts(fit_cfg(kv_store="device", gpus="2"), 0, 1, num_gpus=2,
+                       environ={"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def test_gpus_selects_each_horovod_ranks_gpu(data_root):
+    env, argv = planned_train_argv(["-n", 2, "--gpus", "4,6", "--data-root", data_root])
+    assert "CUDA_VISIBLE_DEVICES" not in env  # every rank sees the node's GPUs
+    cfg = fit_cfg(kv_store="horovod", gpus=train.parse_args(argv).gpus)
+    assert [train.contexts(cfg, rank, 2, num_gpus=8, environ=env) for rank in range(2)] == [[mx.gpu(4)], [mx.gpu(6)]]
+    with pytest.raises(runner.UsageError, match="-n 4 but --gpus 4,6 names 2"):
+        planned_train_argv(["-n", 4, "--gpus", "4,6", "--data-root", data_root])
+    assert train.contexts(fit_cfg(kv_store="horovod"), 3, 8, num_gpus=8, environ={}) == [mx.gpu(3)]
+
+
+# --- 6: the mxnet backend copies to the device first, then casts, pads and transposes there ----------------
+
+def test_mxnet_backend_converts_on_the_device(monkeypatch):
+    seen = []
+    real = data.to_layout
+
+    def to_layout(batch, *rest):
+        seen.append(batch.context)
+        return real(batch, *rest)
+
+    class Records:  # ImageRecordIter's batches: float32 NCHW in host memory
+        def next(self):
+            return mx.io.DataBatch(data=[mx.nd.ones((2, 3, 8, 8))], label=[mx.nd.zeros((2,))])
+
+        def reset(self):
+            pass
+
+    monkeypatch.setattr(data, "to_layout", to_layout)
+    device = mx.cpu(1)  # a context other than the reader's, standing in for the GPU
+    iterator = data.RecordIterator(Records(), 4, 2, device, channels=4, dtype="float16", layout="NHWC", wrap=True)
+    batch = next(iter(iterator))
+    assert seen == [device]
+    assert batch.data[0].shape == (2, 8, 8, 4) and batch.data[0].dtype == np.float16
+    assert batch.data[0].context == device
+
+
+# --- 8: DALI's threads from the affinity mask -----------------------------------------------------------------
+
+def test_pipeline_threads_follow_the_affinity_mask(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert data.default_threads(1) == 4 and data.default_threads(2) == 2
