@@ -239,12 +239,14 @@ def gpu_ordinal(local_rank, local_size, visible_gpus):
 def train_iterator_factory(cfg, dist, ctxs, first):
     """Training iterator per epoch. With --seed each epoch gets a fresh reader seeded by (seed, epoch), so a
     run resumed at any epoch sees exactly the batches an uninterrupted run would."""
+    held = [first]  # the epoch-0 pipeline, let go once used or skipped (a resumed run): it holds GPU memory
     if cfg.fit.seed is None:
-        return lambda epoch: first
+        return lambda epoch: held[0]  # one pipeline for the whole run
 
     def make(epoch):
-        if epoch == 0:
-            return first  # built with --seed, the seed epoch 0 gets
+        if epoch == 0 and held:
+            return held.pop()  # built with --seed, the seed epoch 0 gets
+        held.clear()
         # only the training pipeline is rebuilt
         epoch_cfg = cfg.replace(fit__seed=cfg.fit.seed + 100003 * epoch, data__data_val=None)
         return data.get_data_iterators_per_device(epoch_cfg, dist.rank, dist.size, dist.local_rank,
@@ -395,6 +397,7 @@ def main(args, command=None, given=()):
             if train_iter is None:
                 raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
             make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)
+            train_iter = None  # the factory holds it only as long as it is needed
             report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
                                       cfg.model.num_classes)
             if stopped and dist.is_primary:
@@ -421,6 +424,8 @@ def run(argv=None):
         main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
         cli.fail("train.py", str(error))
+    except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
+        cli.fail("train.py", devices.describe_mxnet_error(error, mxnet.context.num_gpus()))
 
 
 if __name__ == "__main__":

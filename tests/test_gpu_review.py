@@ -190,3 +190,127 @@ def test_pipeline_threads_follow_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert data.default_threads(1) == 4 and data.default_threads(2) == 2
+
+
+# --- 3: resuming a checkpoint of another dtype, layout or channel count is refused in one line ---------------
+
+import gc  # noqa: E402
+import weakref  # noqa: E402
+
+import config  # noqa: E402
+import fit  # noqa: E402
+import scoring  # noqa: E402
+from distributed import Distributed  # noqa: E402
+
+
+def run_info(**args):
+    return fit.RunInfo(model_name="resnet50_v1.5", arch="resnetv15", command=[], report_path="report.json",
+                       record={"args": args, "given": [], "derived": {}})
+
+
+FLOAT32_RUN = dict(dtype="float32", conv_layout="NCHW", input_layout="NCHW", image_shape=[3, 224, 224])
+FLOAT16_RUN = dict(dtype="float16", conv_layout="NHWC", input_layout="NHWC", image_shape=[4, 224, 224])
+
+
+def test_rn50_fp32_then_fp16_in_one_workspace_is_refused_before_anything_loads():
+    """RN50_FP32_8.sh, then RN50_FP16_8.sh in the same default workspace: --resume auto finds the float32
+    checkpoint. The refusal comes before any file is read (the paths here do not exist)."""
+    saved = {"model": "resnet50_v1.5", "state_path": "runs/resnet50_v1.5/model-0003.state.json",
+             "paths": {"params": "/nonexistent.params", "states": "/nonexistent.states"}, "args": FLOAT32_RUN}
+    with pytest.raises(fit.TrainingError) as refused:
+        fit.resume(None, saved, run_info(**FLOAT16_RUN), None, [mx.cpu()], Distributed(None))
+    message = str(refused.value)
+    assert "\n" not in message and "--resume none" in message and "--workspace" in message
+    assert "--dtype float32 --conv-layout NCHW, 3 input channels" in message
+    assert "--dtype float16 --conv-layout NHWC, 4 input channels" in message
+
+
+def test_resume_settings_that_do_not_shape_the_state_are_not_refused():
+    import settings as settings_module
+    other_size = dict(FLOAT16_RUN, image_shape=[4, 160, 160], input_layout="NCHW")  # size and input layout
+    assert settings_module.resume_problem(FLOAT16_RUN, other_size, "x") is None
+    assert settings_module.resume_problem({}, FLOAT16_RUN, "x") is None  # an older state without the records
+    assert settings_module.resume_problem(dict(FLOAT32_RUN, dtype="bfloat16"), FLOAT32_RUN, "x") is None
+
+
+# --- 5: evaluation queues every device's forward before reading any result ----------------------------------
+
+def test_evaluate_queues_every_devices_forward_before_reading(monkeypatch):
+    events = []
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+
+    def net(data):
+        events.append(("forward", data.context))
+        logits = mx.nd.zeros((data.shape[0], 10), ctx=data.context)
+        logits[:, 3] = 1
+        return logits
+
+    real_asscalar, real_wait = mx.nd.NDArray.asscalar, mx.nd.NDArray.wait_to_read
+    monkeypatch.setattr(mx.nd.NDArray, "asscalar", lambda self: events.append(("read",)) or real_asscalar(self))
+    monkeypatch.setattr(mx.nd.NDArray, "wait_to_read", lambda self: events.append(("read",)) or real_wait(self))
+    batch = mx.io.DataBatch(data=[mx.nd.ones((4, 3, 8, 8))], label=[mx.nd.array([3, 3, 1, 3])], pad=0)
+    metrics = scoring.evaluate(net, [batch, batch], ctxs, Distributed(None))
+    assert metrics["top1"] == pytest.approx(0.75) and metrics["samples"] == 8
+    first_read = events.index(("read",))
+    assert events[:first_read] == [("forward", ctxs[0]), ("forward", ctxs[1])]
+    events.clear()
+    scoring.evaluate(net, [batch], ctxs, Distributed(None), no_metrics=True)
+    assert events[:2] == [("forward", ctxs[0]), ("forward", ctxs[1])]
+
+
+# --- 7: the epoch-0 training pipeline is let go once used, or at once after a resume -------------------------
+
+class Pipeline:
+    pass
+
+
+def test_epoch_0_pipeline_is_not_kept_for_the_run(monkeypatch):
+    monkeypatch.setattr(data, "get_data_iterators_per_device", lambda *args: (Pipeline(), None))
+    cfg = config.RunConfig().replace(fit__seed=1)
+    dist = Distributed(None)
+    first = Pipeline()
+    gone = weakref.ref(first)
+    make = train.train_iterator_factory(cfg, dist, [mx.cpu()], first)
+    del first
+    epoch0 = make(0)
+    assert epoch0 is gone()
+    del epoch0  # the loop drops each epoch's iterator when the epoch ends
+    make(1)
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_resumed_run_lets_the_unused_epoch_0_pipeline_go(monkeypatch):
+    monkeypatch.setattr(data, "get_data_iterators_per_device", lambda *args: (Pipeline(), None))
+    cfg = config.RunConfig().replace(fit__seed=1)
+    first = Pipeline()
+    gone = weakref.ref(first)
+    make = train.train_iterator_factory(cfg, Distributed(None), [mx.cpu()], first)
+    del first
+    assert isinstance(make(3), Pipeline)
+    gc.collect()
+    assert gone() is None
+
+
+# --- 8: MXNet's errors at the entry point: one line saying what to do --------------------------------------
+
+OOM = ("Traceback (most recent call last):\n  File \"src/storage/./pooled_storage_manager.h\", line 161\n"
+       "MXNetError: cudaMalloc retry failed: out of memory")
+BAD_DEVICE = ("Traceback (most recent call last):\n  File \"src/engine/threaded_engine.cc\", line 331\n"
+              "MXNetError: [10:00:00] ../include/mxnet/base.h:427: Check failed: e == cudaSuccess (101 vs. 0) : "
+              "CUDA: invalid device ordinal")
+
+
+@pytest.mark.parametrize("text,expected", [(OOM, "ran out of memory; use a smaller batch (runner's -b"),
+                                           (BAD_DEVICE, "a GPU id that does not exist was asked for: this process "
+                                                        "sees GPUs none; check --gpus")])
+def test_train_py_ends_an_mxnet_error_in_one_line(monkeypatch, capsys, text, expected):
+    def main(*args, **kwargs):
+        raise mx.base.MXNetError(text)
+
+    monkeypatch.setattr(train, "main", main)
+    with pytest.raises(SystemExit) as ended:
+        train.run(["--data-backend", "synthetic"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("train.py: error: ") and expected in err
