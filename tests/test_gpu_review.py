@@ -314,3 +314,16 @@ def test_train_py_ends_an_mxnet_error_in_one_line(monkeypatch, capsys, text, exp
     assert ended.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("train.py: error: ") and expected in err
+
+
+def test_benchmark_reports_the_layout_a_float16_gpu_run_computes_in(data_root):
+    """benchmark.py reads the layout from runner's plan: runner no longer types the float16 defaults."""
+    import benchmark
+    _, env, command = runner.plan_launch(["-n", "8", "-b", "208", "--data-root", str(data_root)], EIGHT_GPUS, {})
+    assert benchmark.run_settings(" ".join(command))["layout"] == {"input": "NHWC", "conv": "NHWC"}
+    _, env, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root), "--data-backend", "mxnet"],
+                                         EIGHT_GPUS, {})
+    assert benchmark.run_settings(" ".join(command))["layout"] == {"input": "NCHW", "conv": "NHWC"}
+    _, env, command = runner.plan_launch(["-n", "8", "--dtype", "float32", "--data-root", str(data_root)],
+                                         EIGHT_GPUS, {})
+    assert benchmark.run_settings(" ".join(command))["layout"] == {"input": "NCHW", "conv": "NCHW"}
