@@ -69,3 +69,15 @@ def test_exit_status_and_json_say_fail(tmp_path, monkeypatch):
     assert gpu_check.main(["--json", str(tmp_path / "r.json")]) == 1
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["verdict"] == "fail" and report["checks"][0]["detail"] == "bad"
+
+
+def test_driver_and_architecture_verdicts(monkeypatch):
+    machine = types.SimpleNamespace(gpu=True, num_gpus=8)
+    monkeypatch.setattr(gpu_check, "nvidia_smi", lambda: [("Tesla V100-SXM2-32GB", "470.82.01")] * 8)
+    verdict, detail, _ = gpu_check.check_driver(machine, None)
+    assert verdict == "fail" and "older than r525" in detail and "--data-backend mxnet" in detail
+    monkeypatch.setattr(gpu_check, "nvidia_smi", lambda: [("NVIDIA A100-SXM4-80GB", "535.104.05")] * 8)
+    verdict, detail, _ = gpu_check.check_driver(machine, None)
+    assert verdict == "pass" and detail.startswith("8 x NVIDIA A100-SXM4-80GB, driver 535.104.05")
+    # V100, T4, A100, A10, L4 have cubins in the mxnet-cu112 wheel; H100 does not
+    assert [gpu_check.wheel_covers(arch) for arch in (70, 75, 80, 86, 89, 90)] == [True] * 5 + [False]

@@ -72,10 +72,10 @@ def library_version(names, symbol, decode):
 
 
 def nvidia_smi():
-    """[(name, driver version, compute capability)] of the GPUs nvidia-smi lists, or []."""
+    """[(name, driver version)] of the GPUs nvidia-smi lists, or []."""
     if not shutil.which("nvidia-smi"):
         return []
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True, timeout=60).stdout
     return [tuple(part.strip() for part in line.split(",")) for line in out.splitlines() if line.strip()]
 
@@ -131,6 +131,11 @@ def check_driver(machine, args):
     return "pass", detail, found
 
 
+def wheel_covers(arch):
+    """Whether the mxnet-cu112 wheel has a cubin that runs on compute capability ``arch`` (e.g. 75)."""
+    return any(a // 10 == arch // 10 and a <= arch for a in MXNET_WHEEL_ARCHS)
+
+
 def check_kernels(machine, args):
     """The GPU's architecture against the wheel's sm_ list, and a real float16 convolution on every GPU."""
     import mxnet as mx
@@ -144,8 +149,7 @@ def check_kernels(machine, args):
             mx.nd.Convolution(x, w, no_bias=True, kernel=(3, 3), num_filter=8, layout="NHWC").wait_to_read()
         except mx.base.MXNetError as error:
             return "fail", f"gpu({i}): {devices.describe_mxnet_error(error, machine.num_gpus)}", found
-    covered = any(a // 10 == arch // 10 and a <= arch for a in MXNET_WHEEL_ARCHS)
-    note = "" if covered else \
+    note = "" if wheel_covers(arch) else \
         f" (sm_{arch} has no cubin in the mxnet-cu112 wheel's list: this is another build, or it ran from PTX)"
     return "pass", f"sm_{arch}; a float16 NHWC convolution ran on all {machine.num_gpus} GPU(s){note}", found
 
