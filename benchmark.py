@@ -33,6 +33,7 @@ from pathlib import Path
 
 import backends
 import cli
+import devices
 import launch
 import rules
 from report import write_json
@@ -194,8 +195,13 @@ def run_settings(train_command):
                           ("--load", None), ("--kv-store", "horovod")):
         parser.add_argument(flag, default=default)
     found = parser.parse_known_args(train_command.split())[0]
+    # a float16 run (GPUs) gets train.py's NHWC defaults where no layout flag is typed (devices.py)
+    typed = {word.split("=")[0][2:].replace("-", "_") for word in train_command.split() if word.startswith("--")}
+    gpu_defaults = devices.float16_gpu_defaults(found.dtype, found.dtype == "float16", found.data_backend, typed,
+                                                [3, 224, 224])
     return OrderedDict(dtype=found.dtype, data_backend=found.data_backend,
-                       layout=OrderedDict(input=found.input_layout, conv=found.conv_layout),
+                       layout=OrderedDict(input=gpu_defaults.get("input_layout", found.input_layout),
+                                          conv=gpu_defaults.get("conv_layout", found.conv_layout)),
                        real_data=backends.reads_records(found.data_backend),
                        data=None if not backends.reads_records(found.data_backend) else
                        OrderedDict((k, v) for k, v in (("train", found.data_train), ("val", found.data_val)) if v),

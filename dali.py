@@ -1,7 +1,8 @@
 """DALI pipelines reading ImageNet RecordIO, and the copy of their outputs into MXNet NDArrays.
 
 DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliBatches` hands DALI's outputs to MXNet itself:
-on CPU through numpy, on GPU by copying straight into the NDArray's device memory. Imports nothing of the kit:
+a GPU pipeline's by copying straight into the NDArray's device memory, a CPU pipeline's into host memory (pinned
+when the batch goes on to a GPU). Imports nothing of the kit:
 data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
 import ctypes
@@ -70,10 +71,42 @@ def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, st
     return images, labels.gpu() if device == "gpu" else labels
 
 
+def source_kind(dali_tensor):
+    """Where a DALI output lives: "gpu" (TensorGPU, TensorListGPU) or "cpu" (host memory)."""
+    return "gpu" if type(dali_tensor).__name__.endswith("GPU") else "cpu"
+
+
+def memory_kind(ctx):
+    """The memory an MXNet context's arrays live in, as DALI sees it: "gpu" for a GPU, "cpu" for host memory
+    (cpu and cpu_pinned)."""
+    return "gpu" if ctx.device_type == "gpu" else "cpu"
+
+
+def staging_context(source, ctx):
+    """Where ``copy_to_external`` writes a batch of a pipeline whose outputs are on ``source`` ("cpu"/"gpu") for
+    arrays wanted on ``ctx``: the memory of the source's kind (DALI's TensorCPU.copy_to_external is a host memcpy,
+    TensorGPU's a device copy: backend_impl.cc, CopyToExternal<host>/<device>). A CPU pipeline's batch for a GPU
+    is staged in pinned host memory on that GPU's side, then copied to the GPU by MXNet (an asynchronous copy)."""
+    if source == "cpu":
+        return mx.cpu_pinned(ctx.device_id) if memory_kind(ctx) == "gpu" else ctx
+    if memory_kind(ctx) != "gpu":
+        raise ValueError(f"a GPU pipeline's batch cannot go to {ctx}: use --data-backend dali-cpu")
+    return ctx
+
+
+def check_copy(source, out_ctx):
+    """The guard of every copy out of DALI: source and destination memory of the same kind (a host memcpy into a
+    device pointer is a segfault, not an error message)."""
+    if source != memory_kind(out_ctx):
+        raise AssertionError(f"DALI {source} output copied into {out_ctx} memory ({memory_kind(out_ctx)})")
+
+
 def _copy_into(dali_tensor, out):
     """Copy one DALI batch (a dense TensorList) into the NDArray ``out``, in one copy into its own buffer, as
-    DALI's old MXNet plugin did: host to host for dali-cpu, device to device for dali-gpu (no round trip
-    through the host). The copy is synchronous, so DALI may reuse its buffer afterwards."""
+    DALI's old MXNet plugin did: host to host (``out`` in host or pinned memory) for a CPU pipeline, device to
+    device for dali-gpu (no round trip through the host). The copy is synchronous, so DALI may reuse its buffer
+    afterwards."""
+    check_copy(source_kind(dali_tensor), out.context)
     mx.base._LIB.MXNDArrayWaitToWrite(out.handle)  # waits until MXNet's pending reads of ``out`` are done
     pointer = ctypes.c_void_p()
     mx.base._LIB.MXNDArrayGetData(out.handle, ctypes.byref(pointer))
@@ -81,7 +114,7 @@ def _copy_into(dali_tensor, out):
 
 
 def _matching(out, tensor, ctx):
-    """``out`` if it fits ``tensor``, else a new NDArray that does."""
+    """``out`` if it fits ``tensor``, else a new NDArray on ``ctx`` that does."""
     shape, dtype = tuple(tensor.shape()), _DALI_TO_NUMPY[tensor.dtype]
     if out is None or out.shape != shape or out.dtype != np.dtype(dtype):
         out = mx.nd.empty(shape, ctx=ctx, dtype=dtype)
@@ -97,27 +130,38 @@ class DaliBatches:
 
     Batches are copied into ``buffers`` sets of NDArrays used in turn, as DALI's old plugin and MXNet's own
     iterators do (a fresh 40 MB array per batch costs a third of the CPU pipeline's speed in page faults):
-    a batch stays valid until ``buffers`` more are drawn; copy it to keep it longer.
+    a batch stays valid until ``buffers`` more are drawn; copy it to keep it longer. A CPU pipeline's batch
+    for a GPU goes through pinned host buffers (``staging_context``), then to the GPU.
     """
 
     def __init__(self, pipeline, ctx, buffers=2):
         self.pipeline = pipeline
         self.batch_size = pipeline.max_batch_size
         self.ctx = ctx
-        self._slots = [[None, None] for _ in range(max(1, buffers))]
+        self._slots = [[None, None] for _ in range(max(1, buffers))]  # the arrays copy_to_external writes
+        self._device = [[None, None] for _ in range(max(1, buffers))]  # their copies on ctx, when staged
         self._next_slot = 0
 
     def next(self):
         """(images, labels) of the next batch; a pipeline failure (e.g. an image that does not decode) raises
         DALI's RuntimeError."""
         images, labels = self.pipeline.run()
-        slot = self._slots[self._next_slot]
+        index = self._next_slot
+        slot, device = self._slots[index], self._device[index]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
+        out = []
         for i, tensor_list in enumerate((images, labels)):
             tensor = tensor_list.as_tensor()
-            slot[i] = _matching(slot[i], tensor, self.ctx)
+            staging = staging_context(source_kind(tensor), self.ctx)
+            slot[i] = _matching(slot[i], tensor, staging)
             _copy_into(tensor, slot[i])
-        return slot[0], slot[1].reshape((-1,))
+            if staging != self.ctx:  # pinned host memory -> the GPU, queued on MXNet's copy stream
+                device[i] = _matching(device[i], tensor, self.ctx)
+                slot[i].copyto(device[i])
+                out.append(device[i])
+            else:
+                out.append(slot[i])
+        return out[0], out[1].reshape((-1,))
 
 
 def reader_epoch_size(pipeline):

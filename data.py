@@ -15,6 +15,7 @@ import numpy as np
 
 import backends
 import cli
+import devices
 import records
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ def check_data_files(cfg):
 
 def default_threads(local_size):
     """CPU threads for one process's data pipeline: the cores shared by the processes of a node."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_size))
+    return max(1, devices.usable_cores() // max(1, local_size))  # the affinity mask (Slurm, cgroups), not the machine
 
 
 def to_layout(data, channels, dtype, layout):
@@ -258,7 +259,9 @@ class RecordIterator(BatchIterator):
 
     def next_arrays(self, valid):
         batch = self._next_record_batch()
-        data = to_layout(batch.data[0], self.channels, self.dtype, self.layout).as_in_context(self.ctx)
+        # Copy first, then add the 4th channel, transpose and cast on the device (the original's order): on one
+        # CPU thread these cost more than the copy.
+        data = to_layout(batch.data[0].as_in_context(self.ctx), self.channels, self.dtype, self.layout)
         label = batch.label[0].reshape((-1,))
         if valid < self.batch_size:  # the stale tail may hold NaNs: give it a harmless label
             label = mx.nd.concat(label[:valid], mx.nd.zeros((self.batch_size - valid,)), dim=0)

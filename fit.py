@@ -469,6 +469,10 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
         raise TrainingError(f"the checkpoint {checkpoint_state['state_path']} comes from another architecture "
                             f"({saved_model}; this run: {run.model_name}); use another --workspace/--model-prefix "
                             "or --resume none")
+    problem = settings.resume_problem(checkpoint_state.get("args"), run.record.get("args"),
+                                      checkpoint_state.get("state_path"))
+    if problem:  # another dtype, layout or channel count: refused before anything is loaded
+        raise TrainingError(problem)
     paths = checkpoint_state["paths"]
     checkpoint.load_params(net, paths["params"], ctxs)  # on every device: MXNet asserts the set
     state.trainer.load_states(paths["states"])

@@ -22,6 +22,7 @@ from pathlib import Path
 import backends
 import cli
 from cli import PREPARE_HINT, UsageError
+import devices
 from helptext import HelpFormatter
 import rules
 import run_lock
@@ -70,15 +71,6 @@ MPIRUN_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 # What mpirun passes on to every worker, remote ones included: runner's variables, and these when set.
 MPIRUN_EXPORTS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 MPIRUN_EXPORT_PREFIXES = ("HOROVOD_", "NCCL_", "MXNET_", "OMP_", "DALI_", "CUDA_VISIBLE_DEVICES")
-# The original's float16 settings on GPUs (its runner, 2019-10): compute in NHWC, the layout of the tensor-core
-# convolutions (upstream MXNet runs NHWC float16 convolutions in cuDNN with float32 accumulation, and NHWC
-# BatchNorm and pooling in cuDNN too: src/operator/nn/convolution.cu, cudnn/cudnn_batch_norm-inl.h,
-# cudnn/cudnn_pooling-inl.h), and a zero 4th input channel from DALI (not from the mxnet backend). The input stays
-# NHWC as DALI writes it, so no transpose is needed. No fusions: upstream's BatchNormWithReLU is a CPU (oneDNN)
-# kernel for axis 1 only (src/operator/contrib/batch_norm_relu.cc) and BatchNormAddRelu exists only in NVIDIA's
-# builds.
-FLOAT16_GPU_LAYOUT = ["--input-layout", "NHWC", "--conv-layout", "NHWC", "--batchnorm-layout", "NHWC",
-                      "--pooling-layout", "NHWC"]
 LAYOUT_FLAGS = ("--input-layout", "--conv-layout", "--batchnorm-layout", "--pooling-layout")
 TRAIN_FLAGS_EPILOG = (
     "Every other flag goes to train.py (`python train.py --help` lists them all) and is checked before any worker "
@@ -182,7 +174,7 @@ def peek_extra(extra):
     are."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--mode", "--data-train", "--data-val", "--workspace", "--fuse-bn-relu", "--image-shape",
-                 *LAYOUT_FLAGS):
+                 "--gpus", *LAYOUT_FLAGS):
         parser.add_argument(flag)
     return parser.parse_known_args(extra)[0]
 
@@ -336,13 +328,18 @@ def check_data_root(args, given):
 
 # --- the command ---------------------------------------------------------------------------------------------
 
-def build_env(args, machine, environ):
+def build_env(args, machine, environ, extra=()):
     """The variables runner sets (values already in ``environ`` win)."""
     env = dict(COMMON_ENV)
     if machine.gpus:
         env.update(GPU_ENV)
-        if args.kv_store != "horovod" and "CUDA_VISIBLE_DEVICES" not in environ:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(args.ngpus))  # one process, N GPUs
+        try:  # --gpus selects the GPUs with every --kv-store (devices.select_gpus); -n must agree with it
+            visible = devices.runner_visible_devices(peek_extra(extra).gpus, workers_per_node(args, environ)
+                                                     if args.kv_store == "horovod" else args.ngpus, args.kv_store)
+        except ValueError as error:
+            raise UsageError(str(error))
+        if visible is not None and "CUDA_VISIBLE_DEVICES" not in environ:
+            env["CUDA_VISIBLE_DEVICES"] = visible  # one process, N GPUs: --gpus's, else the first N
     else:
         # The cores are shared: one OpenMP thread team per worker, each with its share.
         env["OMP_NUM_THREADS"] = str(max(1, machine.cores // workers_per_node(args, environ)))
@@ -385,22 +382,10 @@ def build_command(args, extra, env=(), kit_dir=KIT_DIR):
         command += ["--num-epochs", str(args.num_epochs)]
     if args.lr is not None:  # else train.py scales the recipe's LR per 256 images by the same rule
         command += ["--lr", f"{schedules.scaled_lr(args.lr, batch_size):.10g}"]
-    return command + float16_gpu_flags(args, peek_extra(extra)) + extra
-
-
-def float16_gpu_flags(args, given):
-    """FLOAT16_GPU_LAYOUT and the 4-channel input for float16 (a GPU run), where the user has not chosen."""
-    if args.dtype != "float16":
-        return []
-    flags = []
-    if not any(getattr(given, flag[2:].replace("-", "_")) for flag in LAYOUT_FLAGS):
-        flags += FLOAT16_GPU_LAYOUT
-        fixed = backends.get(args.data_backend).input_layout_fixed
-        if fixed:  # e.g. ImageRecordIter writes NCHW: the network's transpose runs on the GPU
-            flags[1] = fixed
-    if given.image_shape is None and not backends.get(args.data_backend).input_layout_fixed:
-        flags += ["--image-shape", "4,224,224"]
-    return flags
+    # A float16 run's NHWC layouts and 4-channel input are train.py's defaults on a GPU
+    # (devices.float16_gpu_defaults): added here, they would count as the user's flags (scoring would refuse
+    # a checkpoint of another image size).
+    return command + extra
 
 
 def launcher_prefix(args, env=()):
@@ -449,7 +434,7 @@ def plan_launch(argv, machine, environ, kit_dir=KIT_DIR):
     the files named, so tests plan GPU machines on a CPU. Raises UsageError."""
     args, extra = get_args_parser().parse_known_args(argv)
     resolve_and_check(args, extra, machine)
-    env = build_env(args, machine, environ)
+    env = build_env(args, machine, environ, extra)
     return args, env, build_command(args, extra, env, kit_dir)
 
 

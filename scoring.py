@@ -95,16 +95,22 @@ def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_i
     tic = time.time()
     for batch, first_pass in validation_batches(val_iter, max_iters):
         datas, labels = split(batch, ctxs, dtype)
-        for data, label, valid in zip(datas, labels, valid_counts(batch, [d.shape[0] for d in datas])):
-            logits = net(data).astype("float32")
-            if no_metrics:
+        valids = valid_counts(batch, [d.shape[0] for d in datas])
+        # Every device's forward and counts are queued before anything is read, so the devices run together.
+        outputs = [net(data).astype("float32") for data in datas]
+        if no_metrics:
+            for logits in outputs:
                 logits.wait_to_read()
-            else:  # computed on every pass, so each timed batch does the same work
-                c1, c5 = topk_hits(logits, label, valid)
-                batch_loss = loss_fn(logits[:valid], label[:valid]).sum().asscalar() if valid else 0.0
+        else:  # computed on every pass, so each timed batch does the same work
+            pending = [(topk_counts(logits, label, valid),
+                        loss_fn(logits[:valid], label[:valid]).sum() if valid else None)
+                       for logits, label, valid in zip(outputs, labels, valids)]
+            for (c1, c5), batch_loss in pending:
+                c1, c5 = c1.asscalar(), c5.asscalar()
+                batch_loss = batch_loss.asscalar() if batch_loss is not None else 0.0
                 if first_pass:
                     correct1, correct5, loss_sum = correct1 + c1, correct5 + c5, loss_sum + batch_loss
-            count += valid if first_pass else 0
+        count += sum(valids) if first_pass else 0
         now = time.time()
         durations.append(now - tic)
         tic = now

@@ -15,6 +15,7 @@ import time
 import backends
 import checkpoint
 import cli
+import devices
 import models
 import rules
 
@@ -149,6 +150,7 @@ def complete(args, given, num_gpus):
     fill_data_files(args)
     if args.workspace is None:
         args.workspace = default_workspace(models.model_name_from_args(args))
+    devices.apply_float16_gpu_defaults(args, given, num_gpus)  # NHWC, 4 channels: not flags the user typed
     if args.mode not in ("val", "pred"):
         return None
     if args.num_epochs is None:
@@ -161,6 +163,7 @@ def complete(args, given, num_gpus):
     state = trained_settings(path)
     if state is not None:
         apply_trained_settings(args, state, given, path)
+        devices.apply_float16_gpu_defaults(args, given, num_gpus)  # the 4th channel over the checkpoint's shape
     args.load = path
     if args.report is None and args.mode == "val":
         args.report = os.path.abspath(score_report_beside(path))
@@ -237,3 +240,35 @@ def set_aside_superseded(workspace, prefix_name, state, other_files=()):
 def bfloat16_unsupported(cpuinfo="/proc/cpuinfo"):
     """Why this CPU cannot run --dtype bfloat16 (rules.bfloat16_problem), or None."""
     return rules.bfloat16_problem("bfloat16", rules.cpu_flags(cpuinfo))
+
+
+# What a checkpoint's weights and optimizer state are shaped by, beyond the architecture: a float16 network keeps
+# float16 weights with float32 master copies in its optimizer state (multi-precision SGD), NHWC convolutions keep
+# (O, kh, kw, I) weights and momenta, a 4-channel stem has another weight shape. The weights alone convert
+# (models.load_parameters); the optimizer state and EMA shadow would not (MXNet fails at the first update:
+# "multi_mp_sgd_mom_update expects 16 inputs, but got 48").
+RESUME_SETTINGS = ("dtype", "conv_layout", "image_shape")
+
+
+def _resume_view(saved):
+    """(float16 or not, compute layout, input channels) of a state's or a run's "args"; None where unrecorded."""
+    shape = saved.get("image_shape")
+    return {"dtype": None if saved.get("dtype") is None else saved["dtype"] == "float16",
+            "conv_layout": saved.get("conv_layout"),
+            "image_shape": None if not shape else int(shape[0])}
+
+
+def resume_problem(saved_args, run_args, state_path):
+    """One line refusing to resume a checkpoint trained with another dtype, compute layout or channel count than
+    this run, or None. Older checkpoints without these records are not refused."""
+    saved, run = _resume_view(saved_args or {}), _resume_view(run_args or {})
+    differ = [k for k in RESUME_SETTINGS if saved[k] is not None and run[k] is not None and saved[k] != run[k]]
+    if not differ:
+        return None
+    def show(args):
+        shape = args.get("image_shape") or []
+        return f"--dtype {args.get('dtype')} --conv-layout {args.get('conv_layout')}, {shape[0] if shape else '?'} " \
+               "input channels"
+    return (f"{state_path} was trained with {show(saved_args)} and this run asks for {show(run_args)}: its optimizer "
+            "state cannot continue in this network; start afresh with --resume none (the old run is moved aside), or "
+            "train in another --workspace (or give the checkpoint's settings)")

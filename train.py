@@ -32,6 +32,7 @@ import cli
 from cli import OneLineParser, UsageError
 import config
 import data
+import devices
 from distributed import Distributed
 import fit
 from helptext import HelpFormatter
@@ -212,39 +213,43 @@ def validate_args(cfg, num_workers):
             raise UsageError(f"no data given (--data-train/--data-val); {cli.PREPARE_HINT}")
 
 
-def contexts(fit_cfg, local_rank, local_size):
+def contexts(fit_cfg, local_rank, local_size, num_gpus=None, environ=None):
+    """The contexts this process computes on: the GPUs --gpus selects (devices.select_gpus: one rule for every
+    --kv-store, under runner's CUDA_VISIBLE_DEVICES too), else CPU contexts. ``num_gpus``/``environ``: MXNet's
+    GPU count and os.environ unless described."""
     import mxnet as mx
-    num_gpus = mx.context.num_gpus()
-    if fit_cfg.kv_store == "horovod":
-        return [mx.gpu(gpu_ordinal(local_rank, local_size, num_gpus)) if num_gpus > 0 else mx.cpu()]
+    num_gpus = mx.context.num_gpus() if num_gpus is None else num_gpus
     if num_gpus == 0:
-        return [mx.cpu(i) for i in range(fit_cfg.cpu_contexts)]
-    ids = [int(i) for i in fit_cfg.gpus.split(",")] if fit_cfg.gpus else list(range(num_gpus))
-    return [mx.gpu(i) for i in ids]
+        if fit_cfg.gpus:
+            raise UsageError(f"--gpus {fit_cfg.gpus}, but this process sees no GPU; leave --gpus out on a CPU")
+        return [mx.cpu()] if fit_cfg.kv_store == "horovod" else [mx.cpu(i) for i in range(fit_cfg.cpu_contexts)]
+    try:
+        ordinals = devices.select_gpus(fit_cfg.gpus, fit_cfg.kv_store, local_rank, local_size, num_gpus,
+                                       os.environ if environ is None else environ)
+    except ValueError as error:
+        raise UsageError(str(error))
+    return [mx.gpu(i) for i in ordinals]
 
 
 def gpu_ordinal(local_rank, local_size, visible_gpus):
-    """The GPU of this Horovod rank among the ``visible_gpus`` it sees: its local rank when the node's GPUs are
-    all visible (horovodrun, mpirun), the only one when it sees one (per-rank CUDA_VISIBLE_DEVICES, srun
-    --gpus-per-task=1)."""
-    if visible_gpus >= local_size:
-        return local_rank
-    if visible_gpus == 1:
-        return 0
-    raise UsageError(f"this rank (local rank {local_rank} of {local_size}) sees {visible_gpus} GPUs: either make "
-                     f"every GPU of the node visible to every rank, or give each rank one (CUDA_VISIBLE_DEVICES, "
-                     "srun --gpus-per-task=1)")
+    """The GPU of this Horovod rank (devices.horovod_ordinal), a UsageError when it has none."""
+    try:
+        return devices.horovod_ordinal(local_rank, local_size, visible_gpus)
+    except ValueError as error:
+        raise UsageError(str(error))
 
 
 def train_iterator_factory(cfg, dist, ctxs, first):
     """Training iterator per epoch. With --seed each epoch gets a fresh reader seeded by (seed, epoch), so a
     run resumed at any epoch sees exactly the batches an uninterrupted run would."""
+    held = [first]  # the epoch-0 pipeline, let go once used or skipped (a resumed run): it holds GPU memory
     if cfg.fit.seed is None:
-        return lambda epoch: first
+        return lambda epoch: held[0]  # one pipeline for the whole run
 
     def make(epoch):
-        if epoch == 0:
-            return first  # built with --seed, the seed epoch 0 gets
+        if epoch == 0 and held:
+            return held.pop()  # built with --seed, the seed epoch 0 gets
+        held.clear()
         # only the training pipeline is rebuilt
         epoch_cfg = cfg.replace(fit__seed=cfg.fit.seed + 100003 * epoch, data__data_val=None)
         return data.get_data_iterators_per_device(epoch_cfg, dist.rank, dist.size, dist.local_rank,
@@ -405,6 +410,7 @@ def main(args, command=None, given=()):
             if train_iter is None:
                 raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
             make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)
+            train_iter = None  # the factory holds it only as long as it is needed
             if cfg.finetune.pretrained:
                 info = start_from_pretrained(cfg, info, net, ctxs, dist)
             report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
@@ -433,6 +439,8 @@ def run(argv=None):
         main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
         cli.fail("train.py", str(error))
+    except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
+        cli.fail("train.py", devices.describe_mxnet_error(error, mxnet.context.num_gpus()))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ import mxnet as mx
 import pytest
 
 import config
+import devices
 import launch as runner  # runner's logic, importable
 import models
 import rules
+import settings
 import train
 from conftest import ROOT
 
@@ -28,10 +30,13 @@ def plan(argv, gpus, cores, environ=None):
     return env, command
 
 
-def train_args(command):
-    """The planned train.py arguments, parsed by train.py's own parser."""
+def train_args(command, num_gpus=8):
+    """The planned train.py arguments, parsed by train.py's own parser, with the defaults a worker seeing
+    ``num_gpus`` GPUs gives a float16 run (devices.float16_gpu_defaults)."""
     start = next(i for i, word in enumerate(command) if word.endswith("train.py")) + 1
-    return train.parse_args(command[start:])
+    args = train.parse_args(command[start:])
+    devices.apply_float16_gpu_defaults(args, settings.given_flags(train.get_args_parser(), command[start:]), num_gpus)
+    return args
 
 
 def test_eight_gpus_float16_is_the_originals_settings_without_fusions(data_root):

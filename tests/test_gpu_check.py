@@ -1,0 +1,83 @@
+"""tools/gpu_check.py, the self-check users run first on a GPU machine: on this CPU machine every check with a CPU
+form runs and passes, and every GPU check says it was not run; a check that breaks or measures wrong fails."""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import gpu_check
+from conftest import HANG_S, ROOT, venv_env
+
+CPU_CHECKS = {"versions", "horovod-build", "numerics-cpu", "training-cpu", "data-cpu", "allreduce-cpu"}
+GPU_CHECKS = {"driver", "kernels", "numerics-gpu", "training-gpu", "data-gpu", "allreduce-gpu", "layout-speed",
+              "memory"}
+
+
+def test_the_checks_listed_are_the_issues():
+    assert {c.name for c in gpu_check.CHECKS} == CPU_CHECKS | GPU_CHECKS
+    assert {c.name for c in gpu_check.CHECKS if c.gpu_only} == GPU_CHECKS
+
+
+@pytest.mark.slow
+def test_self_check_on_this_cpu_machine(tmp_path):
+    report_path = tmp_path / "check.json"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--json", str(report_path)],
+                            capture_output=True, text=True, timeout=HANG_S, env=venv_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(report_path.read_text())
+    verdicts = {check["name"]: check["verdict"] for check in report["checks"]}
+    assert verdicts == {**{name: "pass" for name in CPU_CHECKS}, **{name: "not run (no GPU)" for name in GPU_CHECKS}}
+    assert report["verdict"] == "pass" and report["gpus"] == 0
+    assert report["summary"] == {"pass": len(CPU_CHECKS), "not run (no GPU)": len(GPU_CHECKS)}
+    by_name = {check["name"]: check for check in report["checks"]}
+    assert by_name["allreduce-cpu"]["data"]["reports"][0]["size"] == 2
+    losses = by_name["training-cpu"]["data"]["losses"]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    assert by_name["numerics-cpu"]["data"]["float64_forward"] <= 1e-4
+    # the table printed is the JSON's
+    lines = result.stdout.splitlines()
+    for check in report["checks"]:
+        row = next(line for line in lines if line.startswith(check["name"] + " "))
+        assert check["verdict"] in row and check["detail"] in row
+    assert lines[-1].startswith("PASS: ") and str(report_path) in lines[-1]
+
+
+def test_a_check_that_breaks_or_measures_wrong_fails(tmp_path, monkeypatch):
+    def broken(machine, args):
+        raise RuntimeError("no such thing")
+
+    checks = [gpu_check.Check("broken", "raises", broken),
+              gpu_check.Check("gpu-only", "needs a GPU", broken, gpu_only=True)]
+    machine = types.SimpleNamespace(gpu=False, num_gpus=0, workdir=str(tmp_path))
+    results = gpu_check.run_checks(machine, None, checks)
+    assert [(r["name"], r["verdict"]) for r in results] == [("broken", "fail"), ("gpu-only", "not run (no GPU)")]
+    assert results[0]["detail"] == "RuntimeError: no such thing"
+    # the data check against a reference that is off: it fails rather than passes
+    args = types.SimpleNamespace(data_val=None)
+    assert gpu_check.check_data_cpu(machine, args)[0] == "pass"
+    monkeypatch.setattr(gpu_check, "opencv_reference", lambda rec, idx, count: np.zeros((count, 3, 224, 224)))
+    verdict, detail, _ = gpu_check.check_data_cpu(machine, args)
+    assert verdict == "fail" and "tolerance 4" in detail
+
+
+def test_exit_status_and_json_say_fail(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "CHECKS", [gpu_check.Check("versions", "x", lambda m, a: ("fail", "bad", {}))])
+    assert gpu_check.main(["--json", str(tmp_path / "r.json")]) == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verdict"] == "fail" and report["checks"][0]["detail"] == "bad"
+
+
+def test_driver_and_architecture_verdicts(monkeypatch):
+    machine = types.SimpleNamespace(gpu=True, num_gpus=8)
+    monkeypatch.setattr(gpu_check, "nvidia_smi", lambda: [("Tesla V100-SXM2-32GB", "470.82.01")] * 8)
+    verdict, detail, _ = gpu_check.check_driver(machine, None)
+    assert verdict == "fail" and "older than r525" in detail and "--data-backend mxnet" in detail
+    monkeypatch.setattr(gpu_check, "nvidia_smi", lambda: [("NVIDIA A100-SXM4-80GB", "535.104.05")] * 8)
+    verdict, detail, _ = gpu_check.check_driver(machine, None)
+    assert verdict == "pass" and detail.startswith("8 x NVIDIA A100-SXM4-80GB, driver 535.104.05")
+    # V100, T4, A100, A10, L4 have cubins in the mxnet-cu112 wheel; H100 does not
+    assert [gpu_check.wheel_covers(arch) for arch in (70, 75, 80, 86, 89, 90)] == [True] * 5 + [False]

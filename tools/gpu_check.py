@@ -1,0 +1,611 @@
+"""Self-check of this machine for the kit: versions, numerics, training, data, collectives, speed and memory.
+
+    python tools/gpu_check.py [--json gpu_check.json] [--only NAME,...] [--data-val val.rec] [-b 208]
+
+Prints a verdict table (pass / warn / fail / not run) and writes the same as JSON. On a GPU machine it checks
+what the kit's developers could not run (they have no GPU that MXNet 1.9.1 supports): the driver against DALI
+2.4, MXNet's kernels for this GPU, float16 NHWC numerics against float32 on the CPU, float16 training with dynamic
+loss scaling, the dali-gpu pipeline and the batch that reaches MXNet on the GPU, NCCL's allreduce, NCHW against
+NHWC step time and whether the original's batch of 208 fits. On a CPU machine every check with a CPU form runs
+and the GPU ones say "not run (no GPU)". Exit status 1 when a check fails.
+"""
+import argparse
+import ctypes
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+NOT_RUN = "not run (no GPU)"
+DALI_MIN_DRIVER = (525, 60)  # nvidia-dali-cuda120: CUDA 12 needs driver r525 or newer (NVIDIA's compatibility table)
+# mxnet-cu112 1.9.1's sm_ list: MXNET_CUDA_ARCH "5.0;6.0;7.0;8.0;8.6" in apache/mxnet config/distribution/
+# linux_cu112.cmake. A cubin for sm_XY also runs on sm_XZ with Z >= Y (same major): T4 (7.5), L4 (8.9) too.
+MXNET_WHEEL_ARCHS = (50, 60, 70, 80, 86)
+FORWARD_TOLERANCE = 2e-2  # float16 NHWC logits vs float32 NCHW: relative L2 error
+BACKWARD_TOLERANCE = 5e-2  # the classifier's weight gradient: relative L2 error
+PIXEL_TOLERANCE = 4.0  # mean absolute difference, in 0..255 pixel units (decoders and resize filters differ)
+
+
+class Check:
+    def __init__(self, name, what, run, gpu_only=False):
+        self.name, self.what, self.run, self.gpu_only = name, what, run, gpu_only
+
+
+class Machine:
+    """What the checks need to know of this machine, found once."""
+
+    def __init__(self):
+        import mxnet as mx
+        self.num_gpus = mx.context.num_gpus()
+        self.gpu = self.num_gpus > 0
+        self.workdir = tempfile.mkdtemp(prefix="rn50-gpu-check-")
+
+
+# --- versions and capabilities --------------------------------------------------------------------------------
+
+def library_version(names, symbol, decode):
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        value = ctypes.c_int()
+        try:
+            function = getattr(lib, symbol)
+        except AttributeError:
+            continue
+        if symbol == "cudnnGetVersion":
+            return decode(function())
+        if function(ctypes.byref(value)) == 0:
+            return decode(value.value)
+    return None
+
+
+def nvidia_smi():
+    """[(name, driver version)] of the GPUs nvidia-smi lists, or []."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60).stdout
+    return [tuple(part.strip() for part in line.split(",")) for line in out.splitlines() if line.strip()]
+
+
+def check_versions(machine, args):
+    import mxnet as mx
+    import numpy
+    found = {"python": sys.version.split()[0], "mxnet": mx.__version__, "numpy": numpy.__version__}
+    try:
+        import nvidia.dali
+        found["dali"] = nvidia.dali.__version__
+    except ImportError:
+        found["dali"] = None
+    try:
+        import horovod
+        found["horovod"] = horovod.__version__
+    except ImportError:
+        found["horovod"] = None
+    features = [f.name for f in mx.runtime.Features().values() if f.enabled]
+    found["mxnet_features"] = features
+    problems = [name for name, want in (("mxnet", "1.9.1"), ("dali", "2.4"), ("horovod", "0.28.1"))
+                if not (found[name] or "").startswith(want)]
+    if tuple(int(x) for x in re.findall(r"\d+", numpy.__version__)[:2]) >= (1, 24):
+        problems.append("numpy (MXNet 1.9.1 needs numpy<1.24)")
+    detail = ", ".join(f"{k} {v}" for k, v in found.items() if k != "mxnet_features")
+    detail += f"; MXNet built with {'CUDA, ' if 'CUDA' in features else ''}" \
+              f"{'cuDNN, ' if 'CUDNN' in features else ''}{'NCCL, ' if 'NCCL' in features else ''}" \
+              f"{'oneDNN' if 'MKLDNN' in features else 'no oneDNN'}"
+    if problems:
+        return "warn", f"not the pinned versions: {', '.join(problems)}; {detail}", found
+    return "pass", detail, found
+
+
+def check_driver(machine, args):
+    gpus = nvidia_smi()
+    found = {"gpus": gpus}
+    found["cuda_runtime"] = library_version(["libcudart.so", "libcudart.so.11.0", "libcudart.so.12"],
+                                            "cudaRuntimeGetVersion", lambda v: f"{v // 1000}.{v % 1000 // 10}")
+    found["cudnn"] = library_version(["libcudnn.so", "libcudnn.so.8"], "cudnnGetVersion",
+                                     lambda v: f"{v // 1000}.{v % 1000 // 100}.{v % 100}")
+    found["nccl"] = library_version(["libnccl.so", "libnccl.so.2"], "ncclGetVersion",
+                                    lambda v: f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000
+                                    else f"{v // 1000}.{v % 1000 // 100}.{v % 100}")
+    if not gpus:
+        return "fail", "nvidia-smi lists no GPU while MXNet sees one", found
+    driver = gpus[0][1]
+    major_minor = tuple(int(x) for x in re.findall(r"\d+", driver)[:2])
+    detail = (f"{len(gpus)} x {gpus[0][0]}, driver {driver}, CUDA runtime {found['cuda_runtime']}, "
+              f"cuDNN {found['cudnn']}, NCCL {found['nccl']}")
+    if major_minor < DALI_MIN_DRIVER:
+        return "fail", (f"driver {driver} is older than r525, which DALI 2.4 (nvidia-dali-cuda120) needs; update "
+                        f"the driver, or use --data-backend mxnet; {detail}"), found
+    return "pass", detail, found
+
+
+def wheel_covers(arch):
+    """Whether the mxnet-cu112 wheel has a cubin that runs on compute capability ``arch`` (e.g. 75)."""
+    return any(a // 10 == arch // 10 and a <= arch for a in MXNET_WHEEL_ARCHS)
+
+
+def check_kernels(machine, args):
+    """The GPU's architecture against the wheel's sm_ list, and a real float16 convolution on every GPU."""
+    import mxnet as mx
+    import devices
+    arch = mx.util.get_cuda_compute_capability(mx.gpu(0))
+    found = {"compute_capability": arch, "wheel_archs": list(MXNET_WHEEL_ARCHS)}
+    for i in range(machine.num_gpus):
+        try:
+            x = mx.nd.ones((2, 16, 16, 4), ctx=mx.gpu(i), dtype="float16")
+            w = mx.nd.ones((8, 3, 3, 4), ctx=mx.gpu(i), dtype="float16")
+            mx.nd.Convolution(x, w, no_bias=True, kernel=(3, 3), num_filter=8, layout="NHWC").wait_to_read()
+        except mx.base.MXNetError as error:
+            return "fail", f"gpu({i}): {devices.describe_mxnet_error(error, machine.num_gpus)}", found
+    note = "" if wheel_covers(arch) else \
+        f" (sm_{arch} has no cubin in the mxnet-cu112 wheel's list: this is another build, or it ran from PTX)"
+    return "pass", f"sm_{arch}; a float16 NHWC convolution ran on all {machine.num_gpus} GPU(s){note}", found
+
+
+def check_horovod_build(machine, args):
+    import launch
+    horovodrun = launch.horovodrun_path()
+    if horovodrun is None:
+        return "fail", "horovodrun is not installed; run `make setup`", {}
+    out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=300).stdout
+    built = {m.group(2).strip(): m.group(1) == "X" for m in re.finditer(r"\[(X| )\]\s+(\S+)", out)}
+    needed = ["MXNet", "Gloo"] + (["NCCL"] if machine.gpu else [])
+    missing = [name for name in needed if not built.get(name)]
+    detail = "built with " + ", ".join(name for name, on in built.items() if on)
+    if missing:
+        return "fail", (f"Horovod lacks {', '.join(missing)}; rebuild it: `make setup` (with the GPU MXNet "
+                        f"installed, it builds with NCCL); {detail}"), built
+    return "pass", detail, built
+
+
+# --- numerics -------------------------------------------------------------------------------------------------
+
+def resnet(layout="NCHW", channels=3, dtype="float32", ctx=None, classes=1000):
+    import mxnet as mx
+    import models
+    net = models.get_model("resnet50_v1.5", num_classes=classes, layout=layout, input_layout=layout,
+                           in_channels=channels, dtype=dtype)
+    net.initialize(mx.init.Xavier(), ctx=ctx or mx.cpu())
+    return net
+
+
+def fixed_batch(batch=4, size=224, seed=0):
+    import numpy as np
+    rng = np.random.RandomState(seed)
+    return rng.uniform(-2, 2, (batch, 3, size, size)).astype("float32"), rng.randint(0, 1000, batch)
+
+
+def as_input(images, layout, channels):
+    import numpy as np
+    if channels == 4:
+        images = np.concatenate([images, np.zeros_like(images[:, :1])], axis=1)
+    return images.transpose(0, 2, 3, 1) if layout == "NHWC" else images
+
+
+def forward_backward(net, images, labels, ctx, dtype):
+    """(logits, gradient of the classifier's weight) of one training-mode forward and backward."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    x = mx.nd.array(images, ctx=ctx, dtype=dtype)
+    y = mx.nd.array(labels, ctx=ctx)
+    with autograd.record():
+        logits = net(x).astype("float32")
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(logits, y)
+    loss.backward()
+    fc = [p for p in net.collect_params().values() if len(p.shape) == 2][-1]  # the classifier's weight
+    return logits.asnumpy(), fc.grad(ctx).astype("float32").asnumpy()
+
+
+def relative_error(a, b):
+    import numpy as np
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+def check_numerics_cpu(machine, args):
+    """The float32 NCHW ResNet-50 (oneDNN) against a float64 reference with the same weights (MXNet's own
+    non-oneDNN kernels), and against the same weights in the 4-channel structure (the conversion the GPU
+    comparison relies on: models.load_parameters pads the stem): forward and one backward, on the CPU."""
+    import mxnet as mx
+    import models
+    images, labels = fixed_batch(batch=2)
+    net = resnet()
+    net.infer_shape(mx.nd.zeros((1, 3, 224, 224)))
+    path = os.path.join(machine.workdir, "reference.params")
+    net.save_parameters(path)
+    net.hybridize()
+    logits, grad = forward_backward(net, images, labels, mx.cpu(), "float32")
+    reference = resnet()
+    reference.infer_shape(mx.nd.zeros((1, 3, 224, 224)))
+    models.load_parameters(reference, path, mx.cpu())
+    reference.cast("float64")
+    ref_logits, ref_grad = forward_backward(reference, images, labels, mx.cpu(), "float64")
+    padded = resnet(channels=4)
+    padded.infer_shape(mx.nd.zeros((1, 4, 224, 224)))
+    models.load_parameters(padded, path, mx.cpu())
+    logits4, grad4 = forward_backward(padded, as_input(images, "NCHW", 4), labels, mx.cpu(), "float32")
+    errors = {"float64_forward": relative_error(logits, ref_logits), "float64_backward": relative_error(grad, ref_grad),
+              "4_channel_forward": relative_error(logits4, logits), "4_channel_backward": relative_error(grad4, grad)}
+    tolerance = 1e-4
+    ok = max(errors.values()) <= tolerance
+    return ("pass" if ok else "fail"), (
+        f"float32 ResNet-50 vs float64 reference: logits {errors['float64_forward']:.1e}, classifier gradient "
+        f"{errors['float64_backward']:.1e}; 4-channel structure, same weights: {errors['4_channel_forward']:.1e}, "
+        f"{errors['4_channel_backward']:.1e} (relative L2, tolerance {tolerance:g})"), dict(errors, tolerance=tolerance)
+
+
+def check_numerics_gpu(machine, args):
+    """float16 NHWC 4-channel ResNet-50 on gpu(0) against the float32 NCHW network with the same weights on the
+    CPU: one training-mode forward and backward on a fixed batch."""
+    import mxnet as mx
+    import models
+    images, labels = fixed_batch(batch=8)
+    reference = resnet()
+    reference.infer_shape(mx.nd.zeros((1, 3, 224, 224)))
+    path = os.path.join(machine.workdir, "reference.params")
+    reference.save_parameters(path)
+    ref_logits, ref_grad = forward_backward(reference, images, labels, mx.cpu(), "float32")
+    net = resnet(layout="NHWC", channels=4, dtype="float16", ctx=mx.gpu(0))
+    net.infer_shape(mx.nd.zeros((1, 224, 224, 4), ctx=mx.gpu(0), dtype="float16"))
+    models.load_parameters(net, path, mx.gpu(0))
+    net.hybridize(static_alloc=True, static_shape=True)
+    logits, grad = forward_backward(net, as_input(images, "NHWC", 4), labels, mx.gpu(0), "float16")
+    forward, backward = relative_error(logits, ref_logits), relative_error(grad, ref_grad)
+    found = {"forward_relative_error": forward, "backward_relative_error": backward,
+             "forward_tolerance": FORWARD_TOLERANCE, "backward_tolerance": BACKWARD_TOLERANCE}
+    ok = forward <= FORWARD_TOLERANCE and backward <= BACKWARD_TOLERANCE
+    return ("pass" if ok else "fail"), (f"float16 NHWC 4-channel on the GPU vs float32 NCHW on the CPU: logits "
+                                        f"{forward:.1e} (tolerance {FORWARD_TOLERANCE:g}), classifier gradient "
+                                        f"{backward:.1e} (tolerance {BACKWARD_TOLERANCE:g}), relative L2"), found
+
+
+# --- training -------------------------------------------------------------------------------------------------
+
+def train_steps(ctx, dtype, layout, channels, size, layers, steps, batch, lr):
+    """The kit's own step (fit.train_step, its trainer and loss scaler) on the synthetic backend's learnable
+    data: (losses, applied flags, final loss scale)."""
+    import mxnet as mx
+    from mxnet import gluon
+    import data
+    import fit
+    import models
+    from distributed import Distributed
+    net = models.get_model(f"resnet{layers}_v1.5", num_classes=10, layout=layout, input_layout=layout,
+                           in_channels=channels, dtype=dtype)
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net.hybridize(static_alloc=True, static_shape=True)
+    iterator = data.SyntheticIterator(batch, (channels, size, size), 10, steps, ctx, dtype=dtype, layout=layout)
+    trainer = fit.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
+    trainer.set_learning_rate(lr)
+    scaler = fit.make_loss_scaler(None, dtype)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses, applied = [], []
+    for batch_data in iterator:
+        loss, _, finite = fit.train_step(net, trainer, scaler, loss_fn, batch_data.data, batch_data.label, batch,
+                                         scan_grads=dtype == "float16")
+        losses.append(loss)
+        applied.append(bool(finite))
+    return losses, applied, scaler.scale
+
+
+def falling(losses, window=5):
+    import math
+    finite = [x for x in losses if math.isfinite(x)]
+    return len(finite) >= 2 * window and sum(finite[-window:]) / window < sum(finite[:window]) / window
+
+
+def check_training_cpu(machine, args):
+    import mxnet as mx
+    losses, applied, _ = train_steps(mx.cpu(), "float32", "NCHW", 3, 32, 18, args.steps, 16, 0.1)
+    found = {"losses": losses}
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    detail = f"{len(losses)} float32 ResNet-18 steps on synthetic data: loss {first:.3f} -> {last:.3f} (means of 5)"
+    return ("pass" if falling(losses) and all(applied) else "fail"), detail, found
+
+
+def check_training_gpu(machine, args):
+    import mxnet as mx
+    losses, applied, scale = train_steps(mx.gpu(0), "float16", "NHWC", 4, 224, 50, args.steps, 64, 0.1)
+    overflows = applied.count(False)
+    late = applied[len(applied) // 2:].count(False)
+    found = {"losses": losses, "applied": applied, "final_scale": scale}
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    detail = (f"{len(losses)} float16 NHWC ResNet-50 steps (batch 64, dynamic loss scaling): loss {first:.3f} -> "
+              f"{last:.3f}, {overflows} skipped for overflow ({late} in the second half), scale {scale:g}")
+    ok = falling(losses) and late == 0 and overflows <= len(applied) // 4
+    return ("pass" if ok else "fail"), detail, found
+
+
+# --- data -----------------------------------------------------------------------------------------------------
+
+def validation_records(machine, args):
+    if args.data_val:
+        idx = os.path.splitext(args.data_val)[0] + ".idx"
+        return args.data_val, idx
+    import bench_io
+    prefix = os.path.join(machine.workdir, "photos")
+    bench_io.make_photo_rec(prefix, 16)
+    return prefix + ".rec", prefix + ".idx"
+
+
+MEAN, STD = (123.68, 116.779, 103.939), (58.393, 57.12, 57.375)
+
+
+def dali_batch(rec, idx, device, ctx, dtype="float32", layout="NCHW", channels=3, batch=8):
+    """The first batch of the validation pipeline on ``device`` ("cpu"/"gpu"), through DaliBatches to ``ctx``,
+    as float32 NCHW 3-channel numpy, with its labels."""
+    import dali
+    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(channels, 224, 224),
+                             mean=MEAN, std=STD, dtype=dtype, layout=layout, device=device, resize_shorter=256,
+                             batch_size=batch, num_threads=2, device_id=ctx.device_id if device == "gpu" else None,
+                             seed=1)
+    pipe.build()
+    images, labels = dali.DaliBatches(pipe, ctx).next()
+    where = (str(images.context), str(images.dtype.__name__ if hasattr(images.dtype, "__name__") else images.dtype),
+             images.shape)
+    out = images.asnumpy().astype("float32")
+    if layout == "NHWC":
+        out = out.transpose(0, 3, 1, 2)
+    return out[:, :3], labels.asnumpy(), where
+
+
+def pixel_error(a, b):
+    import numpy as np
+    return float((np.abs(a - b) * np.array(STD, "float32")[None, :, None, None]).mean())
+
+
+def opencv_reference(rec, idx, count):
+    """The validation transform by OpenCV: shorter side to 256 (area filter), centre crop 224, normalize."""
+    import cv2
+    import numpy as np
+    from mxnet import recordio
+    reader = recordio.MXIndexedRecordIO(idx, rec, "r")
+    out = []
+    for i in sorted(reader.keys)[:count]:
+        _, payload = recordio.unpack(reader.read_idx(i))
+        rgb = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR)[:, :, ::-1].astype("float32")
+        h, w = rgb.shape[:2]
+        scale = 256 / min(h, w)
+        nh, nw = int(h * scale + 0.5), int(w * scale + 0.5)
+        resized = cv2.resize(rgb, (nw, nh), interpolation=cv2.INTER_AREA)
+        y0, x0 = (nh - 224 + 1) // 2, (nw - 224 + 1) // 2
+        crop = (resized[y0:y0 + 224, x0:x0 + 224] - np.array(MEAN, "float32")) / np.array(STD, "float32")
+        out.append(crop.transpose(2, 0, 1))
+    reader.close()
+    return np.stack(out)
+
+
+def check_data_cpu(machine, args):
+    import mxnet as mx
+    rec, idx = validation_records(machine, args)
+    images, _, where = dali_batch(rec, idx, "cpu", mx.cpu())
+    error = pixel_error(images, opencv_reference(rec, idx, images.shape[0]))
+    found = {"records": rec, "mean_abs_pixel_error": error, "tolerance": PIXEL_TOLERANCE, "batch": str(where)}
+    return ("pass" if error <= PIXEL_TOLERANCE else "fail"), (
+        f"dali-cpu validation batch vs OpenCV on {os.path.basename(rec)}: {error:.2f} (mean absolute, 0-255 units; "
+        f"tolerance {PIXEL_TOLERANCE:g})"), found
+
+
+def check_data_gpu(machine, args):
+    """dali-gpu (nvJPEG) and dali-cpu staged through pinned memory, both into MXNet on gpu(0) as float16 NHWC
+    4-channel batches, against dali-cpu on the CPU."""
+    import mxnet as mx
+    rec, idx = validation_records(machine, args)
+    reference, labels, _ = dali_batch(rec, idx, "cpu", mx.cpu())
+    found, worst, parts = {"records": rec}, 0.0, []
+    for device in ("gpu", "cpu"):
+        images, got_labels, where = dali_batch(rec, idx, device, mx.gpu(0), "float16", "NHWC", 4)
+        error = pixel_error(images, reference)
+        same_labels = bool((got_labels == labels).all())
+        found[f"dali-{device}"] = {"mean_abs_pixel_error": error, "batch": str(where), "labels_equal": same_labels}
+        worst = max(worst, error if same_labels else float("inf"))
+        parts.append(f"dali-{device} -> {where[0]} {where[1]} {tuple(where[2])}: {error:.2f}")
+    return ("pass" if worst <= PIXEL_TOLERANCE else "fail"), (
+        f"vs dali-cpu on the CPU (mean absolute, 0-255 units, tolerance {PIXEL_TOLERANCE:g}): " + "; ".join(parts)), found
+
+
+# --- collectives ----------------------------------------------------------------------------------------------
+
+def allreduce_worker():
+    """Run by horovodrun: every rank contributes (rank+1) * ones; the sum must be exact."""
+    import mxnet as mx
+    import horovod.mxnet as hvd
+    hvd.init()
+    ctx = mx.gpu(hvd.local_rank()) if mx.context.num_gpus() else mx.cpu()
+    size = 1 << 20
+    tensor = mx.nd.ones((size,), ctx=ctx) * (hvd.rank() + 1)
+    hvd.allreduce_(tensor, average=False, name="gpu_check")
+    expected = hvd.size() * (hvd.size() + 1) / 2
+    exact = bool((tensor == expected).sum().asscalar() == size)
+    print("ALLREDUCE " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "ctx": str(ctx), "exact": exact}),
+          flush=True)
+
+
+def run_allreduce(workers):
+    import launch
+    horovodrun = launch.horovodrun_path()
+    if horovodrun is None:
+        return "fail", "horovodrun is not installed; run `make setup`", {}
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run([horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
+                             sys.executable, os.path.abspath(__file__), "--allreduce-worker"],
+                            capture_output=True, text=True, timeout=600, env=env)
+    reports = [json.loads(line.split("ALLREDUCE ", 1)[1]) for line in result.stdout.splitlines()
+               if "ALLREDUCE " in line]
+    found = {"reports": reports, "status": result.returncode}
+    if result.returncode != 0 or len(reports) != workers:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        return "fail", f"horovodrun -np {workers} exited with {result.returncode}: {tail[0]}", found
+    exact = all(r["exact"] for r in reports)
+    where = ", ".join(sorted({r["ctx"] for r in reports}))
+    return ("pass" if exact else "fail"), (f"{workers} ranks ({where}) summed 1M floats "
+                                           f"{'exactly' if exact else 'WRONGLY'}"), found
+
+
+def check_allreduce_cpu(machine, args):
+    return run_allreduce(2)
+
+
+def check_allreduce_gpu(machine, args):
+    return run_allreduce(machine.num_gpus)
+
+
+# --- speed and memory -----------------------------------------------------------------------------------------
+
+def step_seconds(layout, channels, batch, steps=10, warmup=3):
+    import mxnet as mx
+    import data
+    import fit
+    import models
+    from distributed import Distributed
+    from mxnet import gluon
+    ctx = mx.gpu(0)
+    net = models.get_model("resnet50_v1.5", num_classes=1000, layout=layout, input_layout=layout,
+                           in_channels=channels, dtype="float16")
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net.hybridize(static_alloc=True, static_shape=True)
+    iterator = data.SyntheticIterator(batch, (channels, 224, 224), 1000, steps + warmup, ctx, dtype="float16",
+                                      layout=layout, pool=1)
+    trainer = fit.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
+    trainer.set_learning_rate(0.01)
+    scaler = fit.make_loss_scaler(None, "float16")
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    start = None
+    for i, batch_data in enumerate(iterator):
+        if i == warmup:
+            mx.nd.waitall()
+            start = time.perf_counter()
+        fit.train_step(net, trainer, scaler, loss_fn, batch_data.data, batch_data.label, batch)
+    mx.nd.waitall()
+    return (time.perf_counter() - start) / steps
+
+
+def check_layout_speed(machine, args):
+    nchw, nhwc = step_seconds("NCHW", 3, 64), step_seconds("NHWC", 4, 64)
+    found = {"nchw_step_s": nchw, "nhwc_step_s": nhwc, "batch": 64}
+    detail = f"float16 ResNet-50 step at batch 64: NCHW {nchw * 1000:.0f} ms, NHWC {nhwc * 1000:.0f} ms"
+    if nhwc > 1.1 * nchw:
+        return "warn", (detail + "; NHWC (the default) is slower on this GPU: train with --conv-layout NCHW "
+                                 "(e.g. `./runner -n 8 -b 208 --conv-layout NCHW`)"), found
+    return "pass", detail + "; the NHWC default is right here", found
+
+
+def check_memory(machine, args):
+    import mxnet as mx
+    import devices
+    try:
+        seconds = step_seconds("NHWC", 4, args.batch_size, steps=2, warmup=1)
+    except mx.base.MXNetError as error:
+        return "fail", (f"-b {args.batch_size} does not fit: {devices.describe_mxnet_error(error, machine.num_gpus)}"
+                        ), {"batch": args.batch_size}
+    free, total = mx.context.gpu_memory_info(0)
+    found = {"batch": args.batch_size, "step_s": seconds, "gpu_free_bytes": free, "gpu_total_bytes": total}
+    return "pass", (f"-b {args.batch_size} fits (float16 NHWC ResNet-50 training step, "
+                    f"{args.batch_size / seconds:.0f} img/s on one GPU; {total / 2 ** 30:.0f} GiB)"), found
+
+
+CHECKS = [
+    Check("versions", "MXNet, DALI, Horovod, numpy versions and MXNet's build features", check_versions),
+    Check("driver", "NVIDIA driver (r525+ for DALI 2.4), CUDA runtime, cuDNN, NCCL", check_driver, gpu_only=True),
+    Check("kernels", "the GPU's architecture has MXNet kernels (a float16 NHWC convolution runs)", check_kernels,
+          gpu_only=True),
+    Check("horovod-build", "horovodrun --check-build: MXNet, Gloo (and NCCL with GPUs)", check_horovod_build),
+    Check("numerics-cpu", "float32 ResNet-50 vs a float64 reference, and in the 4-channel structure", check_numerics_cpu),
+    Check("numerics-gpu", "float16 NHWC 4-channel ResNet-50 on the GPU vs float32 NCHW on the CPU", check_numerics_gpu,
+          gpu_only=True),
+    Check("training-cpu", "float32 steps on synthetic data: the loss falls", check_training_cpu),
+    Check("training-gpu", "float16 steps with dynamic loss scaling: loss falls, scale settles", check_training_gpu,
+          gpu_only=True),
+    Check("data-cpu", "dali-cpu validation batch vs OpenCV", check_data_cpu),
+    Check("data-gpu", "dali-gpu and dali-cpu batches on the GPU vs dali-cpu on the CPU", check_data_gpu, gpu_only=True),
+    Check("allreduce-cpu", "Horovod Gloo allreduce over 2 processes is exact", check_allreduce_cpu),
+    Check("allreduce-gpu", "Horovod allreduce over every local GPU (NCCL) is exact", check_allreduce_gpu, gpu_only=True),
+    Check("layout-speed", "float16 NCHW vs NHWC step time", check_layout_speed, gpu_only=True),
+    Check("memory", "the original's -b 208 fits (float16 NHWC ResNet-50)", check_memory, gpu_only=True),
+]
+
+
+def run_checks(machine, args, checks=CHECKS):
+    results = []
+    for check in checks:
+        start = time.perf_counter()
+        if check.gpu_only and not machine.gpu:
+            verdict, detail, found = NOT_RUN, check.what, {}
+        else:
+            try:
+                verdict, detail, found = check.run(machine, args)
+            except Exception as error:  # a check that breaks is a failed check, with its reason
+                import devices
+                reason = devices.describe_mxnet_error(error, machine.num_gpus) \
+                    if type(error).__name__ == "MXNetError" else f"{type(error).__name__}: {error}"
+                verdict, detail, found = "fail", reason, {"traceback": traceback.format_exc()}
+        results.append({"name": check.name, "what": check.what, "verdict": verdict, "detail": detail,
+                        "seconds": round(time.perf_counter() - start, 2), "gpu_only": check.gpu_only, "data": found})
+        print(f"  {check.name}: {verdict} ({results[-1]['seconds']:.1f} s)", file=sys.stderr, flush=True)
+    return results
+
+
+def table(results):
+    width = max(len(r["name"]) for r in results)
+    verdict_width = max(len(r["verdict"]) for r in results)
+    lines = [f"{'check':<{width}}  {'verdict':<{verdict_width}}  detail", "-" * (width + verdict_width + 60)]
+    lines += [f"{r['name']:<{width}}  {r['verdict']:<{verdict_width}}  {r['detail']}" for r in results]
+    return "\n".join(lines)
+
+
+def summary(results):
+    counts = {}
+    for r in results:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    return counts
+
+
+def main(argv=None):
+    from helptext import HelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    parser.add_argument("--json", default="gpu_check.json", help="where the JSON report goes")
+    parser.add_argument("--only", help="comma-separated check names (default: all): " +
+                        ", ".join(c.name for c in CHECKS))
+    parser.add_argument("--data-val", help="validation RecordIO to compare the pipelines on (default: 16 photos "
+                                           "built in a temporary folder)")
+    parser.add_argument("-b", "--batch-size", type=int, default=208, help="per-GPU batch the memory check tries")
+    parser.add_argument("--steps", type=int, default=30, help="training steps of the training checks")
+    parser.add_argument("--allreduce-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.allreduce_worker:
+        return allreduce_worker()
+    checks = CHECKS
+    if args.only:
+        names = args.only.split(",")
+        unknown = [n for n in names if n not in {c.name for c in CHECKS}]
+        if unknown:
+            parser.error(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(c.name for c in CHECKS)}")
+        checks = [c for c in CHECKS if c.name in names]
+    machine = Machine()
+    print(f"gpu_check: {machine.num_gpus} GPU(s) visible to MXNet; running {len(checks)} check(s)", file=sys.stderr)
+    results = run_checks(machine, args, checks)
+    counts = summary(results)
+    print(table(results))
+    verdict = "fail" if counts.get("fail") else "pass"
+    report = {"verdict": verdict, "gpus": machine.num_gpus, "summary": counts, "checks": results,
+              "tolerances": {"forward": FORWARD_TOLERANCE, "backward": BACKWARD_TOLERANCE, "pixels": PIXEL_TOLERANCE}}
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+    shutil.rmtree(machine.workdir, ignore_errors=True)
+    print(f"\n{verdict.upper()}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + f"; JSON: {os.path.abspath(args.json)}")
+    return 1 if verdict == "fail" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
