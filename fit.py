@@ -56,6 +56,8 @@ class FitConfig:
     warmup_epochs: float = _RECIPE["warmup_epochs"]
     optimizer: str = _RECIPE["optimizer"]
     mom: float = _RECIPE["mom"]
+    lars_eta: float = 0.001
+    lars_eps: float = 0.0
     wd: float = _RECIPE["wd"]
     wd_bn_bias: bool = False
     label_smoothing: float = _RECIPE["label_smoothing"]
@@ -114,8 +116,12 @@ def add_fit_args(parser):
     group.add_argument("--lr-power", type=float, help="poly schedule: exponent")
     group.add_argument("--warmup-epochs", type=float,
                        help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
-    group.add_argument("--optimizer", choices=["sgd", "nag"],
-                       help=f"sgd (momentum) or nag (Nesterov) ({schedules.recipe_help('optimizer')})")
+    group.add_argument("--optimizer", choices=list(OPTIMIZERS),
+                       help="sgd (momentum), nag (Nesterov) or lars (MXNet's LARS: SGD with momentum, each "
+                            "weight's LR times eta x |w| / (|g| + wd x |w| + eps); none on BatchNorm "
+                            f"gamma/beta and biases) ({schedules.recipe_help('optimizer')})")
+    group.add_argument("--lars-eta", type=float, help="lars: trust coefficient eta")
+    group.add_argument("--lars-eps", type=float, help="lars: epsilon in the trust ratio's denominator")
     group.add_argument("--mom", type=float, help=f"momentum ({schedules.recipe_help('mom')})")
     group.add_argument("--wd", type=float, help=f"weight decay ({schedules.recipe_help('wd')})")
     group.add_argument("--wd-bn-bias", action="store_true",
@@ -185,6 +191,9 @@ def check(cfg):
 
 
 
+OPTIMIZERS = ("sgd", "nag", "lars")  # MXNet's registered names
+
+
 def no_decay(name):
     """BatchNorm gamma/beta and biases: decaying them only hurts (Goyal et al. 2017; NVIDIA's README)."""
     return name.endswith(("gamma", "beta", "bias"))
@@ -197,18 +206,33 @@ def set_wd_groups(net, decay_all=False):
 
 
 
-def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0):
-    """Multi-precision SGD/NAG (the LR is set every step); Horovod's DistributedTrainer or a Gluon Trainer on a
-    kvstore."""
-    optimizer_params = {"learning_rate": 0.0, "wd": wd, "momentum": momentum, "multi_precision": True}
+def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0):
+    """The optimizer's parameters (the LR is set every step).
+
+    lars: MXNet 1.9.1's LARS decides which parameters get no trust ratio by their names (ending in gamma, beta or
+    bias), read from ``param_idx2name``, which a Gluon Trainer does not fill in (every parameter would get one):
+    it is given here, indexed as the Trainer indexes (parameters sorted by name). Its momentum correction (momentum
+    x LR / previous LR) is off: the LR changes every step, and from a warmup's first LR of 0 it would make the
+    second step's momentum 2x."""
+    params = {"learning_rate": 0.0, "wd": wd, "momentum": momentum, "multi_precision": True}
+    if optimizer == "lars":
+        params.update(eta=lars_eta, eps=lars_eps, momentum_correction=False,
+                      param_idx2name=dict(enumerate(sorted(net.collect_params().keys()))))
+    return params
+
+
+def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0, lars_eta=0.001,
+                 lars_eps=0.0):
+    """Multi-precision SGD/NAG/LARS; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
+    optimizer_params_ = optimizer_params(net, optimizer, wd, momentum, lars_eta, lars_eps)
     params = net.collect_params()
     if kvstore == "horovod":
         hvd = dist.hvd
         compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
-        return hvd.DistributedTrainer(params, optimizer, optimizer_params, compression=compression,
+        return hvd.DistributedTrainer(params, optimizer, optimizer_params_, compression=compression,
                                       num_groups=num_groups)
     store = mx.kvstore.create(kvstore) if kvstore else None
-    return gluon.Trainer(params, optimizer, optimizer_params, kvstore=store, update_on_kvstore=False)
+    return gluon.Trainer(params, optimizer, optimizer_params_, kvstore=store, update_on_kvstore=False)
 
 
 
@@ -451,7 +475,7 @@ def prepare(cfg, run, net, ctxs, dist):
     dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     return TrainState(
         trainer=make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
-                             cfg.horovod_num_groups),
+                             cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps),
         scaler=make_loss_scaler(cfg.loss_scale, cfg.dtype),
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
