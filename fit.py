@@ -46,6 +46,7 @@ class FitConfig:
     cpu_contexts: int = 1
     dtype: str = None  # settings.machine_defaults: float16 with a GPU, float32 without
     batch_size: int = 192
+    grad_accum_steps: int = 1
     num_epochs: int = None
     run_epochs: int = -1
     lr: float = None
@@ -53,6 +54,7 @@ class FitConfig:
     lr_steps: tuple = tuple(_RECIPE["lr_steps"])
     lr_factor: float = _RECIPE["lr_factor"]
     lr_power: float = 2.0
+    lr_end: float = 0.0
     warmup_epochs: float = _RECIPE["warmup_epochs"]
     optimizer: str = _RECIPE["optimizer"]
     mom: float = _RECIPE["mom"]
@@ -79,6 +81,10 @@ class FitConfig:
     load: str = None
     report: str = None
     json_log: str = "log.jsonl"
+    eval_every: int = 1
+    eval_offset: int = 0
+    target_top1: float = None
+    mllog: str = None
 
 
 def add_fit_args(parser):
@@ -100,12 +106,20 @@ def add_fit_args(parser):
                        help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
                             "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
                             "quantized by oneDNN, see --calib-mode)")
-    group.add_argument("--batch-size", type=int, help="global batch size (all workers)")
+    group.add_argument("--batch-size", type=int,
+                       help="global batch size of one forward/backward pass (all workers); the optimizer's batch "
+                            "is this x --grad-accum-steps")
+    group.add_argument("--grad-accum-steps", type=int,
+                       help="gradient accumulation (timm's name): sum the gradients of K batches locally, allreduce "
+                            "and update once, for an effective global batch of K x --batch-size; the LR, its "
+                            "schedule and the recipe's LR follow the effective batch")
     group.add_argument("--num-epochs", type=int, help=f"epochs ({schedules.recipe_help('num_epochs')})")
     group.add_argument("--run-epochs", type=int, help="stop after this many epochs in this run")
     group.add_argument("--lr", type=float,
-                       help="absolute LR for the global batch (default: the recipe's LR per 256 x batch/256; "
-                            f"{schedules.recipe_help('lr_per_256')} per 256)")
+                       help="absolute LR for the effective global batch (default: the recipe's LR per 256 x "
+                            "batch/256, 0.256 (nvidia), 0.1 (nvidia-2019, he) per 256; mlperf: MLCommons' LARS "
+                            "points 1632 -> 7.4, 3200 -> 11.0, 3264 -> 10.5, the nearest scaled by "
+                            "sqrt(batch / its batch))")
     group.add_argument("--lr-schedule", choices=schedules.SCHEDULES,
                        help=f"LR schedule ({schedules.recipe_help('lr_schedule')})")
     group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x],
@@ -114,6 +128,8 @@ def add_fit_args(parser):
     group.add_argument("--lr-factor", type=float,
                        help=f"step schedule: decay factor ({schedules.recipe_help('lr_factor')})")
     group.add_argument("--lr-power", type=float, help="poly schedule: exponent")
+    group.add_argument("--lr-end", type=float,
+                       help="cosine/poly/linear: the LR at the end of --num-epochs (mlperf recipe: 1e-4)")
     group.add_argument("--warmup-epochs", type=float,
                        help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
     group.add_argument("--optimizer", choices=list(OPTIMIZERS),
@@ -164,6 +180,17 @@ def add_fit_args(parser):
                             "<checkpoint>.score.json beside the checkpoint scored)")
     group.add_argument("--json-log",
                        help="JSON-lines log (relative: inside --workspace); empty to disable")
+    group.add_argument("--eval-every", type=int,
+                       help="train_val: validate every N epochs (and after the last one)")
+    group.add_argument("--eval-offset", type=int,
+                       help="train_val: the first validation after epoch M+1 (mlperf: every 4 from epoch 3, "
+                            "offset 2)")
+    group.add_argument("--target-top1", type=float,
+                       help="stop at the first validation whose top-1 reaches this (a fraction, e.g. 0.759); "
+                            "the report says when")
+    group.add_argument("--mllog",
+                       help="write an MLPerf-style :::MLLOG log here (relative: inside --workspace) through the "
+                            "mlperf-logging package, for MLCommons' compliance checker")
     parser.set_defaults(**cli.config_defaults(FitConfig))
     return group
 
@@ -177,6 +204,13 @@ def check(cfg):
         if late:
             raise ValueError(f"--lr-steps {late} lie at or beyond the last epoch ({cfg.num_epochs}); "
                              "give steps below --num-epochs")
+    if cfg.grad_accum_steps < 1:
+        raise ValueError(f"--grad-accum-steps must be at least 1, got {cfg.grad_accum_steps}")
+    if cfg.eval_every < 1 or cfg.eval_offset < 0:
+        raise ValueError(f"--eval-every must be at least 1 and --eval-offset at least 0, got {cfg.eval_every} "
+                         f"and {cfg.eval_offset}")
+    if cfg.target_top1 is not None and not 0 < cfg.target_top1 <= 1:
+        raise ValueError(f"--target-top1 is a fraction in (0, 1] (e.g. 0.759 for 75.9 %), got {cfg.target_top1}")
     if not 0 <= cfg.ema_decay < 1:
         raise ValueError(f"--ema-decay must be in [0, 1), got {cfg.ema_decay}")
     if cfg.loss_scale not in (None, "dynamic"):
@@ -237,9 +271,27 @@ def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=Fal
 
 
 
+def accumulate_gradients(params):
+    """Gradient accumulation: backward passes add to the gradients (zeroed after each update)."""
+    for param in params.values():
+        if param.grad_req != "null":
+            param.grad_req = "add"
+
+
+def zero_accumulated(params):
+    for param in params:
+        if param.grad_req == "add":
+            param.zero_grad()
+
+
 def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None, vote=None,
-               scan_grads=True):
+               scan_grads=True, update=True, earlier_ok=True):
     """One step over the per-device slices; returns (mean loss, outputs, applied).
+
+    Gradient accumulation (parameters with grad_req 'add'): ``update=False`` for each micro-batch but the last,
+    which only adds its gradients (applied: None); the last one's step allreduces and applies the sum, with
+    ``batch_size`` the images of all micro-batches and ``earlier_ok`` whether the earlier micro-batches' losses
+    were finite, then zeroes the gradients.
 
     The update is skipped when the loss of any rank is NaN/inf (``vote(local_ok)`` tells whether every rank's
     is finite) or, with ``scan_grads`` (float16, where gradients overflow while the loss stays finite), when
@@ -254,18 +306,21 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
         losses = [loss_fn(out, t) for out, t in zip(outputs, targets)]
         scaled = [loss * scaler.scale for loss in losses] if scaler.scale != 1 else losses
     autograd.backward(scaled)
+    if not update:
+        return mean_loss(losses), outputs, None
     trainer.allreduce_grads()
     # Reading the loss waits for the forward pass only: backward and allreduce are queued and keep the device
     # busy meanwhile. The gradient scan waits for them, as the update needs. Nothing waits for the update: the
     # next step's reads do, so at most one step is ever queued.
     loss = mean_loss(losses)
-    finite = (vote or bool)(math.isfinite(loss))
+    finite = (vote or bool)(earlier_ok and math.isfinite(loss))
     if finite and scan_grads:
         finite = grads_finite(trainer._params)
     if finite:
         trainer.update(batch_size * scaler.scale)
     elif guard is not None:
         guard.restore_if_bad()
+    zero_accumulated(trainer._params)
     scaler.update(finite)
     return loss, outputs, finite
 
@@ -472,6 +527,8 @@ class TrainState:
 def prepare(cfg, run, net, ctxs, dist):
     """A fresh TrainState: optimizer, loss scaler, EMA, LR schedule, report; rank 0's weights on every rank."""
     set_wd_groups(net, decay_all=cfg.wd_bn_bias)
+    if cfg.grad_accum_steps > 1:
+        accumulate_gradients(net.collect_params())
     dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     return TrainState(
         trainer=make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
@@ -479,7 +536,7 @@ def prepare(cfg, run, net, ctxs, dist):
         scaler=make_loss_scaler(cfg.loss_scale, cfg.dtype),
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
-                                        cfg.lr_steps, cfg.lr_factor, cfg.lr_power),
+                                        cfg.lr_steps, cfg.lr_factor, cfg.lr_power, cfg.lr_end),
         report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
 
 
@@ -548,40 +605,61 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
     """Train ``epoch`` (0-based) from step ``skip``; returns (EpochStats of this rank, steps in the epoch,
     the step after which a stop signal ended it, or None)."""
     net, ctxs, dist = loop.net, loop.ctxs, loop.dist
+    accum = cfg.grad_accum_steps
     steps = len(train_iter) if cfg.benchmark_iters is None else min(len(train_iter), cfg.benchmark_iters)
+    steps -= steps % accum  # whole optimizer steps only: the last few batches of an epoch are left out
+    if steps == 0:
+        raise TrainingError(f"an epoch has fewer batches ({len(train_iter)}) than --grad-accum-steps {accum}")
+    if skip % accum:
+        raise TrainingError(f"the checkpoint stopped after batch {skip} of the epoch, inside an accumulation of "
+                            f"--grad-accum-steps {accum}: resume with the run's own --grad-accum-steps")
+    updates = steps // accum  # optimizer steps in the epoch
     stats = EpochStats.resumed(state.partial)
     state.partial = None
     mix = cfg.mixup if epoch < cfg.num_epochs - cfg.mixup_off_epochs else 0.0
     step_batch = cfg.batch_size // dist.size * len(ctxs) if cfg.kv_store == "horovod" else cfg.batch_size
     tic = epoch_tic = stats.started
     counted = []  # the last step's top-k hits, still on the device
+    group_loss, group_ok = 0.0, True  # the micro-batches of the optimizer step under way
     for step, batch in enumerate(train_iter):
         if step >= steps:
             break
         if step < skip:  # resumed inside an epoch: the reseeded reader replays the same batches
             tic = time.time()
             continue
-        lr = state.schedule(epoch + step / steps)
-        state.trainer.set_learning_rate(lr)
+        first, last = step % accum == 0, step % accum == accum - 1
+        if first:  # the LR of this optimizer step
+            lr = state.schedule(epoch + step // accum / updates)
+            state.trainer.set_learning_rate(lr)
+            if accum > 1:
+                loop.guard.keep()
         datas, labels = split(batch, ctxs, cfg.dtype)
         # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
         rng = np.random.RandomState(None if cfg.seed is None else [cfg.seed, epoch, dist.rank, step])
         pairs = [make_targets(label, loop.num_classes, cfg.label_smoothing, mix, rng, data)
                  for data, label in zip(datas, labels)]
         loss, outputs, applied = train_step(net, state.trainer, state.scaler, loop.loss_fn, [p[0] for p in pairs],
-                                            [p[1] for p in pairs], step_batch, loop.guard, loop.stop.vote,
-                                            scan_grads=cfg.dtype == "float16" or state.scaler.dynamic)
-        if not applied:
+                                            [p[1] for p in pairs], step_batch * accum,
+                                            loop.guard if accum == 1 else None, loop.stop.vote,
+                                            scan_grads=cfg.dtype == "float16" or state.scaler.dynamic,
+                                            update=last, earlier_ok=group_ok)
+        group_loss += loss
+        group_ok = group_ok and math.isfinite(loss)
+        if applied is False and accum > 1:
+            loop.guard.restore_if_bad()  # BatchNorm statistics as before the accumulation's first batch
+        if applied is False:
             log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
                         epoch + 1, step + 1, state.scaler.scale)
             if state.scaler.bad_steps >= cfg.max_bad_steps:
                 raise TrainingError(f"{state.scaler.bad_steps} consecutive steps had NaN/inf loss or gradients "
                                     f"(epoch {epoch + 1}, step {step + 1}); lower --lr or use float32")
-        elif state.ema is not None:
+        elif applied and state.ema is not None:
             state.ema.update()
         if applied:
-            stats.loss += loss
-            stats.steps += 1
+            stats.loss += group_loss
+            stats.steps += accum
+        if last:
+            group_loss, group_ok = 0.0, True
         if not cfg.no_metrics:
             # Read one step late: the device has long finished them, so reading never stalls its queue.
             stats.add_hits(counted)
@@ -596,7 +674,7 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
                              left * cfg.batch_size / max(speed, 1e-9))
         loop.json_log.write("iter", epoch=epoch + 1, step=step, loss=loss, lr=lr,
                             ips=cfg.batch_size / stats.durations[-1], loss_scale=state.scaler.scale)
-        if loop.stop.agreed and step + 1 < steps:
+        if last and loop.stop.agreed and step + 1 < steps:  # stops only between optimizer steps
             loop.progress.end_epoch()
             stats.add_hits(counted)
             return stats, steps, step + 1

@@ -83,12 +83,14 @@ def setup_logging(rank):
 
 
 def fill_hyper_parameters(args):
-    """The defaults that depend on other flags: the recipe's epochs for training, and its LR per 256 images
-    scaled to the global batch."""
+    """The defaults that depend on other flags: the recipe's epochs for training, and its LR for the effective
+    global batch (--batch-size x --grad-accum-steps); returns how the LR was found (None: given)."""
     if args.num_epochs is None:
         args.num_epochs = schedules.recipe_epochs(args.recipe)
     if args.lr is None:
-        args.lr = schedules.recipe_lr(args.recipe, args.batch_size)
+        args.lr, how = schedules.recipe_lr_source(args.recipe, args.batch_size * max(args.grad_accum_steps, 1))
+        return how
+    return None
 
 
 def check_config(cfg):
@@ -320,7 +322,9 @@ def configure(args, given, num_gpus):
     problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
     if problem:
         raise UsageError(problem)
-    fill_hyper_parameters(args)
+    how = fill_hyper_parameters(args)
+    if how and args.mode in ("train", "train_val"):
+        logging.info("%s", how)
     cfg = config.from_args(args)
     check_config(cfg)
     return cfg

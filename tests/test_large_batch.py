@@ -67,3 +67,162 @@ def test_lars_steps_equal_the_numpy_formula(eps):
         # the trust ratio matters: a weight moved much less than plain SGD at this LR would move it
         sgd_move = lr * np.linalg.norm(grads["small_dense0_weight"] / batch)
         assert np.linalg.norm(expected["small_dense0_weight"] - before["small_dense0_weight"]) < 0.1 * sgd_move
+
+
+# ---- gradient accumulation, through the loop's own train_one_epoch ------------------------------------------------
+import signal  # noqa: E402
+
+import checkpoint  # noqa: E402
+import config  # noqa: E402
+import precision  # noqa: E402
+from progress import JsonLog, Progress  # noqa: E402
+import train  # noqa: E402
+
+CLASSES, MICRO, ACCUM = 4, 4, 3
+CPU = [mx.cpu()]
+RUN = fit.RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json",
+                  record={"args": {}})
+
+
+class Batches:
+    """``count`` batches of ``size`` cut from the same images (so 3 of 4 hold what 1 of 12 holds, in order);
+    ``on_draw(i)`` is called as batch i is drawn."""
+
+    def __init__(self, size, count, on_draw=None):
+        rng = np.random.RandomState(0)
+        images = rng.uniform(-1, 1, (size * count, 3, 8, 8)).astype("float32")
+        labels = rng.randint(0, CLASSES, size * count).astype("float32")
+        self.batches = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)]
+        self.on_draw = on_draw
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for i, (data, label) in enumerate(self.batches):
+            if self.on_draw:
+                self.on_draw(i)
+            yield mx.io.DataBatch(data=[mx.nd.array(data)], label=[mx.nd.array(label)], pad=0)
+
+
+def tiny_net(init_file, batchnorm="none"):
+    """Conv, optional BatchNorm ("live", or "frozen": normalising with its running statistics), pool, dense."""
+    net = gluon.nn.HybridSequential(prefix="tiny_")
+    with net.name_scope():
+        net.add(gluon.nn.Conv2D(8, 3, padding=1))
+        if batchnorm != "none":
+            net.add(gluon.nn.BatchNorm(use_global_stats=batchnorm == "frozen"))
+        net.add(gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(CLASSES))
+    net.initialize(mx.init.Xavier(), ctx=CPU)
+    net.infer_shape(mx.nd.zeros((1, 3, 8, 8)))
+    for param in net.collect_params().values():
+        param._finish_deferred_init()
+    if not init_file.exists():
+        net.save_parameters(str(init_file))
+    net.load_parameters(str(init_file), ctx=CPU)
+    net.hybridize(static_alloc=True, static_shape=True)
+    return net
+
+
+def fit_config(tmp_path, batch, accum, *extra):
+    parsed = train.parse_args(["--kv-store", "local", "--dtype", "float32", "--batch-size", str(batch),
+                               "--grad-accum-steps", str(accum), "--num-epochs", "2", "--lr", "0.4",
+                               "--warmup-epochs", "0.5", "--mixup", "0", "--num-classes", str(CLASSES),
+                               "--seed", "3", "--ema-decay", "0.9", "--workspace", str(tmp_path),
+                               "--disp-batches", "0", "--keep-last", "0", *extra])
+    train.fill_hyper_parameters(parsed)
+    return config.from_args(parsed).fit
+
+
+def start(cfg, net):
+    dist = distributed.Distributed(None)
+    state = fit.prepare(cfg, RUN, net, CPU, dist)
+    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
+                    progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
+                    num_classes=CLASSES)
+    return state, loop
+
+
+def learned(net):
+    return {name: p.data().asnumpy() for name, p in net.collect_params().items()
+            if not name.endswith(("running_mean", "running_var"))}
+
+
+@pytest.fixture()
+def keep_signal_handlers():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("optimizer,batchnorm", [("sgd", "none"), ("lars", "none"), ("sgd", "frozen")])
+def test_accumulated_micro_batches_equal_one_large_batch(tmp_path, keep_signal_handlers, optimizer, batchnorm):
+    """3 micro-batches of 4 accumulated = 1 batch of 12: the same weights, EMA and epoch sums, to float32
+    summation order (rtol 1e-5), over 2 optimizer steps. Exact only without live BatchNorm: a live BatchNorm
+    normalises each micro-batch with its own statistics, which differ from the large batch's (no claim made)."""
+    init = tmp_path / "init.params"
+    large_net, micro_net = tiny_net(init, batchnorm), tiny_net(init, batchnorm)
+    large_cfg = fit_config(tmp_path, MICRO * ACCUM, 1, "--optimizer", optimizer)
+    micro_cfg = fit_config(tmp_path, MICRO, ACCUM, "--optimizer", optimizer)
+    large_state, large_loop = start(large_cfg, large_net)
+    micro_state, micro_loop = start(micro_cfg, micro_net)
+    large, large_steps, _ = fit.train_one_epoch(large_cfg, large_loop, large_state, Batches(MICRO * ACCUM, 2), 0)
+    micro, micro_steps, _ = fit.train_one_epoch(micro_cfg, micro_loop, micro_state, Batches(MICRO, 2 * ACCUM), 0)
+    assert (large_steps, micro_steps) == (2, 2 * ACCUM)
+    assert micro.samples == large.samples == 2 * ACCUM * MICRO
+    assert micro.correct1 == large.correct1
+    assert micro.loss / micro.steps == pytest.approx(large.loss / large.steps, rel=1e-5)
+    expected = learned(large_net)
+    moved = False
+    for name, value in learned(micro_net).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        moved |= not np.allclose(value, micro_state.ema.shadow[name].asnumpy())
+    for name, value in large_state.ema.shadow.items():
+        np.testing.assert_allclose(micro_state.ema.shadow[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6)
+    assert moved  # trained: the EMA lags the weights
+
+
+def test_the_lr_changes_once_per_optimizer_step(tmp_path, keep_signal_handlers):
+    cfg = fit_config(tmp_path, MICRO, ACCUM)
+    state, loop = start(cfg, tiny_net(tmp_path / "init.params"))
+    asked = []
+    schedule = state.schedule
+    state.schedule = lambda epoch: asked.append(epoch) or schedule(epoch)
+    fit.train_one_epoch(cfg, loop, state, Batches(MICRO, 4 * ACCUM + 2), epoch=1)  # 2 batches left over
+    assert asked == [1.0, 1.25, 1.5, 1.75]
+    assert state.trainer.learning_rate == schedule(1.75)
+
+
+def test_stopped_inside_an_accumulation_and_resumed_ends_as_the_uninterrupted(tmp_path, keep_signal_handlers):
+    init = tmp_path / "init.params"
+    cfg = fit_config(tmp_path, MICRO, ACCUM)
+    net = tiny_net(init, "live")
+    state, loop = start(cfg, net)
+    whole, _, stopped_at = fit.train_one_epoch(cfg, loop, state, Batches(MICRO, 4 * ACCUM), epoch=1)
+    assert stopped_at is None
+
+    # Asked to stop as the 5th batch (the 2nd of the 2nd accumulation) is drawn: the optimizer step ends first.
+    net_b = tiny_net(init, "live")
+    state_b, loop_b = start(cfg, net_b)
+    first, _, stopped_at = fit.train_one_epoch(cfg, loop_b, state_b, Batches(
+        MICRO, 4 * ACCUM, on_draw=lambda i: setattr(loop_b.stop, "requested", i >= 4)), epoch=1)
+    assert stopped_at == 2 * ACCUM and first.steps == 2 * ACCUM
+    prefix = str(tmp_path / "model")
+    fit.save_checkpoint(prefix, net_b, state_b, RUN, epoch=1, step=stopped_at, keep_last=0, seed=cfg.seed,
+                        partials=fit.gather_partial(first, loop_b.dist, "partial"))
+
+    net_c = tiny_net(init, "live")
+    state_c, loop_c = start(cfg, net_c)
+    fit.resume(state_c, checkpoint.find_latest(prefix), RUN, net_c, CPU, loop_c.dist)
+    assert (state_c.epoch, state_c.step) == (1, 2 * ACCUM)
+    rest, _, stopped_at = fit.train_one_epoch(cfg, loop_c, state_c, Batches(MICRO, 4 * ACCUM), epoch=1,
+                                              skip=state_c.step)
+    assert stopped_at is None
+    assert rest.sums() == pytest.approx(whole.sums(), rel=1e-6)
+    expected = learned(net)
+    for name, value in learned(net_c).items():  # BatchNorm running statistics: see test_fit_phases.py
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for name, value in state.ema.shadow.items():
+        if not name.endswith(("running_mean", "running_var")):
+            np.testing.assert_allclose(state_c.ema.shadow[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6)
