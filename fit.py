@@ -16,6 +16,7 @@ import checkpoint
 from checkpoint import workspace_path
 import cli
 from distributed import Distributed, average_over_devices
+from mlperf_log import MLPerfLog
 from models import running_stats
 from precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
 import schedules
@@ -519,6 +520,8 @@ class TrainState:
     best_top1: float = -1.0
     partial: dict = None  # this rank's sums of the interrupted epoch
     run_start: float = dataclasses.field(default_factory=time.time)
+    train_seconds: float = 0.0  # in training steps, all runs of this training so far
+    target: dict = None  # --target-top1 reached: {"top1", "reached_top1", "epoch", "train_seconds", "wall_seconds"}
 
     def elapsed(self):
         return self.report.total_duration + time.time() - self.run_start
@@ -559,6 +562,10 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
     state.report.metrics.update(checkpoint_state["metrics"])
     state.report.total_duration = checkpoint_state.get("total_duration", 0.0)
     state.partial = resumed_partial(checkpoint_state, dist)
+    state.train_seconds = checkpoint_state.get("train_seconds", 0.0)
+    state.target = checkpoint_state.get("target")
+    if state.target:
+        state.report.info["target"] = state.target
     if dist.is_primary:
         log.info("Resuming from %s: %s", checkpoint_state["state_path"], f"after epoch {state.epoch}"
                  if not state.step else f"epoch {state.epoch + 1}, step {state.step}")
@@ -569,7 +576,8 @@ def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, parti
     with each rank's sums of an interrupted epoch (``partials``); keeps the newest ``keep_last``."""
     saved = {"epoch": epoch, "step": step, "model": run.model_name, "best_top1": state.best_top1,
              "loss_scaler": state.scaler.state(), "metrics": state.report.metrics, "seed": seed,
-             "total_duration": state.elapsed(), "partial": partials and sum_partial(partials),
+             "total_duration": state.elapsed(), "train_seconds": state.train_seconds, "target": state.target,
+             "partial": partials and sum_partial(partials),
              "partial_ranks": partials, **run.record}
     path = checkpoint.save(prefix, net, state.trainer, saved, state.ema.saveable() if state.ema else None, best)
     log.info("Saved checkpoint %s", path)
@@ -710,13 +718,31 @@ def record_train_epoch(cfg, state, stats, epoch, dist):
 
 
 def record_validation(cfg, state, metrics, epoch, dist):
-    state.report.add_epoch("val", top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
+    state.report.add_epoch("val", epoch=epoch + 1, top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
                            durations=metrics["durations"], batch_size=cfg.batch_size)
     if dist.is_primary:
         log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
                  metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
     return {"val.top1": metrics["top1"], "val.top5": metrics["top5"], "val.loss": metrics["loss"],
             "val.samples": metrics["samples"]}
+
+
+def evaluation_due(cfg, epoch, last):
+    """--eval-every/--eval-offset: validate after ``epoch`` (0-based)? Always after the last epoch of the run."""
+    return last or (epoch >= cfg.eval_offset and (epoch - cfg.eval_offset) % cfg.eval_every == 0)
+
+
+def target_reached(cfg, state, top1, epoch):
+    """--target-top1: record (in the state, saved with checkpoints, and the report) the first validation at or
+    above it; returns whether it is reached."""
+    if cfg.target_top1 is None or top1 < cfg.target_top1:
+        return False
+    state.target = {"top1": cfg.target_top1, "reached_top1": top1, "epoch": epoch + 1,
+                    "train_seconds": state.train_seconds, "wall_seconds": state.elapsed()}
+    state.report.info["target"] = state.target
+    log.info("Target top-1 %g reached at epoch %d (top-1 %.4f) after %s of training, %s in all", cfg.target_top1,
+             epoch + 1, top1, format_seconds(state.train_seconds), format_seconds(state.target["wall_seconds"]))
+    return True
 
 
 def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
@@ -738,17 +764,30 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
                 progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch,
                 num_classes=num_classes)
-    if state.epoch >= end_epoch and dist.is_primary:
+    if state.target is not None:
+        end_epoch = state.epoch  # reached in an earlier run: nothing left to do
+        if dist.is_primary:
+            log.info("The target top-1 %g was reached at epoch %d already; --resume none starts afresh",
+                     state.target["top1"], state.target["epoch"])
+    elif state.epoch >= end_epoch and dist.is_primary:
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
                  cfg.num_epochs)
+    mllog = MLPerfLog(workspace_path(cfg.workspace, cfg.mllog) if cfg.mllog and dist.is_primary else None)
+    first_epoch = state.epoch
+    if cfg.mllog and resumed is None and first_epoch < end_epoch:  # a resumed run continues the log
+        mllog.run_begins(cfg, dist.size * len(ctxs), ctxs[0].device_type,
+                         len(make_train_iter(first_epoch)) * cfg.batch_size)
 
     def save(epoch, step, partials=None, best=False):
         save_checkpoint(prefix, net, state, run, epoch, step, cfg.keep_last, cfg.seed, partials, best)
 
-    stopped = False
+    stopped = reached = False
+    evaluated = bool(state.report.metrics.get("val.top1"))
     for epoch in range(state.epoch, end_epoch):
+        mllog.epoch_start(epoch + 1)
         stats, steps, stopped_at = train_one_epoch(cfg, loop, state, make_train_iter(epoch), epoch,
                                                    skip=state.step if epoch == state.epoch else 0)
+        state.train_seconds += sum(stats.durations)
         if stopped_at is not None:  # a stop signal: save this epoch's progress and end
             average_statistics(net, state.ema, dist)  # as at the epoch's end: each rank's averages differ
             partials = gather_partial(stats, dist, "partial")
@@ -756,29 +795,40 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
                 save(epoch, stopped_at, partials)
             stopped = True
             break
+        mllog.epoch_stop(epoch + 1)
         epoch_record = record_train_epoch(cfg, state, stats, epoch, dist)
         average_statistics(net, state.ema, dist)
         improved = False
-        if val_iter is not None and cfg.mode == "train_val":
+        last = epoch + 1 == end_epoch
+        if val_iter is not None and cfg.mode == "train_val" and evaluation_due(cfg, epoch, last):
+            mllog.eval_start(epoch + 1)
             metrics = validate(net, state.ema, val_iter, ctxs, dist, cfg.dtype, cfg.no_metrics,
                                cfg.benchmark_iters)
+            mllog.eval_result(epoch + 1, metrics["top1"], metrics["samples"], first=not evaluated)
+            evaluated = True
             epoch_record.update(record_validation(cfg, state, metrics, epoch, dist))
             improved = metrics["top1"] > state.best_top1
             state.best_top1 = max(state.best_top1, metrics["top1"])
+            reached = target_reached(cfg, state, metrics["top1"], epoch)
         json_log.write("epoch", epoch=epoch + 1, **epoch_record)
-        last = epoch + 1 == end_epoch
         due = cfg.save_frequency > 0 and (epoch + 1) % cfg.save_frequency == 0
-        if dist.is_primary and (due or last or improved):
+        if dist.is_primary and (due or last or improved or reached):
             save(epoch + 1, 0, best=improved)
+        if reached:
+            break
         if loop.stop.agreed_now() and not last:
             if dist.is_primary and not (due or improved):
                 save(epoch + 1, 0)
             stopped = True
             break
+    if end_epoch > first_epoch and not stopped and (reached or end_epoch == cfg.num_epochs):  # training's end
+        mllog.run_ends(reached, epoch + 1)
+    mllog.close()
     state.report.total_duration = state.elapsed()
     if dist.is_primary:
         state.report.save(workspace_path(cfg.workspace, run.report_path))
-        json_log.write("summary", total_duration=state.report.total_duration, stopped=stopped)
+        json_log.write("summary", total_duration=state.report.total_duration, stopped=stopped,
+                       target=state.target)
     json_log.close()
     return state.report, stopped
 

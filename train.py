@@ -410,6 +410,10 @@ def main(args, command=None, given=()):
         top1 = report.metrics.get("val.top1")
         if top1:
             print(f"Validation top-1: {top1[-1]:.4f}")
+        target = report.info.get("target")
+        if target:
+            print(f"Target top-1 {target['top1']:g} reached at epoch {target['epoch']} after "
+                  f"{target['train_seconds']:.0f} s of training, {target['wall_seconds']:.0f} s in all")
         print(f"Report: {os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))}")
     return Outcome(net=net, report=report, stopped=stopped)
 
