@@ -3,6 +3,7 @@
 Its helpers live in modules named for them: distributed.py (collectives), precision.py (loss scaling and the
 finite checks), scoring.py (evaluation, --mode val/pred), checkpoint.py (files), schedules.py (recipes, LR)."""
 import dataclasses
+import importlib.util
 import logging
 import math
 import signal
@@ -212,6 +213,9 @@ def check(cfg):
                          f"and {cfg.eval_offset}")
     if cfg.target_top1 is not None and not 0 < cfg.target_top1 <= 1:
         raise ValueError(f"--target-top1 is a fraction in (0, 1] (e.g. 0.759 for 75.9 %), got {cfg.target_top1}")
+    if cfg.mllog and importlib.util.find_spec("mlperf_logging") is None:
+        raise ValueError("--mllog writes through the mlperf-logging package, not installed for this Python: "
+                         "`make setup` installs it (or pip install mlperf-logging==4.1.68)")
     if not 0 <= cfg.ema_decay < 1:
         raise ValueError(f"--ema-decay must be in [0, 1), got {cfg.ema_decay}")
     if cfg.loss_scale not in (None, "dynamic"):

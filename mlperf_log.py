@@ -22,7 +22,7 @@ class MLPerfLog:
         self.logger = None
         if not path:
             return
-        from mlperf_logging import mllog  # an optional package: imported only when asked for
+        from mlperf_logging import mllog  # imported only when asked for (fit.check says when it is missing)
         self.c = mllog.constants
         handler = logging.FileHandler(path)
         handler.setLevel(logging.INFO)
@@ -30,7 +30,7 @@ class MLPerfLog:
         logger.propagate = False
         logger.setLevel(logging.INFO)
         logger.handlers[:] = [handler]
-        self.logger = mllog.MLLogger(logger=logger, root_dir=os.path.dirname(os.path.abspath(__file__)))
+        self.logger = mllog.mllog.MLLogger(logger=logger, root_dir=os.path.dirname(os.path.abspath(__file__)))
 
     def close(self):
         if self.logger is not None:
@@ -72,7 +72,7 @@ class MLPerfLog:
             self.event(c.LARS_OPT_BASE_LEARNING_RATE, cfg.lr)
             self.event(c.LARS_OPT_END_LR, cfg.lr_end)
             self.event(c.LARS_OPT_LR_DECAY_POLY_POWER, cfg.lr_power)
-            self.event(c.LARS_OPT_LEARNING_RATE_DECAY_STEPS,
+            self.event(c.LARS_OPT_LR_DECAY_STEPS,
                        int(round((cfg.num_epochs - cfg.warmup_epochs) * steps_per_epoch)))
             self.event(c.LARS_EPSILON, cfg.lars_eps)
             self.event(c.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS, cfg.warmup_epochs)

@@ -226,3 +226,70 @@ def test_stopped_inside_an_accumulation_and_resumed_ends_as_the_uninterrupted(tm
     for name, value in state.ema.shadow.items():
         if not name.endswith(("running_mean", "running_var")):
             np.testing.assert_allclose(state_c.ema.shadow[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---- evaluation schedule, target, MLPerf log: fit() itself on the tiny network -----------------------------------
+def run_fit(tmp_path, name, *extra, epochs=6):
+    """fit() in workspace tmp_path/name, from the weights every run of the test starts from."""
+    workspace = tmp_path / name
+    workspace.mkdir(exist_ok=True)
+    cfg = fit_config(workspace, MICRO, 1, "--num-epochs", str(epochs), "--ema-decay", "0", *extra)
+    # no BatchNorm: its running statistics are not reproducible on MXNet's CPU build (test_fit_phases.py), and
+    # validation would read them
+    net = tiny_net(tmp_path / "init.params")
+    train_batches = val_batches = Batches(MICRO, 8)  # validated on what it learns: top-1 rises
+    report, stopped = fit.fit(cfg, RUN, net, lambda epoch: train_batches, val_batches, CPU,
+                              distributed.Distributed(None), CLASSES)
+    return report, stopped
+
+
+def test_evaluations_follow_eval_every_and_offset_and_the_last_epoch(tmp_path, keep_signal_handlers):
+    report, _ = run_fit(tmp_path, "a", "--eval-every", "2", "--eval-offset", "1", epochs=6)
+    assert report.metrics["val.epoch"] == [2, 4, 6]
+    report, _ = run_fit(tmp_path, "b", "--eval-every", "4", "--eval-offset", "2", epochs=8)
+    assert report.metrics["val.epoch"] == [3, 7, 8]  # the mlperf recipe's 3, 7, ... and the run's last
+
+
+def test_a_target_run_stops_at_the_first_evaluation_reaching_it(tmp_path, keep_signal_handlers):
+    reference, _ = run_fit(tmp_path, "ref", epochs=6)  # the same run without a target: every epoch's top-1
+    top1 = reference.metrics["val.top1"]
+    target = min(value for value in top1 if value > top1[0])  # above the first evaluation's
+    first = next(i for i, value in enumerate(top1) if value >= target)
+    assert 0 < first < len(top1) - 1  # reached after the first evaluation and before the last epoch
+    report, stopped = run_fit(tmp_path, "target", "--target-top1", str(target), epochs=6)
+    assert not stopped
+    assert report.metrics["val.top1"] == top1[:first + 1]  # trained and validated up to that epoch, no further
+    assert len(report.metrics["train.loss"]) == first + 1
+    info = report.info["target"]
+    assert (info["top1"], info["epoch"], info["reached_top1"]) == (target, first + 1, top1[first])
+    assert 0 < info["train_seconds"] <= info["wall_seconds"]
+    # a rerun of the finished training resumes, sees the target reached, and trains no further
+    again, _ = run_fit(tmp_path, "target", "--target-top1", str(target), epochs=6)
+    assert again.metrics["val.top1"] == top1[:first + 1] and again.info["target"] == info
+
+
+# The rules a 10-class toy run cannot meet: the ImageNet quality target (closed_resnet.yaml's eval_accuracy
+# ATLEAST_ONE_CHECK: some evaluation >= 0.7590). Nothing else is waived.
+IMAGENET_ONLY = ["Failed checks for eval_accuracy : v['value'] >= 0.7590 and v['value'] < 1.0"]
+
+
+def compliance_messages(path):
+    from mlperf_logging.compliance_checker import mlp_compliance
+    checker = mlp_compliance.make_checker("training", "4.0.0", quiet=True, werror=False)
+    checker.check_file(str(path), "training_4.0.0/common.yaml")
+    return sorted(list(checker.overwritable.values()) + checker.not_overwritable), checker
+
+
+def test_the_mllog_of_a_tiny_run_passes_the_compliance_checker(tmp_path, keep_signal_handlers):
+    pytest.importorskip("mlperf_logging")
+    run_fit(tmp_path, "run", "--recipe", "mlperf", "--lr", "0.5", "--mllog", "mllog.txt", "--target-top1", "0.99",
+            epochs=4)
+    text = (tmp_path / "run" / "mllog.txt").read_text()
+    assert text.count(":::MLLOG") > 20 and '"key": "run_stop"' in text
+    messages, checker = compliance_messages(tmp_path / "run" / "mllog.txt")
+    assert messages == IMAGENET_ONLY, messages
+    assert not checker.warnings  # every EXACTLY_ONE key once
+    # the checker does fail a log that lacks a required key
+    broken = tmp_path / "broken.txt"
+    broken.write_text("".join(line + "\n" for line in text.splitlines() if '"lars_epsilon"' not in line))
+    assert "Required EXACTLY_ONE occurrence of 'lars_epsilon' but found 0" in compliance_messages(broken)[0]
