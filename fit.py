@@ -758,8 +758,8 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:
-        moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed, [run.report_path,
-                                                                                           cfg.json_log])
+        moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed,
+                                              [run.report_path, cfg.json_log] + ([cfg.mllog] if cfg.mllog else []))
         if moved:
             log.info("--resume %s: moved the files of the run not continued to %s", cfg.resume, moved)
     json_log = JsonLog(workspace_path(cfg.workspace, cfg.json_log) if dist.is_primary and cfg.json_log else None)
@@ -776,7 +776,8 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
     elif state.epoch >= end_epoch and dist.is_primary:
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
                  cfg.num_epochs)
-    mllog = MLPerfLog(workspace_path(cfg.workspace, cfg.mllog) if cfg.mllog and dist.is_primary else None)
+    mllog = MLPerfLog(workspace_path(cfg.workspace, cfg.mllog) if cfg.mllog and dist.is_primary else None,
+                      fresh=resumed is None)
     first_epoch = state.epoch
     if cfg.mllog and resumed is None and first_epoch < end_epoch:  # a resumed run continues the log
         mllog.run_begins(cfg, dist.size * len(ctxs), ctxs[0].device_type,

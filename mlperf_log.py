@@ -18,13 +18,14 @@ RULESET = "4.0.0"
 class MLPerfLog:
     """Rank 0 writes, the other ranks (and a run without --mllog) do nothing."""
 
-    def __init__(self, path):
+    def __init__(self, path, fresh=True):
+        """``fresh``: a new run (the file is started anew); else the resumed run's log is continued."""
         self.logger = None
         if not path:
             return
         from mlperf_logging import mllog  # imported only when asked for (fit.check says when it is missing)
         self.c = mllog.constants
-        handler = logging.FileHandler(path)
+        handler = logging.FileHandler(path, mode="w" if fresh else "a")
         handler.setLevel(logging.INFO)
         logger = logging.getLogger(f"rn50.mllog.{os.path.abspath(path)}")
         logger.propagate = False

@@ -161,7 +161,10 @@ def header(cfg, size, report_path):
     fit_cfg, data_cfg = cfg.fit, cfg.data
     model = f"{cfg.model.name} ({cfg.model.num_classes} classes, " \
             f"{'x'.join(str(v) for v in data_cfg.image_shape)})"
-    machine = f"{size} worker(s), batch {fit_cfg.batch_size}, {fit_cfg.dtype}, {data_cfg.data_backend}"
+    batch = f"batch {fit_cfg.batch_size}" if fit_cfg.grad_accum_steps == 1 else \
+        f"batch {fit_cfg.batch_size} x {fit_cfg.grad_accum_steps} accumulated = " \
+        f"{fit_cfg.batch_size * fit_cfg.grad_accum_steps}"
+    machine = f"{size} worker(s), {batch}, {fit_cfg.dtype}, {data_cfg.data_backend}"
     if fit_cfg.mode == "val":
         return (f"Scoring {fit_cfg.load or 'freshly initialised weights'}: {model}, resize {data_cfg.data_val_resize}, "
                 f"{machine}; data {data_cfg.data_val or 'synthetic'}; "

@@ -88,8 +88,8 @@ class Batches:
     """``count`` batches of ``size`` cut from the same images (so 3 of 4 hold what 1 of 12 holds, in order);
     ``on_draw(i)`` is called as batch i is drawn."""
 
-    def __init__(self, size, count, on_draw=None):
-        rng = np.random.RandomState(0)
+    def __init__(self, size, count, on_draw=None, seed=0):
+        rng = np.random.RandomState(seed)
         images = rng.uniform(-1, 1, (size * count, 3, 8, 8)).astype("float32")
         labels = rng.randint(0, CLASSES, size * count).astype("float32")
         self.batches = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)]
@@ -293,3 +293,26 @@ def test_the_mllog_of_a_tiny_run_passes_the_compliance_checker(tmp_path, keep_si
     broken = tmp_path / "broken.txt"
     broken.write_text("".join(line + "\n" for line in text.splitlines() if '"lars_epsilon"' not in line))
     assert "Required EXACTLY_ONE occurrence of 'lars_epsilon' but found 0" in compliance_messages(broken)[0]
+
+
+@pytest.mark.slow  # launches processes
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
+def test_accumulation_with_two_horovod_workers_equals_one_large_batch(tmp_path, optimizer):
+    """2 workers x 3 accumulated micro-batches of 4 = 2 workers x 1 batch of 12 (no BatchNorm: exact to float32
+    summation order); the ranks agree."""
+    import os
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT, venv_env
+    command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+               os.path.join(ROOT, "tests", "hvd_accum_worker.py"), str(tmp_path), optimizer]
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = {(name, rank): np.load(tmp_path / f"{name}-rank{rank}.npz") for name in ("micro", "large")
+            for rank in (0, 1)}
+    init = tiny_net(tmp_path / "init-0.params")
+    for name, expected in runs["large", 0].items():
+        np.testing.assert_array_equal(runs["large", 1][name], expected, err_msg=name)
+        np.testing.assert_array_equal(runs["micro", 1][name], runs["micro", 0][name], err_msg=name)
+        np.testing.assert_allclose(runs["micro", 0][name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert not np.allclose(expected, init.collect_params()[name].data().asnumpy())  # trained
