@@ -316,3 +316,72 @@ def test_accumulation_with_two_horovod_workers_equals_one_large_batch(tmp_path, 
         np.testing.assert_array_equal(runs["micro", 1][name], runs["micro", 0][name], err_msg=name)
         np.testing.assert_allclose(runs["micro", 0][name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
         assert not np.allclose(expected, init.collect_params()[name].data().asnumpy())  # trained
+
+
+# ---- the poly schedule and the mlperf recipe -----------------------------------------------------------------------
+def test_poly_schedule_with_end_lr_equals_its_formula():
+    base, end, warmup, epochs, power = 10.5, 1e-4, 2.0, 37, 2.0
+    schedule = schedules.get_schedule("poly", base, epochs, warmup, power=power, final_lr=end)
+
+    def formula(epoch):  # linear warmup from 0, then end + (base - end) (1 - t)^power over the epochs left
+        if epoch < warmup:
+            return base * epoch / warmup
+        return end + (base - end) * (1 - (epoch - warmup) / (epochs - warmup)) ** power
+    for epoch in [0.0, 0.5, 1.0, 1.999, 2.0, 3.25, 10.0, 19.5, 30.0, 36.9, 37.0]:
+        assert schedule(epoch) == pytest.approx(formula(epoch), rel=1e-12, abs=1e-15), epoch
+    assert schedule(19.5) == pytest.approx(end + (base - end) / 4)
+    assert schedule(37.0) == pytest.approx(end)
+
+
+def test_mlperf_lr_from_mlcommons_points():
+    points = schedules.RECIPES["mlperf"]["lr_points"]
+    for batch, lr in [(1632, 7.4), (3200, 11.0), (3264, 10.5)]:
+        assert schedules.points_lr(points, batch)[0] == lr  # a point's batch: its LR as it is
+    lr, how = schedules.points_lr(points, 816)
+    assert lr == pytest.approx(7.4 / 2 ** 0.5) and "1632 -> 7.4" in how and "sqrt(816/1632)" in how
+    assert schedules.points_lr(points, 6528)[0] == pytest.approx(10.5 * 2 ** 0.5)  # nearest: 3264
+    assert schedules.points_lr(points, 3230)[0] == pytest.approx(11.0 * (3230 / 3200) ** 0.5)  # nearest: 3200
+
+
+def test_mlperf_recipe_sets_the_issue_table_and_its_lr_follows_the_effective_batch():
+    args = train.parse_args(["--recipe", "mlperf", "--batch-size", "816", "--grad-accum-steps", "2"])
+    how = train.fill_hyper_parameters(args)
+    cfg = config.from_args(args)
+    f, d = cfg.fit, cfg.data
+    assert (f.optimizer, f.lars_eta, f.lars_eps, f.mom, f.wd) == ("lars", 0.001, 0.0, 0.9, 5e-5)
+    assert (f.lr_schedule, f.lr_power, f.lr_end, f.warmup_epochs, f.num_epochs) == ("poly", 2.0, 1e-4, 2.0, 37)
+    assert (f.label_smoothing, f.mixup, d.min_random_area, d.max_random_area) == (0.1, 0.0, 0.05, 1.0)
+    assert (d.min_random_aspect_ratio, d.max_random_aspect_ratio, d.data_val_resize) == (0.75, 4 / 3, 256)
+    assert (f.eval_every, f.eval_offset, d.random_mirror) == (4, 2, 1)
+    assert f.lr == 7.4 and "1632" in how  # 816 x 2 accumulated = the 1,632 point
+    given = train.parse_args(["--recipe", "mlperf", "--lr", "3", "--optimizer", "sgd"])
+    assert train.fill_hyper_parameters(given) is None and (given.lr, given.optimizer) == (3.0, "sgd")
+
+
+def test_the_loss_scaler_and_ema_count_optimizer_steps_and_a_bad_micro_batch_skips_its_step(
+        tmp_path, keep_signal_handlers):
+    cfg = fit_config(tmp_path, MICRO, ACCUM, "--loss-scale", "dynamic")
+    net = tiny_net(tmp_path / "init.params")
+    state, loop = start(cfg, net)
+    state.scaler.scale = 8.0
+    updates = []
+    state.ema.update = lambda: updates.append(1)
+    before = learned(net)
+    batches = Batches(MICRO, 2 * ACCUM)
+    batches.batches[ACCUM + 1][0][0, 0, 0, 0] = np.nan  # the 2nd micro-batch of the 2nd optimizer step
+    stats, _, _ = fit.train_one_epoch(cfg, loop, state, batches, epoch=1)
+    assert len(updates) == 1  # the EMA follows the one applied optimizer step
+    assert (state.scaler.bad_steps, state.scaler.scale) == (1, 4.0)  # one skipped step halves the scale once
+    assert stats.steps == ACCUM and stats.samples == 2 * ACCUM * MICRO
+    # the weights are those of the first optimizer step alone: rerun it
+    net_b = tiny_net(tmp_path / "init.params")
+    state_b, loop_b = start(cfg, net_b)
+    state_b.scaler.scale = 8.0
+    first_step = Batches(MICRO, 2 * ACCUM)
+    first_step.batches = first_step.batches[:ACCUM]
+    fit.train_one_epoch(cfg, loop_b, state_b, first_step, epoch=1)
+    assert state_b.scaler.clean_steps == 1
+    after, expected = learned(net), learned(net_b)
+    for name, value in after.items():
+        assert not np.array_equal(value, before[name])
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)
