@@ -1,6 +1,6 @@
 """train.py's configuration: one frozen, typed config per concern, each beside the code that reads it and the
-flags that set it (models.ModelConfig, data.DataConfig, fit.FitConfig, quantize.QuantizeConfig,
-predict.PredictConfig). Every flag of train.py is a field of exactly one of them; their defaults are the flags'
+flags that set it (models.ModelConfig, data.DataConfig, fit.FitConfig, pretrained.FinetuneConfig,
+quantize.QuantizeConfig, predict.PredictConfig). Every flag of train.py is a field of exactly one of them; their defaults are the flags'
 defaults. The entry point builds a RunConfig once from the parsed and completed flags and passes it down: no
 argparse Namespace goes past train.py."""
 import dataclasses
@@ -10,10 +10,11 @@ from data import DataConfig
 from fit import FitConfig
 from models import ModelConfig
 from predict import PredictConfig
+from pretrained import FinetuneConfig
 from quantize import QuantizeConfig
 
-CONFIGS = {"model": ModelConfig, "data": DataConfig, "fit": FitConfig, "quantize": QuantizeConfig,
-           "predict": PredictConfig}
+CONFIGS = {"model": ModelConfig, "data": DataConfig, "fit": FitConfig, "finetune": FinetuneConfig,
+           "quantize": QuantizeConfig, "predict": PredictConfig}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,7 @@ class RunConfig:
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     fit: FitConfig = FitConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     predict: PredictConfig = PredictConfig()
 

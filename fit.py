@@ -20,6 +20,7 @@ from distributed import Distributed, average_over_devices
 from mlperf_log import MLPerfLog
 from models import running_stats
 from precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
+from pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
 import schedules
 from scoring import evaluate, split, topk_counts, valid_counts
 import settings
@@ -119,9 +120,7 @@ def add_fit_args(parser):
     group.add_argument("--run-epochs", type=int, help="stop after this many epochs in this run")
     group.add_argument("--lr", type=float,
                        help="absolute LR for the effective global batch (default: the recipe's LR per 256 x "
-                            "batch/256, 0.256 (nvidia), 0.1 (nvidia-2019, he) per 256; mlperf: MLCommons' LARS "
-                            "points 1632 -> 7.4, 3200 -> 11.0, 3264 -> 10.5, the nearest scaled by "
-                            "sqrt(batch / its batch))")
+                            f"batch/256, or from its points; {schedules.recipe_lr_help()})")
     group.add_argument("--lr-schedule", choices=schedules.SCHEDULES,
                        help=f"LR schedule ({schedules.recipe_help('lr_schedule')})")
     group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x],
@@ -483,6 +482,7 @@ class RunInfo:
     command: list
     report_path: str
     record: dict
+    report_info: dict = dataclasses.field(default_factory=dict)  # how the run started (e.g. --pretrained), for the report
 
 
 @dataclasses.dataclass
@@ -544,7 +544,7 @@ def prepare(cfg, run, net, ctxs, dist):
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
                                         cfg.lr_steps, cfg.lr_factor, cfg.lr_power, cfg.lr_end),
-        report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
+        report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info))
 
 
 def resume(state, checkpoint_state, run, net, ctxs, dist):
@@ -749,9 +749,9 @@ def target_reached(cfg, state, top1, epoch):
     return True
 
 
-def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
+def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finetune=FinetuneConfig()):
     """Train ``net`` (initialised, hybridized; ``num_classes`` outputs) as ``cfg`` (a FitConfig) says, ``run``
-    describing the run; returns (report, stopped_by_signal)."""
+    describing the run, the backbone's LR as ``finetune`` says; returns (report, stopped_by_signal)."""
     prefix = workspace_path(cfg.workspace, cfg.model_prefix)
     state = prepare(cfg, run, net, ctxs, dist)
     resumed = resume_state(cfg.resume, prefix)
@@ -790,6 +790,9 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
     evaluated = bool(state.report.metrics.get("val.top1"))
     for epoch in range(state.epoch, end_epoch):
         mllog.epoch_start(epoch + 1)
+        if finetune.changes_lr:  # Gluon's trainers read lr_mult at every update
+            set_backbone_lr_mult(net, backbone_lr_mult(epoch, finetune.backbone_lr_mult,
+                                                       finetune.freeze_backbone_epochs))
         stats, steps, stopped_at = train_one_epoch(cfg, loop, state, make_train_iter(epoch), epoch,
                                                    skip=state.step if epoch == state.epoch else 0)
         state.train_seconds += sum(stats.durations)

@@ -24,14 +24,14 @@ def write_json(path, value, indent=4):
 
 
 class Report:
-    def __init__(self, model, ngpus, cmd, metrics=None):
+    def __init__(self, model, ngpus, cmd, metrics=None, info=None):
         self.model = model
         self.ngpus = ngpus
         self.cmd = list(cmd)
         self.total_duration = 0.0
         self.metrics = OrderedDict(metrics or {})
         self.weights = None  # --mode val: what was scored
-        self.info = OrderedDict()  # how the run was made, beyond cmd (e.g. an INT8 graph's calibration)
+        self.info = OrderedDict(info or {})  # how the run was made, beyond cmd (INT8 calibration, --pretrained)
 
     def add(self, key, value):
         self.metrics.setdefault(key, []).append(value)

@@ -27,6 +27,12 @@ RECIPES = {
                    lr_power=2.0, lr_end=1e-4, lr_steps=[], lr_factor=0.1, warmup_epochs=2.0, wd=5e-5,
                    lars_eta=0.001, lars_eps=0.0, label_smoothing=0.1, mixup=0.0, num_epochs=37,
                    min_random_area=0.05, eval_every=4, eval_offset=2),
+    # Fine-tuning published ImageNet weights (--pretrained) on a user's classes: a short cosine run at a tenth of
+    # the from-scratch LR, the backbone at a tenth of that again, light augmentation (the usual transfer
+    # settings of torchvision's and timm's fine-tuning guides).
+    "finetune": dict(optimizer="sgd", mom=0.9, lr_per_256=0.01, lr_schedule="cosine", lr_steps=[], lr_factor=0.1,
+                     warmup_epochs=1.0, wd=1e-4, label_smoothing=0.1, mixup=0.0, num_epochs=15,
+                     min_random_area=0.25, backbone_lr_mult=0.1),
 }
 
 
@@ -67,6 +73,18 @@ def recipe_lr_source(name, batch_size):
         return lr, f"recipe {name}: LR {lr:g} for global batch {batch_size} ({how})"
     lr = scaled_lr(recipe["lr_per_256"], batch_size)
     return lr, f"recipe {name}: LR {lr:g} = {recipe['lr_per_256']:g} x {batch_size}/256"
+
+
+def recipe_lr_help():
+    """--lr's help: each recipe's LR rule."""
+    parts = []
+    for name, recipe in RECIPES.items():
+        if "lr_points" in recipe:
+            points = ", ".join(f"{b} -> {lr:g}" for b, lr in sorted(recipe["lr_points"].items()))
+            parts.append(f"{name}: LARS points {points}, the nearest scaled by sqrt(batch / its batch)")
+        else:
+            parts.append(f"{name}: {recipe['lr_per_256']:g} per 256")
+    return "; ".join(parts)
 
 
 def recipe_lr(name, batch_size):

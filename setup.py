@@ -25,6 +25,7 @@ setup(
         "opencv-python-headless>=4.8",
         "nvidia-dali-cuda120>=2.0",
         "scikit-learn>=1.3",
+        "safetensors>=0.4",  # --pretrained: torchvision/timm weights without PyTorch
     ],
     extras_require={
         # ONNX export (tools/export_onnx.py): MXNet's exporter imports onnx.mapping, removed in onnx 1.16

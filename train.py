@@ -37,6 +37,7 @@ import fit
 from helptext import HelpFormatter
 import models
 import predict
+import pretrained
 import quantize
 import rules
 import run_lock
@@ -51,6 +52,7 @@ def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
     parser = OneLineParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
+    pretrained.add_pretrained_args(parser)
     data.add_data_args(parser)
     data.add_dali_args(parser)
     data.add_data_aug_args(parser)
@@ -97,6 +99,7 @@ def check_config(cfg):
     """Every hyper-parameter of a RunConfig, checked (a UsageError names the flag)."""
     try:
         fit.check(cfg.fit)
+        pretrained.check_pretrained_args(cfg.finetune)
         if cfg.fit.mode == "pred":
             predict.check_pred_args(cfg.predict.data_pred)
     except ValueError as error:
@@ -315,6 +318,16 @@ def build_network(cfg, ctxs):
     return net
 
 
+def start_from_pretrained(cfg, info, net, ctxs, dist):
+    """--pretrained: the published weights into ``net`` on every rank (a file that does not fit fails alike
+    everywhere; rank 0's new classifier reaches the others through fit's broadcast). A resumed run then loads its
+    checkpoint over them. Returns the RunInfo with what was loaded, for the report."""
+    loaded = pretrained.load_pretrained(net, cfg.finetune.pretrained, ctxs, cfg.model.num_classes, cfg.model.name)
+    if dist.is_primary:
+        logging.info("%s", loaded.summary())
+    return dataclasses.replace(info, report_info={**info.report_info, "pretrained": dataclasses.asdict(loaded)})
+
+
 def configure(args, given, num_gpus):
     """The RunConfig of parsed flags: the defaults that depend on the machine, the data, a checkpoint and the
     recipe filled in, then every value checked. The Namespace stops here."""
@@ -399,12 +412,14 @@ def main(args, command=None, given=()):
             if train_iter is None:
                 raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
             make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)
+            if cfg.finetune.pretrained:
+                info = start_from_pretrained(cfg, info, net, ctxs, dist)
             report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
-                                      cfg.model.num_classes)
+                                      cfg.model.num_classes, cfg.finetune)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
     except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, data.DataError,
-            predict.PredictionError) as error:
+            predict.PredictionError, pretrained.PretrainedError) as error:
         raise UsageError(str(error))
     dist.finish()
     if lock is not None and dist.is_primary:  # every rank has finished cleanly: tell runner how

@@ -1,0 +1,35 @@
+"""imagenet_classes.py: the ImageNet-1k names in im2rec's label order (sorted WordNet ids)."""
+import subprocess
+import sys
+
+import pytest
+
+import imagenet_classes
+import predict
+from conftest import ROOT, venv_env
+
+
+def test_thousand_classes_in_sorted_synset_order():
+    synsets = imagenet_classes.SYNSETS
+    assert len(synsets) == len(set(synsets)) == 1000
+    assert list(synsets) == sorted(synsets)  # im2rec numbers the sorted class folders
+    names = imagenet_classes.names()
+    assert len(set(names)) == 1000
+    # well-known labels of ImageNet-trained models
+    assert (names[0], names[1], names[281], names[285], names[999]) == \
+        ("tench", "goldfish", "tabby", "Egyptian cat", "toilet tissue")
+    assert (synsets[0], synsets[281], synsets[999]) == ("n01440764", "n02123045", "n15075141")
+    assert imagenet_classes.names(with_ids=True)[281] == "n02123045 tabby"
+
+
+def test_names_for_imagenet_folders_only():
+    assert imagenet_classes.names_for(imagenet_classes.SYNSETS)[281] == "tabby"
+    assert imagenet_classes.names_for(["cat", "dog"]) is None
+
+
+@pytest.mark.slow  # launches a process
+def test_printed_list_reads_as_class_names(tmp_path):
+    out = subprocess.run([sys.executable, f"{ROOT}/imagenet_classes.py"], capture_output=True, text=True,
+                         env=venv_env(), check=True).stdout
+    (tmp_path / "classes.txt").write_text(out)
+    assert predict.class_names(str(tmp_path / "classes.txt"), None) == imagenet_classes.names()
