@@ -3,6 +3,7 @@
 Its helpers live in modules named for them: distributed.py (collectives), precision.py (loss scaling and the
 finite checks), scoring.py (evaluation, --mode val/pred), checkpoint.py (files), schedules.py (recipes, LR)."""
 import dataclasses
+import importlib.util
 import logging
 import math
 import signal
@@ -16,6 +17,7 @@ import checkpoint
 from checkpoint import workspace_path
 import cli
 from distributed import Distributed, average_over_devices
+from mlperf_log import MLPerfLog
 from models import running_stats
 from precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
 from pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
@@ -47,6 +49,7 @@ class FitConfig:
     cpu_contexts: int = 1
     dtype: str = None  # settings.machine_defaults: float16 with a GPU, float32 without
     batch_size: int = 192
+    grad_accum_steps: int = 1
     num_epochs: int = None
     run_epochs: int = -1
     lr: float = None
@@ -54,9 +57,12 @@ class FitConfig:
     lr_steps: tuple = tuple(_RECIPE["lr_steps"])
     lr_factor: float = _RECIPE["lr_factor"]
     lr_power: float = 2.0
+    lr_end: float = 0.0
     warmup_epochs: float = _RECIPE["warmup_epochs"]
     optimizer: str = _RECIPE["optimizer"]
     mom: float = _RECIPE["mom"]
+    lars_eta: float = 0.001
+    lars_eps: float = 0.0
     wd: float = _RECIPE["wd"]
     wd_bn_bias: bool = False
     label_smoothing: float = _RECIPE["label_smoothing"]
@@ -78,6 +84,10 @@ class FitConfig:
     load: str = None
     report: str = None
     json_log: str = "log.jsonl"
+    eval_every: int = 1
+    eval_offset: int = 0
+    target_top1: float = None
+    mllog: str = None
 
 
 def add_fit_args(parser):
@@ -99,12 +109,18 @@ def add_fit_args(parser):
                        help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
                             "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
                             "quantized by oneDNN, see --calib-mode)")
-    group.add_argument("--batch-size", type=int, help="global batch size (all workers)")
+    group.add_argument("--batch-size", type=int,
+                       help="global batch size of one forward/backward pass (all workers); the optimizer's batch "
+                            "is this x --grad-accum-steps")
+    group.add_argument("--grad-accum-steps", type=int,
+                       help="gradient accumulation (timm's name): sum the gradients of K batches locally, allreduce "
+                            "and update once, for an effective global batch of K x --batch-size; the LR, its "
+                            "schedule and the recipe's LR follow the effective batch")
     group.add_argument("--num-epochs", type=int, help=f"epochs ({schedules.recipe_help('num_epochs')})")
     group.add_argument("--run-epochs", type=int, help="stop after this many epochs in this run")
     group.add_argument("--lr", type=float,
-                       help="absolute LR for the global batch (default: the recipe's LR per 256 x batch/256; "
-                            f"{schedules.recipe_help('lr_per_256')} per 256)")
+                       help="absolute LR for the effective global batch (default: the recipe's LR per 256 x "
+                            f"batch/256, or from its points; {schedules.recipe_lr_help()})")
     group.add_argument("--lr-schedule", choices=schedules.SCHEDULES,
                        help=f"LR schedule ({schedules.recipe_help('lr_schedule')})")
     group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x],
@@ -113,10 +129,16 @@ def add_fit_args(parser):
     group.add_argument("--lr-factor", type=float,
                        help=f"step schedule: decay factor ({schedules.recipe_help('lr_factor')})")
     group.add_argument("--lr-power", type=float, help="poly schedule: exponent")
+    group.add_argument("--lr-end", type=float,
+                       help="cosine/poly/linear: the LR at the end of --num-epochs (mlperf recipe: 1e-4)")
     group.add_argument("--warmup-epochs", type=float,
                        help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
-    group.add_argument("--optimizer", choices=["sgd", "nag"],
-                       help=f"sgd (momentum) or nag (Nesterov) ({schedules.recipe_help('optimizer')})")
+    group.add_argument("--optimizer", choices=list(OPTIMIZERS),
+                       help="sgd (momentum), nag (Nesterov) or lars (MXNet's LARS: SGD with momentum, each "
+                            "weight's LR times eta x |w| / (|g| + wd x |w| + eps); none on BatchNorm "
+                            f"gamma/beta and biases) ({schedules.recipe_help('optimizer')})")
+    group.add_argument("--lars-eta", type=float, help="lars: trust coefficient eta")
+    group.add_argument("--lars-eps", type=float, help="lars: epsilon in the trust ratio's denominator")
     group.add_argument("--mom", type=float, help=f"momentum ({schedules.recipe_help('mom')})")
     group.add_argument("--wd", type=float, help=f"weight decay ({schedules.recipe_help('wd')})")
     group.add_argument("--wd-bn-bias", action="store_true",
@@ -159,6 +181,17 @@ def add_fit_args(parser):
                             "<checkpoint>.score.json beside the checkpoint scored)")
     group.add_argument("--json-log",
                        help="JSON-lines log (relative: inside --workspace); empty to disable")
+    group.add_argument("--eval-every", type=int,
+                       help="train_val: validate every N epochs (and after the last one)")
+    group.add_argument("--eval-offset", type=int,
+                       help="train_val: the first validation after epoch M+1 (mlperf: every 4 from epoch 3, "
+                            "offset 2)")
+    group.add_argument("--target-top1", type=float,
+                       help="stop at the first validation whose top-1 reaches this (a fraction, e.g. 0.759); "
+                            "the report says when")
+    group.add_argument("--mllog",
+                       help="write an MLPerf-style :::MLLOG log here (relative: inside --workspace) through the "
+                            "mlperf-logging package, for MLCommons' compliance checker")
     parser.set_defaults(**cli.config_defaults(FitConfig))
     return group
 
@@ -172,6 +205,16 @@ def check(cfg):
         if late:
             raise ValueError(f"--lr-steps {late} lie at or beyond the last epoch ({cfg.num_epochs}); "
                              "give steps below --num-epochs")
+    if cfg.grad_accum_steps < 1:
+        raise ValueError(f"--grad-accum-steps must be at least 1, got {cfg.grad_accum_steps}")
+    if cfg.eval_every < 1 or cfg.eval_offset < 0:
+        raise ValueError(f"--eval-every must be at least 1 and --eval-offset at least 0, got {cfg.eval_every} "
+                         f"and {cfg.eval_offset}")
+    if cfg.target_top1 is not None and not 0 < cfg.target_top1 <= 1:
+        raise ValueError(f"--target-top1 is a fraction in (0, 1] (e.g. 0.759 for 75.9 %), got {cfg.target_top1}")
+    if cfg.mllog and importlib.util.find_spec("mlperf_logging") is None:
+        raise ValueError("--mllog writes through the mlperf-logging package, not installed for this Python: "
+                         "`make setup` installs it (or pip install mlperf-logging==4.1.68)")
     if not 0 <= cfg.ema_decay < 1:
         raise ValueError(f"--ema-decay must be in [0, 1), got {cfg.ema_decay}")
     if cfg.loss_scale not in (None, "dynamic"):
@@ -186,6 +229,9 @@ def check(cfg):
 
 
 
+OPTIMIZERS = ("sgd", "nag", "lars")  # MXNet's registered names
+
+
 def no_decay(name):
     """BatchNorm gamma/beta and biases: decaying them only hurts (Goyal et al. 2017; NVIDIA's README)."""
     return name.endswith(("gamma", "beta", "bias"))
@@ -198,25 +244,58 @@ def set_wd_groups(net, decay_all=False):
 
 
 
-def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0):
-    """Multi-precision SGD/NAG (the LR is set every step); Horovod's DistributedTrainer or a Gluon Trainer on a
-    kvstore."""
-    optimizer_params = {"learning_rate": 0.0, "wd": wd, "momentum": momentum, "multi_precision": True}
+def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0):
+    """The optimizer's parameters (the LR is set every step).
+
+    lars: MXNet 1.9.1's LARS decides which parameters get no trust ratio by their names (ending in gamma, beta or
+    bias), read from ``param_idx2name``, which a Gluon Trainer does not fill in (every parameter would get one):
+    it is given here, indexed as the Trainer indexes (parameters sorted by name). Its momentum correction (momentum
+    x LR / previous LR) is off: the LR changes every step, and from a warmup's first LR of 0 it would make the
+    second step's momentum 2x."""
+    params = {"learning_rate": 0.0, "wd": wd, "momentum": momentum, "multi_precision": True}
+    if optimizer == "lars":
+        params.update(eta=lars_eta, eps=lars_eps, momentum_correction=False,
+                      param_idx2name=dict(enumerate(sorted(net.collect_params().keys()))))
+    return params
+
+
+def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0, lars_eta=0.001,
+                 lars_eps=0.0):
+    """Multi-precision SGD/NAG/LARS; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
+    optimizer_params_ = optimizer_params(net, optimizer, wd, momentum, lars_eta, lars_eps)
     params = net.collect_params()
     if kvstore == "horovod":
         hvd = dist.hvd
         compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
-        return hvd.DistributedTrainer(params, optimizer, optimizer_params, compression=compression,
+        return hvd.DistributedTrainer(params, optimizer, optimizer_params_, compression=compression,
                                       num_groups=num_groups)
     store = mx.kvstore.create(kvstore) if kvstore else None
-    return gluon.Trainer(params, optimizer, optimizer_params, kvstore=store, update_on_kvstore=False)
+    return gluon.Trainer(params, optimizer, optimizer_params_, kvstore=store, update_on_kvstore=False)
 
 
+
+
+def accumulate_gradients(params):
+    """Gradient accumulation: backward passes add to the gradients (zeroed after each update)."""
+    for param in params.values():
+        if param.grad_req != "null":
+            param.grad_req = "add"
+
+
+def zero_accumulated(params):
+    for param in params:
+        if param.grad_req == "add":
+            param.zero_grad()
 
 
 def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None, vote=None,
-               scan_grads=True):
+               scan_grads=True, update=True, earlier_ok=True):
     """One step over the per-device slices; returns (mean loss, outputs, applied).
+
+    Gradient accumulation (parameters with grad_req 'add'): ``update=False`` for each micro-batch but the last,
+    which only adds its gradients (applied: None); the last one's step allreduces and applies the sum, with
+    ``batch_size`` the images of all micro-batches and ``earlier_ok`` whether the earlier micro-batches' losses
+    were finite, then zeroes the gradients.
 
     The update is skipped when the loss of any rank is NaN/inf (``vote(local_ok)`` tells whether every rank's
     is finite) or, with ``scan_grads`` (float16, where gradients overflow while the loss stays finite), when
@@ -231,18 +310,21 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
         losses = [loss_fn(out, t) for out, t in zip(outputs, targets)]
         scaled = [loss * scaler.scale for loss in losses] if scaler.scale != 1 else losses
     autograd.backward(scaled)
+    if not update:
+        return mean_loss(losses), outputs, None
     trainer.allreduce_grads()
     # Reading the loss waits for the forward pass only: backward and allreduce are queued and keep the device
     # busy meanwhile. The gradient scan waits for them, as the update needs. Nothing waits for the update: the
     # next step's reads do, so at most one step is ever queued.
     loss = mean_loss(losses)
-    finite = (vote or bool)(math.isfinite(loss))
+    finite = (vote or bool)(earlier_ok and math.isfinite(loss))
     if finite and scan_grads:
         finite = grads_finite(trainer._params)
     if finite:
         trainer.update(batch_size * scaler.scale)
     elif guard is not None:
         guard.restore_if_bad()
+    zero_accumulated(trainer._params)
     scaler.update(finite)
     return loss, outputs, finite
 
@@ -442,6 +524,8 @@ class TrainState:
     best_top1: float = -1.0
     partial: dict = None  # this rank's sums of the interrupted epoch
     run_start: float = dataclasses.field(default_factory=time.time)
+    train_seconds: float = 0.0  # in training steps, all runs of this training so far
+    target: dict = None  # --target-top1 reached: {"top1", "reached_top1", "epoch", "train_seconds", "wall_seconds"}
 
     def elapsed(self):
         return self.report.total_duration + time.time() - self.run_start
@@ -450,14 +534,16 @@ class TrainState:
 def prepare(cfg, run, net, ctxs, dist):
     """A fresh TrainState: optimizer, loss scaler, EMA, LR schedule, report; rank 0's weights on every rank."""
     set_wd_groups(net, decay_all=cfg.wd_bn_bias)
+    if cfg.grad_accum_steps > 1:
+        accumulate_gradients(net.collect_params())
     dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     return TrainState(
         trainer=make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
-                             cfg.horovod_num_groups),
+                             cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps),
         scaler=make_loss_scaler(cfg.loss_scale, cfg.dtype),
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
-                                        cfg.lr_steps, cfg.lr_factor, cfg.lr_power),
+                                        cfg.lr_steps, cfg.lr_factor, cfg.lr_power, cfg.lr_end),
         report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info))
 
 
@@ -484,6 +570,10 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
     state.report.metrics.update(checkpoint_state["metrics"])
     state.report.total_duration = checkpoint_state.get("total_duration", 0.0)
     state.partial = resumed_partial(checkpoint_state, dist)
+    state.train_seconds = checkpoint_state.get("train_seconds", 0.0)
+    state.target = checkpoint_state.get("target")
+    if state.target:
+        state.report.info["target"] = state.target
     if dist.is_primary:
         log.info("Resuming from %s: %s", checkpoint_state["state_path"], f"after epoch {state.epoch}"
                  if not state.step else f"epoch {state.epoch + 1}, step {state.step}")
@@ -494,7 +584,8 @@ def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, parti
     with each rank's sums of an interrupted epoch (``partials``); keeps the newest ``keep_last``."""
     saved = {"epoch": epoch, "step": step, "model": run.model_name, "best_top1": state.best_top1,
              "loss_scaler": state.scaler.state(), "metrics": state.report.metrics, "seed": seed,
-             "total_duration": state.elapsed(), "partial": partials and sum_partial(partials),
+             "total_duration": state.elapsed(), "train_seconds": state.train_seconds, "target": state.target,
+             "partial": partials and sum_partial(partials),
              "partial_ranks": partials, **run.record}
     path = checkpoint.save(prefix, net, state.trainer, saved, state.ema.saveable() if state.ema else None, best)
     log.info("Saved checkpoint %s", path)
@@ -530,40 +621,61 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
     """Train ``epoch`` (0-based) from step ``skip``; returns (EpochStats of this rank, steps in the epoch,
     the step after which a stop signal ended it, or None)."""
     net, ctxs, dist = loop.net, loop.ctxs, loop.dist
+    accum = cfg.grad_accum_steps
     steps = len(train_iter) if cfg.benchmark_iters is None else min(len(train_iter), cfg.benchmark_iters)
+    steps -= steps % accum  # whole optimizer steps only: the last few batches of an epoch are left out
+    if steps == 0:
+        raise TrainingError(f"an epoch has fewer batches ({len(train_iter)}) than --grad-accum-steps {accum}")
+    if skip % accum:
+        raise TrainingError(f"the checkpoint stopped after batch {skip} of the epoch, inside an accumulation of "
+                            f"--grad-accum-steps {accum}: resume with the run's own --grad-accum-steps")
+    updates = steps // accum  # optimizer steps in the epoch
     stats = EpochStats.resumed(state.partial)
     state.partial = None
     mix = cfg.mixup if epoch < cfg.num_epochs - cfg.mixup_off_epochs else 0.0
     step_batch = cfg.batch_size // dist.size * len(ctxs) if cfg.kv_store == "horovod" else cfg.batch_size
     tic = epoch_tic = stats.started
     counted = []  # the last step's top-k hits, still on the device
+    group_loss, group_ok = 0.0, True  # the micro-batches of the optimizer step under way
     for step, batch in enumerate(train_iter):
         if step >= steps:
             break
         if step < skip:  # resumed inside an epoch: the reseeded reader replays the same batches
             tic = time.time()
             continue
-        lr = state.schedule(epoch + step / steps)
-        state.trainer.set_learning_rate(lr)
+        first, last = step % accum == 0, step % accum == accum - 1
+        if first:  # the LR of this optimizer step
+            lr = state.schedule(epoch + step // accum / updates)
+            state.trainer.set_learning_rate(lr)
+            if accum > 1:
+                loop.guard.keep()
         datas, labels = split(batch, ctxs, cfg.dtype)
         # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
         rng = np.random.RandomState(None if cfg.seed is None else [cfg.seed, epoch, dist.rank, step])
         pairs = [make_targets(label, loop.num_classes, cfg.label_smoothing, mix, rng, data)
                  for data, label in zip(datas, labels)]
         loss, outputs, applied = train_step(net, state.trainer, state.scaler, loop.loss_fn, [p[0] for p in pairs],
-                                            [p[1] for p in pairs], step_batch, loop.guard, loop.stop.vote,
-                                            scan_grads=cfg.dtype == "float16" or state.scaler.dynamic)
-        if not applied:
+                                            [p[1] for p in pairs], step_batch * accum,
+                                            loop.guard if accum == 1 else None, loop.stop.vote,
+                                            scan_grads=cfg.dtype == "float16" or state.scaler.dynamic,
+                                            update=last, earlier_ok=group_ok)
+        group_loss += loss
+        group_ok = group_ok and math.isfinite(loss)
+        if applied is False and accum > 1:
+            loop.guard.restore_if_bad()  # BatchNorm statistics as before the accumulation's first batch
+        if applied is False:
             log.warning("Epoch[%d] Batch[%d]: non-finite loss/gradient, update skipped (loss scale now %g)",
                         epoch + 1, step + 1, state.scaler.scale)
             if state.scaler.bad_steps >= cfg.max_bad_steps:
                 raise TrainingError(f"{state.scaler.bad_steps} consecutive steps had NaN/inf loss or gradients "
                                     f"(epoch {epoch + 1}, step {step + 1}); lower --lr or use float32")
-        elif state.ema is not None:
+        elif applied and state.ema is not None:
             state.ema.update()
         if applied:
-            stats.loss += loss
-            stats.steps += 1
+            stats.loss += group_loss
+            stats.steps += accum
+        if last:
+            group_loss, group_ok = 0.0, True
         if not cfg.no_metrics:
             # Read one step late: the device has long finished them, so reading never stalls its queue.
             stats.add_hits(counted)
@@ -578,7 +690,7 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
                              left * cfg.batch_size / max(speed, 1e-9))
         loop.json_log.write("iter", epoch=epoch + 1, step=step, loss=loss, lr=lr,
                             ips=cfg.batch_size / stats.durations[-1], loss_scale=state.scaler.scale)
-        if loop.stop.agreed and step + 1 < steps:
+        if last and loop.stop.agreed and step + 1 < steps:  # stops only between optimizer steps
             loop.progress.end_epoch()
             stats.add_hits(counted)
             return stats, steps, step + 1
@@ -614,13 +726,31 @@ def record_train_epoch(cfg, state, stats, epoch, dist):
 
 
 def record_validation(cfg, state, metrics, epoch, dist):
-    state.report.add_epoch("val", top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
+    state.report.add_epoch("val", epoch=epoch + 1, top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
                            durations=metrics["durations"], batch_size=cfg.batch_size)
     if dist.is_primary:
         log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
                  metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
     return {"val.top1": metrics["top1"], "val.top5": metrics["top5"], "val.loss": metrics["loss"],
             "val.samples": metrics["samples"]}
+
+
+def evaluation_due(cfg, epoch, last):
+    """--eval-every/--eval-offset: validate after ``epoch`` (0-based)? Always after the last epoch of the run."""
+    return last or (epoch >= cfg.eval_offset and (epoch - cfg.eval_offset) % cfg.eval_every == 0)
+
+
+def target_reached(cfg, state, top1, epoch):
+    """--target-top1: record (in the state, saved with checkpoints, and the report) the first validation at or
+    above it; returns whether it is reached."""
+    if cfg.target_top1 is None or top1 < cfg.target_top1:
+        return False
+    state.target = {"top1": cfg.target_top1, "reached_top1": top1, "epoch": epoch + 1,
+                    "train_seconds": state.train_seconds, "wall_seconds": state.elapsed()}
+    state.report.info["target"] = state.target
+    log.info("Target top-1 %g reached at epoch %d (top-1 %.4f) after %s of training, %s in all", cfg.target_top1,
+             epoch + 1, top1, format_seconds(state.train_seconds), format_seconds(state.target["wall_seconds"]))
+    return True
 
 
 def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finetune=FinetuneConfig()):
@@ -632,8 +762,8 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:
-        moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed, [run.report_path,
-                                                                                           cfg.json_log])
+        moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed,
+                                              [run.report_path, cfg.json_log] + ([cfg.mllog] if cfg.mllog else []))
         if moved:
             log.info("--resume %s: moved the files of the run not continued to %s", cfg.resume, moved)
     json_log = JsonLog(workspace_path(cfg.workspace, cfg.json_log) if dist.is_primary and cfg.json_log else None)
@@ -642,20 +772,34 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
                 progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch,
                 num_classes=num_classes)
-    if state.epoch >= end_epoch and dist.is_primary:
+    if state.target is not None:
+        end_epoch = state.epoch  # reached in an earlier run: nothing left to do
+        if dist.is_primary:
+            log.info("The target top-1 %g was reached at epoch %d already; --resume none starts afresh",
+                     state.target["top1"], state.target["epoch"])
+    elif state.epoch >= end_epoch and dist.is_primary:
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",
                  cfg.num_epochs)
+    mllog = MLPerfLog(workspace_path(cfg.workspace, cfg.mllog) if cfg.mllog and dist.is_primary else None,
+                      fresh=resumed is None)
+    first_epoch = state.epoch
+    if cfg.mllog and resumed is None and first_epoch < end_epoch:  # a resumed run continues the log
+        mllog.run_begins(cfg, dist.size * len(ctxs), ctxs[0].device_type,
+                         len(make_train_iter(first_epoch)) * cfg.batch_size)
 
     def save(epoch, step, partials=None, best=False):
         save_checkpoint(prefix, net, state, run, epoch, step, cfg.keep_last, cfg.seed, partials, best)
 
-    stopped = False
+    stopped = reached = False
+    evaluated = bool(state.report.metrics.get("val.top1"))
     for epoch in range(state.epoch, end_epoch):
+        mllog.epoch_start(epoch + 1)
         if finetune.changes_lr:  # Gluon's trainers read lr_mult at every update
             set_backbone_lr_mult(net, backbone_lr_mult(epoch, finetune.backbone_lr_mult,
                                                        finetune.freeze_backbone_epochs))
         stats, steps, stopped_at = train_one_epoch(cfg, loop, state, make_train_iter(epoch), epoch,
                                                    skip=state.step if epoch == state.epoch else 0)
+        state.train_seconds += sum(stats.durations)
         if stopped_at is not None:  # a stop signal: save this epoch's progress and end
             average_statistics(net, state.ema, dist)  # as at the epoch's end: each rank's averages differ
             partials = gather_partial(stats, dist, "partial")
@@ -663,29 +807,40 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
                 save(epoch, stopped_at, partials)
             stopped = True
             break
+        mllog.epoch_stop(epoch + 1)
         epoch_record = record_train_epoch(cfg, state, stats, epoch, dist)
         average_statistics(net, state.ema, dist)
         improved = False
-        if val_iter is not None and cfg.mode == "train_val":
+        last = epoch + 1 == end_epoch
+        if val_iter is not None and cfg.mode == "train_val" and evaluation_due(cfg, epoch, last):
+            mllog.eval_start(epoch + 1)
             metrics = validate(net, state.ema, val_iter, ctxs, dist, cfg.dtype, cfg.no_metrics,
                                cfg.benchmark_iters)
+            mllog.eval_result(epoch + 1, metrics["top1"], metrics["samples"], first=not evaluated)
+            evaluated = True
             epoch_record.update(record_validation(cfg, state, metrics, epoch, dist))
             improved = metrics["top1"] > state.best_top1
             state.best_top1 = max(state.best_top1, metrics["top1"])
+            reached = target_reached(cfg, state, metrics["top1"], epoch)
         json_log.write("epoch", epoch=epoch + 1, **epoch_record)
-        last = epoch + 1 == end_epoch
         due = cfg.save_frequency > 0 and (epoch + 1) % cfg.save_frequency == 0
-        if dist.is_primary and (due or last or improved):
+        if dist.is_primary and (due or last or improved or reached):
             save(epoch + 1, 0, best=improved)
+        if reached:
+            break
         if loop.stop.agreed_now() and not last:
             if dist.is_primary and not (due or improved):
                 save(epoch + 1, 0)
             stopped = True
             break
+    if end_epoch > first_epoch and not stopped and (reached or end_epoch == cfg.num_epochs):  # training's end
+        mllog.run_ends(reached, epoch + 1)
+    mllog.close()
     state.report.total_duration = state.elapsed()
     if dist.is_primary:
         state.report.save(workspace_path(cfg.workspace, run.report_path))
-        json_log.write("summary", total_duration=state.report.total_duration, stopped=stopped)
+        json_log.write("summary", total_duration=state.report.total_duration, stopped=stopped,
+                       target=state.target)
     json_log.close()
     return state.report, stopped
 

@@ -86,7 +86,14 @@ class Report:
             lines.append(f"Validation top-1: {top1[-1]:.4f}")
         elif top1:  # epochs count from 1, as in the logs and in the checkpoint names (model-0003: epoch 3)
             best = int(np.argmax(top1))
-            lines.append(f"Validation top-1: {top1[-1]:.4f} (best {top1[best]:.4f}, epoch {best + 1})")
+            epochs_scored = metrics.get("val.epoch") or range(1, len(top1) + 1)  # --eval-every: not every epoch
+            lines.append(f"Validation top-1: {top1[-1]:.4f} (best {top1[best]:.4f}, epoch "
+                         f"{int(epochs_scored[best])})")
+        target = self.info.get("target")
+        if target:
+            lines.append(f"Target top-1 {target['top1']:g} reached at epoch {target['epoch']} "
+                         f"({target['reached_top1']:.4f}) after {target['train_seconds']:.0f} s of training, "
+                         f"{target['wall_seconds']:.0f} s in all")
         for mode in ("train", "val"):
             ips = metrics.get(f"{mode}.total_ips")
             if ips:

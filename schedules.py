@@ -2,7 +2,9 @@
 
 A recipe gives the parser its defaults: a flag on the command line wins. `--lr` is the absolute
 learning rate for the global batch (runner passes it already scaled); when it is not given, the recipe's
-LR per 256 images is scaled linearly: lr = lr_per_256 * batch_size / 256.
+LR per 256 images is scaled linearly: lr = lr_per_256 * batch_size / 256, or, for a recipe with LR points
+(mlperf), the nearest point's LR scaled by the square root of the batch ratio (points_lr).
+The batch is the effective global batch: --batch-size x --grad-accum-steps.
 """
 import math
 
@@ -18,6 +20,13 @@ RECIPES = {
     # He et al. / the PyTorch reference recipe: Nesterov momentum, step schedule.
     "he": dict(optimizer="nag", mom=0.9, lr_per_256=0.1, lr_schedule="step", lr_steps=[30, 60, 80],
                lr_factor=0.1, warmup_epochs=5.0, wd=1e-4, label_smoothing=0.0, mixup=0.0, num_epochs=90),
+    # MLPerf Training's closed-division ResNet-50 v1.5 as NVIDIA submitted it on MXNet (v2.0-v4.0): LARS, poly
+    # decay of power 2 to 1e-4 over 37 epochs after a 2-epoch warmup, evaluation every 4 epochs from epoch 3;
+    # 75.9 % top-1 in about 35 epochs. LR by global batch from MLCommons' reference convergence points.
+    "mlperf": dict(optimizer="lars", mom=0.9, lr_points={1632: 7.4, 3200: 11.0, 3264: 10.5}, lr_schedule="poly",
+                   lr_power=2.0, lr_end=1e-4, lr_steps=[], lr_factor=0.1, warmup_epochs=2.0, wd=5e-5,
+                   lars_eta=0.001, lars_eps=0.0, label_smoothing=0.1, mixup=0.0, num_epochs=37,
+                   min_random_area=0.05, eval_every=4, eval_offset=2),
     # Fine-tuning published ImageNet weights (--pretrained) on a user's classes: a short cosine run at a tenth of
     # the from-scratch LR, the backbone at a tenth of that again, light augmentation (the usual transfer
     # settings of torchvision's and timm's fine-tuning guides).
@@ -29,7 +38,7 @@ RECIPES = {
 
 DEFAULT_RECIPE = "nvidia"
 # Not parser defaults: the LR depends on the global batch, the epochs on --mode (scoring makes 1 pass).
-DERIVED_FIELDS = ("lr_per_256", "num_epochs")
+DERIVED_FIELDS = ("lr_per_256", "lr_points", "num_epochs")
 
 
 def recipe_defaults(name):
@@ -45,9 +54,42 @@ def scaled_lr(lr_per_256, batch_size):
     return lr_per_256 * batch_size / 256
 
 
+def points_lr(points, batch_size):
+    """(LR, how it was found) for a global batch from {batch: LR} points: the point nearest in log(batch), its LR
+    scaled by sqrt(batch / point's batch) (LARS's points follow the square root: 7.4 x sqrt(2) = 10.47 ~ 10.5
+    at twice 1,632); a batch of a point takes that point's LR as it is."""
+    point = min(points, key=lambda b: (abs(math.log(batch_size / b)), b))
+    lr = points[point] * math.sqrt(batch_size / point)
+    how = f"MLCommons' point {point} -> {points[point]:g}" + \
+        ("" if point == batch_size else f", scaled by sqrt({batch_size}/{point})")
+    return lr, how
+
+
+def recipe_lr_source(name, batch_size):
+    """(the recipe's LR for a global batch, a sentence on how it was found)."""
+    recipe = RECIPES[name]
+    if "lr_points" in recipe:
+        lr, how = points_lr(recipe["lr_points"], batch_size)
+        return lr, f"recipe {name}: LR {lr:g} for global batch {batch_size} ({how})"
+    lr = scaled_lr(recipe["lr_per_256"], batch_size)
+    return lr, f"recipe {name}: LR {lr:g} = {recipe['lr_per_256']:g} x {batch_size}/256"
+
+
+def recipe_lr_help():
+    """--lr's help: each recipe's LR rule."""
+    parts = []
+    for name, recipe in RECIPES.items():
+        if "lr_points" in recipe:
+            points = ", ".join(f"{b} -> {lr:g}" for b, lr in sorted(recipe["lr_points"].items()))
+            parts.append(f"{name}: LARS points {points}, the nearest scaled by sqrt(batch / its batch)")
+        else:
+            parts.append(f"{name}: {recipe['lr_per_256']:g} per 256")
+    return "; ".join(parts)
+
+
 def recipe_lr(name, batch_size):
     """The recipe's LR for a global batch."""
-    return scaled_lr(RECIPES[name]["lr_per_256"], batch_size)
+    return recipe_lr_source(name, batch_size)[0]
 
 
 def recipe_epochs(name):

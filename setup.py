@@ -30,6 +30,8 @@ setup(
     extras_require={
         # ONNX export (tools/export_onnx.py): MXNet's exporter imports onnx.mapping, removed in onnx 1.16
         "onnx": ONNX,
+        # the optional MLPerf log (--mllog) and MLCommons' checkers; pandas: a release that works with numpy 1.23
+        "mlperf": ["mlperf-logging==4.1.68", "pandas==2.3.3"],
         "test": ["pytest==9.2.0"] + ONNX,
     },
 )

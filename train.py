@@ -86,12 +86,14 @@ def setup_logging(rank):
 
 
 def fill_hyper_parameters(args):
-    """The defaults that depend on other flags: the recipe's epochs for training, and its LR per 256 images
-    scaled to the global batch."""
+    """The defaults that depend on other flags: the recipe's epochs for training, and its LR for the effective
+    global batch (--batch-size x --grad-accum-steps); returns how the LR was found (None: given)."""
     if args.num_epochs is None:
         args.num_epochs = schedules.recipe_epochs(args.recipe)
     if args.lr is None:
-        args.lr = schedules.recipe_lr(args.recipe, args.batch_size)
+        args.lr, how = schedules.recipe_lr_source(args.recipe, args.batch_size * max(args.grad_accum_steps, 1))
+        return how
+    return None
 
 
 def check_config(cfg):
@@ -163,7 +165,10 @@ def header(cfg, size, report_path):
     fit_cfg, data_cfg = cfg.fit, cfg.data
     model = f"{cfg.model.name} ({cfg.model.num_classes} classes, " \
             f"{'x'.join(str(v) for v in data_cfg.image_shape)})"
-    machine = f"{size} worker(s), batch {fit_cfg.batch_size}, {fit_cfg.dtype}, {data_cfg.data_backend}"
+    batch = f"batch {fit_cfg.batch_size}" if fit_cfg.grad_accum_steps == 1 else \
+        f"batch {fit_cfg.batch_size} x {fit_cfg.grad_accum_steps} accumulated = " \
+        f"{fit_cfg.batch_size * fit_cfg.grad_accum_steps}"
+    machine = f"{size} worker(s), {batch}, {fit_cfg.dtype}, {data_cfg.data_backend}"
     if fit_cfg.mode == "val":
         return (f"Scoring {fit_cfg.load or 'freshly initialised weights'}: {model}, resize {data_cfg.data_val_resize}, "
                 f"{machine}; data {data_cfg.data_val or 'synthetic'}; "
@@ -338,7 +343,9 @@ def configure(args, given, num_gpus):
     problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
     if problem:
         raise UsageError(problem)
-    fill_hyper_parameters(args)
+    how = fill_hyper_parameters(args)
+    if how and args.mode in ("train", "train_val"):
+        logging.info("%s", how)
     cfg = config.from_args(args)
     check_config(cfg)
     return cfg
@@ -427,6 +434,10 @@ def main(args, command=None, given=()):
         top1 = report.metrics.get("val.top1")
         if top1:
             print(f"Validation top-1: {top1[-1]:.4f}")
+        target = report.info.get("target")
+        if target:
+            print(f"Target top-1 {target['top1']:g} reached at epoch {target['epoch']} after "
+                  f"{target['train_seconds']:.0f} s of training, {target['wall_seconds']:.0f} s in all")
         print(f"Report: {os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))}")
     return Outcome(net=net, report=report, stopped=stopped)
 

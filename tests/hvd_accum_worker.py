@@ -1,0 +1,44 @@
+"""Run by test_large_batch.py under horovodrun -np 2: on each rank, one epoch of the loop's own train_one_epoch
+on the tiny network twice, from the same weights and on this rank's own images: 3 accumulated micro-batches of 4
+per optimizer step (global batch 8, --grad-accum-steps 3), then one batch of 12 per step (global batch 24), the
+same images in the same order. Saves each run's trained parameters as <out>/<run>-rank<r>.npz."""
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import horovod.mxnet as hvd  # noqa: E402
+
+import distributed  # noqa: E402
+import fit  # noqa: E402
+from progress import JsonLog, Progress  # noqa: E402
+import precision  # noqa: E402
+from test_large_batch import ACCUM, CLASSES, CPU, MICRO, RUN, Batches, fit_config, learned, tiny_net  # noqa: E402
+
+
+def main():
+    out, optimizer = sys.argv[1], sys.argv[2]
+    hvd.init()
+    dist = distributed.Distributed(hvd)
+    import pathlib
+    for name, global_batch, accum, size, count in (("micro", 2 * MICRO, ACCUM, MICRO, 2 * ACCUM),
+                                                   ("large", 2 * MICRO * ACCUM, 1, MICRO * ACCUM, 2)):
+        workspace = pathlib.Path(out) / f"{name}-{dist.rank}"
+        workspace.mkdir(parents=True, exist_ok=True)
+        cfg = fit_config(workspace, global_batch, accum, "--kv-store", "horovod", "--optimizer", optimizer)
+        net = tiny_net(pathlib.Path(out) / f"init-{dist.rank}.params")  # rank 0's weights are broadcast
+        state = fit.prepare(cfg, RUN, net, CPU, dist)
+        loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
+                        progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
+                        num_classes=CLASSES)
+        stats, steps, _ = fit.train_one_epoch(cfg, loop, state, Batches(size, count, seed=dist.rank), 0)
+        assert steps == count and stats.samples == size * count, (steps, stats.samples)
+        np.savez(os.path.join(out, f"{name}-rank{dist.rank}.npz"), **learned(net))
+    dist.finish()
+
+
+if __name__ == "__main__":
+    main()
