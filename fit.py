@@ -612,6 +612,7 @@ def record_train_epoch(cfg, state, stats, epoch, dist):
 def record_validation(cfg, state, metrics, epoch, dist):
     state.report.add_epoch("val", top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
                            durations=metrics["durations"], batch_size=cfg.batch_size)
+    state.report.add_per_class(metrics.get("confusion"), epoch + 1)  # the latest validation's, per class
     if dist.is_primary:
         log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
                  metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
