@@ -147,3 +147,64 @@ def test_names_saved_with_a_checkpoint_come_first(tmp_path):
     other.write_text("a\nb\n")
     assert predict.class_names(str(other), None, params) == ["a", "b"]  # --class-names wins
     assert predict.class_names(None, None, params, num_classes=5) is None  # names of another head: not used
+
+
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def run(command, timeout=900):
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def named_run(digits_data, tmp_path_factory):
+    """A short training on the digits with a classes.txt beside the records (as tools/prepare_folder.py leaves
+    it): a checkpoint whose state holds the names."""
+    out = tmp_path_factory.mktemp("named")
+    data_dir = out / "data"
+    os.makedirs(data_dir)
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        os.symlink(digits_data / name, data_dir / name)
+    (data_dir / "classes.txt").write_text("\n".join(NAMES) + "\n")
+    d = str(data_dir)
+    common = ["--data-backend", "dali-cpu", "--dali-threads", "1", "--dali-validation-threads", "1",
+              "--data-val", f"{d}/val.rec", "--batch-size", "64"]
+    run([sys.executable, os.path.join(ROOT, "train.py"), *common, "--data-train", f"{d}/train.rec",
+         "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32",
+         "--random-mirror", "0", "--min-random-area", "0.5", "--num-epochs", "1", "--num-examples", "640",
+         "--lr", "0.2", "--warmup-epochs", "0", "--seed", "3", "--workspace", str(out / "run")])
+    return out, common
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_two_workers_score_each_class_as_one_worker(named_run):
+    out, common = named_run
+    weights = str(out / "run" / "model-0001.params")
+    score = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "val", "--load", weights, *common]
+    one = run(score + ["--report", str(out / "one.json")])  # one worker: oneDNN's fused graph
+    run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *score, "--report", str(out / "two.json")])
+    trained, one_report, two_report = (load(out / name) for name in ("run/report.json", "one.json", "two.json"))
+    assert two_report["ngpus"] == 2 and one_report["ngpus"] == 1
+    per_class = one_report["per_class"]
+    assert per_class["classes"] == NAMES and sum(per_class["samples"]) == 359  # every validation image once
+    assert 0 < sum(per_class["correct"]) < 359
+    assert two_report["per_class"] == per_class  # counts, per-class top-1, matrix and pairs: exact over workers
+    assert trained["per_class"] == per_class  # the training run's own validation of the same weights
+    assert abs(sum(per_class["correct"]) / 359 - one_report["metrics"]["val.top1"][0]) < 1e-12
+    png = weights[:-len(".params")] + ".score-confusion.png"
+    assert "Per-class results" in one.stdout and os.path.isfile(png)
+
+
+def test_pred_prints_the_names_saved_with_the_checkpoint(named_run, digits_data):
+    out, _ = named_run
+    folder = digits_data / "raw" / "val" / "4"
+    result = run([sys.executable, os.path.join(ROOT, "train.py"), "--mode", "pred", "--load",
+                  str(out / "run" / "model-best.params"), "--data-pred", str(folder / sorted(os.listdir(folder))[0])])
+    names = [line.rsplit("-> ", 1)[1] for line in result.stdout.splitlines() if "% -> " in line]
+    assert len(names) == 5 and set(names) <= set(NAMES), result.stdout
