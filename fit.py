@@ -478,6 +478,7 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
     state.epoch, state.step = checkpoint_state["epoch"], checkpoint_state["step"]
     state.best_top1 = checkpoint_state["best_top1"]
     state.report.metrics.update(checkpoint_state["metrics"])
+    state.report.per_class = checkpoint_state.get("per_class")  # the latest validation's, until the next one
     state.report.total_duration = checkpoint_state.get("total_duration", 0.0)
     state.partial = resumed_partial(checkpoint_state, dist)
     if dist.is_primary:
@@ -491,7 +492,7 @@ def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, parti
     saved = {"epoch": epoch, "step": step, "model": run.model_name, "best_top1": state.best_top1,
              "loss_scaler": state.scaler.state(), "metrics": state.report.metrics, "seed": seed,
              "total_duration": state.elapsed(), "partial": partials and sum_partial(partials),
-             "partial_ranks": partials, **run.record}
+             "partial_ranks": partials, "per_class": state.report.per_class, **run.record}
     path = checkpoint.save(prefix, net, state.trainer, saved, state.ema.saveable() if state.ema else None, best)
     log.info("Saved checkpoint %s", path)
     checkpoint.prune(prefix, keep_last)
