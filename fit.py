@@ -568,6 +568,7 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
     state.epoch, state.step = checkpoint_state["epoch"], checkpoint_state["step"]
     state.best_top1 = checkpoint_state["best_top1"]
     state.report.metrics.update(checkpoint_state["metrics"])
+    state.report.per_class = checkpoint_state.get("per_class")  # the latest validation's, until the next one
     state.report.total_duration = checkpoint_state.get("total_duration", 0.0)
     state.partial = resumed_partial(checkpoint_state, dist)
     state.train_seconds = checkpoint_state.get("train_seconds", 0.0)
@@ -586,7 +587,7 @@ def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, parti
              "loss_scaler": state.scaler.state(), "metrics": state.report.metrics, "seed": seed,
              "total_duration": state.elapsed(), "train_seconds": state.train_seconds, "target": state.target,
              "partial": partials and sum_partial(partials),
-             "partial_ranks": partials, **run.record}
+             "partial_ranks": partials, "per_class": state.report.per_class, **run.record}
     path = checkpoint.save(prefix, net, state.trainer, saved, state.ema.saveable() if state.ema else None, best)
     log.info("Saved checkpoint %s", path)
     checkpoint.prune(prefix, keep_last)
@@ -728,6 +729,7 @@ def record_train_epoch(cfg, state, stats, epoch, dist):
 def record_validation(cfg, state, metrics, epoch, dist):
     state.report.add_epoch("val", epoch=epoch + 1, top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
                            durations=metrics["durations"], batch_size=cfg.batch_size)
+    state.report.add_per_class(metrics.get("confusion"), epoch + 1)  # the latest validation's, per class
     if dist.is_primary:
         log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch + 1,
                  metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])

@@ -27,8 +27,9 @@ def add_pred_args(parser):
     group = parser.add_argument_group("Prediction", "--mode pred")
     group.add_argument("--data-pred", help="pred: image file to classify")
     group.add_argument("--class-names",
-                       help="pred: file with one class name per line (default: class folders from the .lst "
-                            "beside --data-train, else class indices)")
+                       help="file with one class name per line, in label order (default: the names saved with the "
+                            "checkpoint, else classes.txt or the .lst beside --data-train; training saves the "
+                            "names in its checkpoints)")
     parser.set_defaults(**cli.config_defaults(PredictConfig))
     return group
 
@@ -41,25 +42,88 @@ def check_pred_args(data_pred):
         raise ValueError(f"--data-pred {data_pred} does not exist")
 
 
-def class_names(names_file, data_train):
-    """Class names from ``names_file`` (--class-names), else the class folders in the .lst beside ``data_train``,
-    else None."""
+def read_names_file(path):
+    """One class name per line (blank lines skipped), as tools/prepare_folder.py's classes.txt and
+    imagenet_classes.py write them."""
+    with open(path) as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def names_from_lst(lst):
+    """The class folders of an im2rec .lst (index, label, relative/path; tab-separated), in label order; None when
+    it has no entries."""
+    names = {}
+    with open(lst) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) >= 3:
+                names[int(float(parts[1]))] = parts[-1].replace("\\", "/").split("/")[0]
+    return [names.get(i, str(i)) for i in range(max(names) + 1)] if names else None
+
+
+def dataset_class_names(*record_files):
+    """The class names of a dataset, from beside its record files (the first that has them): classes.txt in the
+    folder (tools/prepare_folder.py writes it), else the .lst beside the .rec, else the folder's train.lst (im2rec's
+    class folders, as tools/prepare_imagenet.sh leaves them). None when none of them is there."""
+    for rec in record_files:
+        if not rec:
+            continue
+        folder = os.path.dirname(rec)
+        names_txt = os.path.join(folder, "classes.txt")
+        if os.path.isfile(names_txt):
+            names = read_names_file(names_txt)
+            if names:
+                return names
+        for lst in (os.path.splitext(rec)[0] + ".lst", os.path.join(folder, "train.lst")):
+            if os.path.isfile(lst):
+                names = names_from_lst(lst)
+                if names:
+                    return names
+    return None
+
+
+def readable(names):
+    """``names`` for people: ImageNet's WordNet-id folders (n01440764...) become their ImageNet-1k names ("tench"),
+    all of them or none; other names are kept."""
+    if not names:
+        return names
+    import imagenet_classes
+    if list(names) == list(imagenet_classes.SYNSETS):
+        return imagenet_classes.names()
+    by_id = dict(zip(imagenet_classes.SYNSETS, imagenet_classes.names()))
+    if all(name in by_id for name in names):
+        return [by_id[name] for name in names]
+    return list(names)
+
+
+def checkpoint_class_names(params_path):
+    """The class names saved with a checkpoint (its state's "class_names", from the data it was trained on), or
+    None."""
+    if not params_path:
+        return None
+    import settings
+    state = settings.trained_settings(params_path)
+    names = state and state.get("class_names")
+    return list(names) if names else None
+
+
+def training_class_names(names_file, data_train, data_val, num_classes):
+    """The names a training run saves in its checkpoints (as given or found: WordNet ids stay ids): --class-names,
+    else the dataset's (dataset_class_names); None without names or when their number is not ``num_classes``."""
+    names = read_names_file(names_file) if names_file else dataset_class_names(data_train, data_val)
+    return names if names and len(names) == num_classes else None
+
+
+def class_names(names_file, data_train, params_path=None, num_classes=None):
+    """Class names for people, from the first source that has them: ``names_file`` (--class-names), the
+    checkpoint ``params_path`` (the names of the data it was trained on), the dataset beside ``data_train``
+    (dataset_class_names); ImageNet WordNet ids become ImageNet-1k names. None when there are none, or when
+    ``num_classes`` is given and a saved or found list has another length."""
     if names_file:
-        with open(names_file) as f:
-            return [line.strip() for line in f if line.strip()]
-    candidates = []
-    if data_train:
-        candidates.append(os.path.splitext(data_train)[0] + ".lst")
-        candidates.append(os.path.join(os.path.dirname(data_train), "train.lst"))
-    for lst in candidates:
-        if os.path.isfile(lst):
-            names = {}
-            with open(lst) as f:
-                for line in f:  # im2rec: index \t label \t relative/path
-                    parts = line.rstrip("\n").split("\t")
-                    if len(parts) >= 3:
-                        names[int(float(parts[1]))] = parts[-1].replace("\\", "/").split("/")[0]
-            return [names.get(i, str(i)) for i in range(max(names) + 1)] if names else None
+        return readable(read_names_file(names_file))
+    for names in (checkpoint_class_names(params_path), dataset_class_names(data_train)):
+        if names and (num_classes is None or len(names) == num_classes):
+            return readable(names)
     return None
 
 
@@ -92,7 +156,8 @@ def predict(net, image, ctx, dtype, names=None, top=5):
     batch = mx.nd.array(image, ctx=ctx).astype(out_dtype(dtype))
     probs = net(batch).astype("float32").softmax()[0].asnumpy()
     if names is None:
-        log.info("No class names (--class-names, or a .lst beside --data-train): printing class indices")
+        log.info("No class names (none saved with the checkpoint, no --class-names, no classes.txt or .lst beside "
+                 "--data-train): printing class indices")
     result = []
     for rank, index in enumerate(np.argsort(-probs)[:top], 1):
         name = names[index] if names and index < len(names) else str(index)

@@ -3,6 +3,13 @@
 {"model", "ngpus", "total_duration", "cmd", "metrics": {"train.loss": [one value per epoch], ...}}, and for
 --mode val "weights" (the .params scored, or "fresh"). Accuracies are fractions; latencies are seconds per
 iteration; total_ips is images/s over all workers; timed_iters is how many iterations those come from.
+
+"per_class" holds the latest validation's results per class (exact over all workers; see per_class_results):
+{"epoch", "classes": names (or class indices as strings), "samples", "correct", "top1" (per class; null for a
+class without validation samples), "confusion" (rows: true class, columns: predicted class; up to
+DENSE_CONFUSION_MAX classes, else null), "confused_pairs" (every off-diagonal cell that is not zero, as [true,
+predicted, count], most frequent first: with "correct" on the diagonal, the whole matrix for any number of
+classes)}.
 """
 import json
 import os
@@ -11,6 +18,9 @@ from collections import OrderedDict
 import numpy as np
 
 LATENCY_PERCENTILES = [50, 90, 95, 99, 100]
+DENSE_CONFUSION_MAX = 100  # classes up to which the report holds the whole confusion matrix as rows
+PNG_MATRIX_MAX = 40  # classes up to which the PNG draws the matrix; above, the most confused pairs
+PNG_PAIRS = 30  # pairs drawn for many classes
 WARMUP_ITERATIONS = 20  # the first iterations (graph building, caches) do not count towards speed
 
 
@@ -31,6 +41,7 @@ class Report:
         self.total_duration = 0.0
         self.metrics = OrderedDict(metrics or {})
         self.weights = None  # --mode val: what was scored
+        self.per_class = None  # the latest validation's per-class results (per_class_results)
         self.info = OrderedDict(info or {})  # how the run was made, beyond cmd (INT8 calibration, --pretrained)
 
     def add(self, key, value):
@@ -59,6 +70,8 @@ class Report:
             out["weights"] = self.weights
         if self.info:
             out["info"] = self.info
+        if self.per_class is not None:
+            out["per_class"] = self.per_class
         return out
 
     def save(self, path):
@@ -72,7 +85,14 @@ class Report:
         report.total_duration = raw["total_duration"]
         report.weights = raw.get("weights")
         report.info.update(raw.get("info", {}))
+        report.per_class = raw.get("per_class")
         return report
+
+    def add_per_class(self, confusion, epoch, names=None):
+        """Keep a validation's per-class results (``confusion``: counts, rows true, columns predicted; None
+        leaves the report as it is); ``names`` default to the report's info["class_names"]."""
+        if confusion is not None:
+            self.per_class = per_class_results(confusion, names or self.info.get("class_names"), epoch)
 
     def summary(self):
         """A few lines for people: epochs, the last and best validation top-1, speed, time."""
@@ -94,12 +114,112 @@ class Report:
             lines.append(f"Target top-1 {target['top1']:g} reached at epoch {target['epoch']} "
                          f"({target['reached_top1']:.4f}) after {target['train_seconds']:.0f} s of training, "
                          f"{target['wall_seconds']:.0f} s in all")
+        if self.per_class:
+            lines += per_class_summary(self.per_class)
         for mode in ("train", "val"):
             ips = metrics.get(f"{mode}.total_ips")
             if ips:
                 last = "pass" if scoring else "epoch"
                 lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s (last {last})")
         return "\n".join(lines)
+
+
+def per_class_results(confusion, names, epoch):
+    """The report's "per_class" entry of a confusion matrix (rows: true class, columns: predicted; counts over
+    every worker); ``names``: one per class, or None for the class indices."""
+    confusion = np.asarray(confusion, dtype="int64")
+    classes = confusion.shape[0]
+    names = [str(n) for n in names] if names and len(names) == classes else [str(i) for i in range(classes)]
+    samples = confusion.sum(axis=1)
+    correct = np.diag(confusion)
+    off = confusion.copy()
+    np.fill_diagonal(off, 0)
+    rows, cols = np.nonzero(off)
+    order = np.lexsort((cols, rows, -off[rows, cols]))  # most frequent first, then by true and predicted class
+    return OrderedDict(
+        epoch=int(epoch), classes=names, samples=samples.tolist(), correct=correct.tolist(),
+        top1=[float(c / n) if n else None for c, n in zip(correct, samples)],
+        confusion=confusion.tolist() if classes <= DENSE_CONFUSION_MAX else None,
+        confused_pairs=[[int(rows[i]), int(cols[i]), int(off[rows[i], cols[i]])] for i in order])
+
+
+def confusion_from(per_class):
+    """The whole confusion matrix of a report's "per_class" entry (rebuilt from its pairs for many classes)."""
+    if per_class.get("confusion") is not None:
+        return np.asarray(per_class["confusion"], dtype="int64")
+    matrix = np.diag(np.asarray(per_class["correct"], dtype="int64"))
+    for true, predicted, count in per_class["confused_pairs"]:
+        matrix[true, predicted] = count
+    return matrix
+
+
+def per_class_summary(per_class, worst=5):
+    """Lines for people: the classes with the lowest top-1 and the most frequent confusions."""
+    names = per_class["classes"]
+    scored = [(top1, i) for i, top1 in enumerate(per_class["top1"]) if top1 is not None]
+    lines = [f"Per-class top-1 (epoch {per_class['epoch']}), lowest: " +
+             ", ".join(f"{names[i]} {top1:.3f} ({per_class['correct'][i]}/{per_class['samples'][i]})"
+                       for top1, i in sorted(scored)[:worst])]
+    pairs = per_class["confused_pairs"][:worst]
+    if pairs:
+        lines.append("Most confused (true -> predicted): " +
+                     ", ".join(f"{names[t]} -> {names[p]} x{n}" for t, p, n in pairs))
+    return lines
+
+
+def save_confusion_png(per_class, path):
+    """Draw ``per_class`` (a report's entry) into the PNG ``path``: the confusion matrix, rows normalised to the
+    true class's samples, for up to PNG_MATRIX_MAX classes; above that, a bar chart of the PNG_PAIRS most
+    confused pairs (true -> predicted). Returns ``path``."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    names = per_class["classes"]
+    classes = len(names)
+    title = f"validation, epoch {per_class['epoch']}"
+    if classes <= PNG_MATRIX_MAX:
+        matrix = confusion_from(per_class)
+        rates = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+        size = max(4.0, 0.35 * classes + 2.5)
+        fig, ax = plt.subplots(figsize=(size + 1, size))
+        image = ax.imshow(rates, cmap="Blues", vmin=0.0, vmax=1.0)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+        ax.set_xticks(range(classes))
+        ax.set_yticks(range(classes))
+        ax.set_xticklabels(names, rotation=90 if classes > 10 else 0, fontsize=8)
+        ax.set_yticklabels(names, fontsize=8)
+        if classes <= 20:
+            for t in range(classes):
+                for p in range(classes):
+                    if matrix[t, p]:
+                        ax.text(p, t, str(matrix[t, p]), ha="center", va="center", fontsize=7,
+                                color="white" if rates[t, p] > 0.5 else "black")
+        ax.set_xlabel("predicted class")
+        ax.set_ylabel("true class")
+        ax.set_title(f"Confusion matrix ({title})")
+    else:
+        pairs = per_class["confused_pairs"][:PNG_PAIRS]
+        fig, ax = plt.subplots(figsize=(8, max(3.0, 0.3 * len(pairs) + 1.5)))
+        labels = [f"{names[t]} -> {names[p]}" for t, p, _ in pairs]
+        ax.barh(range(len(pairs)), [n for _, _, n in pairs], color="tab:red")
+        ax.set_yticks(range(len(pairs)))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("validation images (true -> predicted)")
+        ax.set_title(f"Most confused pairs of {classes} classes ({title})")
+        if not pairs:
+            ax.text(0.5, 0.5, "no confusions", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
+    return path
+
+
+def confusion_png_path(report_path):
+    """Where a report's confusion PNG goes: beside it, <report name>-confusion.png."""
+    return os.path.splitext(report_path)[0] + "-confusion.png"
 
 
 def main():

@@ -86,11 +86,27 @@ def validation_batches(val_iter, max_iters=None):
         first_pass = False
 
 
+def confusion_matrix(pairs, num_classes, dist):
+    """The confusion matrix (rows: true class, columns: predicted class; counts) of ``pairs`` [(predicted classes,
+    labels)] (NDArrays, read here), summed over all ranks: exact, each sample counted once. Labels outside
+    0..num_classes-1 are left out."""
+    counts = np.zeros(num_classes * num_classes, dtype="float64")
+    if pairs:
+        predicted = np.concatenate([p.asnumpy().ravel() for p, _ in pairs]).astype("int64")
+        labels = np.concatenate([label.asnumpy().ravel() for _, label in pairs]).astype("int64")
+        keep = (labels >= 0) & (labels < num_classes)
+        counts += np.bincount(labels[keep] * num_classes + predicted[keep], minlength=num_classes * num_classes)
+    summed = dist.sum(counts, "val.confusion")
+    return np.rint(np.asarray(summed)).astype("int64").reshape(num_classes, num_classes)
+
+
 def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_iters=None):
     """Top-1, top-5 and loss over the whole validation set, each sample counted once over all ranks (with
-    ``max_iters``, that many batches are timed, the set cycled; the accuracy counts its first pass)."""
+    ``max_iters``, that many batches are timed, the set cycled; the accuracy counts its first pass), and the
+    confusion matrix of that pass (``confusion``, None with ``no_metrics``)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     correct1 = correct5 = loss_sum = count = 0.0
+    pairs, num_classes = [], None  # (predicted class, label) of the first pass, read from the devices at the end
     durations = []
     tic = time.time()
     for batch, first_pass in validation_batches(val_iter, max_iters):
@@ -103,21 +119,29 @@ def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_i
                 logits.wait_to_read()
         else:  # computed on every pass, so each timed batch does the same work
             pending = [(topk_counts(logits, label, valid),
-                        loss_fn(logits[:valid], label[:valid]).sum() if valid else None)
+                        loss_fn(logits[:valid], label[:valid]).sum() if valid else None, logits, label, valid)
                        for logits, label, valid in zip(outputs, labels, valids)]
-            for (c1, c5), batch_loss in pending:
+            for (c1, c5), batch_loss, logits, label, valid in pending:
                 c1, c5 = c1.asscalar(), c5.asscalar()
                 batch_loss = batch_loss.asscalar() if batch_loss is not None else 0.0
                 if first_pass:
                     correct1, correct5, loss_sum = correct1 + c1, correct5 + c5, loss_sum + batch_loss
+                    num_classes = logits.shape[1]
+                    if valid:  # copies: the data pipeline reuses its label buffers for the next batches
+                        pairs.append((logits[:valid].argmax(axis=1), label[:valid].copy()))
         count += sum(valids) if first_pass else 0
         now = time.time()
         durations.append(now - tic)
         tic = now
     correct1, correct5, loss_sum, count = dist.sum([correct1, correct5, loss_sum, count], "val.counts")
     total = max(count, 1)
+    confusion = None
+    if not no_metrics:  # every rank takes part: one that saw no batch learns the number of classes here
+        num_classes = int(max(row[0] for row in dist.gather([num_classes or 0], "val.classes")))
+        confusion = confusion_matrix(pairs, num_classes, dist) if num_classes else None
     return {"top1": correct1 / total, "top5": correct5 / total, "loss": loss_sum / total,
-            "durations": durations, "samples": int(count), "correct1": correct1, "correct5": correct5}
+            "durations": durations, "samples": int(count), "correct1": correct1, "correct5": correct5,
+            "confusion": confusion}
 
 
 @dataclasses.dataclass
@@ -207,11 +231,16 @@ def score(cfg, run, model, val_iter, ctxs, dist):
     report = Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
     report.weights = os.path.abspath(model.weights) if model.weights else "fresh"
     report.info.update(model.info)
+    names = predict.class_names(cfg.predict.class_names, cfg.data.data_val or cfg.data.data_train, model.weights,
+                                cfg.model.num_classes)
+    if names:
+        report.info["class_names"] = names
     start = time.time()
     for epoch in range(fit_cfg.num_epochs):
         metrics = evaluate(net, val_iter, ctxs, dist, fit_cfg.dtype, fit_cfg.no_metrics, fit_cfg.benchmark_iters)
         values = {} if fit_cfg.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
         report.add_epoch("val", durations=metrics["durations"], batch_size=fit_cfg.batch_size, **values)
+        report.add_per_class(metrics["confusion"], epoch + 1)
         if dist.is_primary:
             log.info("Pass %d: %s%.1f img/s (%d samples)", epoch + 1,
                      "" if fit_cfg.no_metrics else f"top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} ",
@@ -228,5 +257,5 @@ def predict_image(cfg, model, ctxs):
     data = cfg.data
     image = predict.load_image(cfg.predict.data_pred, data.image_shape, data.data_val_resize, data.rgb_mean,
                                data.rgb_std, data.input_layout)
-    names = predict.class_names(cfg.predict.class_names, data.data_train)
+    names = predict.class_names(cfg.predict.class_names, data.data_train, model.weights, cfg.model.num_classes)
     return predict.predict(model.net, image, ctxs[0], cfg.fit.dtype, names)

@@ -127,8 +127,15 @@ def run_info(cfg, resolved, typed, given, command):
     derived = {k: v for k, v in resolved.items() if typed.get(k) != v}
     derived.update(model_name=model_name, report=report_path)
     record = {"args": resolved, "given": sorted(given), "derived": derived}
+    report_info = {}
+    if cfg.fit.mode in ("train", "train_val"):  # the data's class names travel into every checkpoint
+        names = predict.training_class_names(cfg.predict.class_names, cfg.data.data_train, cfg.data.data_val,
+                                             cfg.model.num_classes)
+        if names:
+            record["class_names"] = names
+            report_info["class_names"] = predict.readable(names)
     return fit.RunInfo(model_name=model_name, arch=cfg.model.arch, command=list(command), report_path=report_path,
-                       record=record)
+                       record=record, report_info=report_info)
 
 
 @dataclasses.dataclass
@@ -333,6 +340,21 @@ def start_from_pretrained(cfg, info, net, ctxs, dist):
     return dataclasses.replace(info, report_info={**info.report_info, "pretrained": dataclasses.asdict(loaded)})
 
 
+def write_confusion_png(report, report_file):
+    """Rank 0, after the report: the latest validation's confusion matrix (or most confused pairs) as a PNG beside
+    it; a machine without matplotlib gets a warning."""
+    if not report.per_class:
+        return None
+    import report as reports
+    try:
+        path = reports.save_confusion_png(report.per_class, reports.confusion_png_path(report_file))
+    except ImportError as error:
+        logging.warning("No confusion-matrix PNG (%s); the per-class results are in the report", error)
+        return None
+    print(f"Per-class results: {report_file} (\"per_class\"), confusion matrix {path}")
+    return path
+
+
 def configure(args, given, num_gpus):
     """The RunConfig of parsed flags: the defaults that depend on the machine, the data, a checkpoint and the
     recipe filled in, then every value checked. The Namespace stops here."""
@@ -438,7 +460,9 @@ def main(args, command=None, given=()):
         if target:
             print(f"Target top-1 {target['top1']:g} reached at epoch {target['epoch']} after "
                   f"{target['train_seconds']:.0f} s of training, {target['wall_seconds']:.0f} s in all")
-        print(f"Report: {os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))}")
+        report_file = os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))
+        print(f"Report: {report_file}")
+        write_confusion_png(report, report_file)
     return Outcome(net=net, report=report, stopped=stopped)
 
 

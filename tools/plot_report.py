@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Plot a training report: top-1, top-5, loss and LR per epoch, train and val, as PNG files.
+"""Plot a training report: top-1, top-5, loss and LR per epoch, train and val, and the per-class results, as PNG files.
 
     python tools/plot_report.py REPORT.json [--out DIR]
 
-Writes DIR/<report name>-{top1,top5,loss,lr}.png (DIR: beside the report) for every curve the report holds.
+Writes DIR/<report name>-{top1,top5,loss,lr}.png (DIR: beside the report) for every curve the report holds, and
+DIR/<report name>-confusion.png when it holds per-class results (the latest validation's confusion matrix; for
+many classes, the most confused pairs), as train.py draws it.
 """
 import argparse
 import json
@@ -19,7 +21,8 @@ def plot(report_path, out_dir=None):
     import matplotlib.pyplot as plt
 
     with open(report_path) as f:
-        metrics = json.load(f)["metrics"]
+        raw = json.load(f)
+    metrics = raw["metrics"]
     out_dir = out_dir or os.path.dirname(os.path.abspath(report_path))
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.splitext(os.path.basename(report_path))[0]
@@ -41,6 +44,10 @@ def plot(report_path, out_dir=None):
         plt.close(fig)
         os.replace(path + ".tmp.png", path)
         written.append(path)
+    if raw.get("per_class"):
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # report.py
+        import report
+        written.append(report.save_confusion_png(raw["per_class"], os.path.join(out_dir, f"{stem}-confusion.png")))
     return written
 
 
@@ -57,7 +64,8 @@ def main():
         print(f"plot_report.py: error: cannot read {args.report}: {error}", file=sys.stderr)
         sys.exit(2)
     if not written:
-        print(f"plot_report.py: error: {args.report} holds no top1/top5/loss/lr curves", file=sys.stderr)
+        print(f"plot_report.py: error: {args.report} holds no top1/top5/loss/lr curves nor per-class results",
+              file=sys.stderr)
         sys.exit(2)
     print("\n".join(written))
 

@@ -11,8 +11,8 @@ re-encoded as RGB JPEG (quality --quality), other JPEGs are packed byte for byte
 Each class puts round(n * val-fraction) of its n good images (at least 1 when n >= 2, never all of them) in the
 validation split, chosen by --seed; both lists are shuffled, so no record file is in label order.
 
-OUT receives train.lst/.rec/.idx, val.lst/.rec/.idx, classes.txt (one class name per line in label order: give it
-to --class-names) and prepare.json (the split per class, the images left out). Outputs are written under
+OUT receives train.lst/.rec/.idx, val.lst/.rec/.idx, classes.txt (one class name per line in label order: train.py
+finds it beside train.rec and saves the names in its checkpoints) and prepare.json (the split per class, the images left out). Outputs are written under
 temporary names and renamed when complete; a rerun rebuilds them (the same seed gives the same split).
 """
 import argparse
@@ -252,8 +252,8 @@ def main(argv=None):
     except PrepareError as error:
         print(f"prepare_folder.py: error: {error}", file=sys.stderr)
         return 1
-    print(f"Dataset prepared in {os.path.abspath(args.out)}: --num-classes {len(summary['classes'])}, "
-          f"--class-names {os.path.join(os.path.abspath(args.out), 'classes.txt')}")
+    print(f"Dataset prepared in {os.path.abspath(args.out)}: train with --data-root {os.path.abspath(args.out)} "
+          f"--num-classes {len(summary['classes'])} (the names in classes.txt go into the checkpoints)")
     return 0
 
 
