@@ -56,6 +56,11 @@ class DataConfig:
     min_random_aspect_ratio: float = 0.75
     max_random_aspect_ratio: float = 4 / 3
     random_mirror: int = 1
+    # automatic augmentation and colour jitter (the DALI backends; rules.augment_problem refuses the others)
+    auto_augment: str = "none"
+    randaugment_n: int = 2
+    randaugment_m: int = 9
+    color_jitter: tuple = (0.0,)
     # DALI
     dali_separ_val: bool = False
     dali_threads: int = None
@@ -114,7 +119,34 @@ def add_data_aug_args(parser):
     group.add_argument("--min-random-aspect-ratio", type=float, help="random-resized-crop: smallest aspect ratio")
     group.add_argument("--max-random-aspect-ratio", type=float, help="random-resized-crop: largest aspect ratio")
     group.add_argument("--random-mirror", type=int, choices=[0, 1], help="flip half the training images horizontally")
+    group.add_argument("--auto-augment", choices=["none", "autoaugment", "randaugment", "trivialaugment"],
+                       help="automatic augmentation after the crop (DALI backends; DALI's nvidia.dali.auto_aug): "
+                            "AutoAugment's ImageNet policy, RandAugment (--randaugment-n/-m), TrivialAugment Wide")
+    group.add_argument("--randaugment-n", type=int, help="RandAugment: operations per image")
+    group.add_argument("--randaugment-m", type=int, help="RandAugment: magnitude, 0-30 (31 bins)")
+    group.add_argument("--color-jitter", type=float_list,
+                       help="brightness,contrast,saturation jitter (one value: all three), factors uniform in "
+                            "[1-j, 1+j] (DALI backends; 0 = off)")
     return group
+
+
+def check_augmentation(cfg):
+    """ValueError naming the flag for augmentation values out of range."""
+    color_jitter3(cfg.color_jitter)
+    if not 0 <= cfg.randaugment_m <= 30 or cfg.randaugment_n < 1:
+        raise ValueError(f"--randaugment-n must be at least 1 and --randaugment-m in 0..30 (31 magnitude bins); "
+                         f"got {cfg.randaugment_n} and {cfg.randaugment_m}")
+
+
+def color_jitter3(values):
+    """--color-jitter's one or three values as (brightness, contrast, saturation)."""
+    values = tuple(values)
+    if len(values) == 1:
+        return values * 3
+    if len(values) != 3 or min(values) < 0:
+        raise ValueError(f"--color-jitter takes one value or three (brightness,contrast,saturation), each >= 0; "
+                         f"got {','.join(f'{v:g}' for v in values)}")
+    return values
 
 
 def add_dali_args(parser):
@@ -481,6 +513,8 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
             random_aspect_ratio=(cfg.min_random_aspect_ratio, cfg.max_random_aspect_ratio),
             random_mirror=bool(cfg.random_mirror), fuse_decoder=bool(cfg.dali_fuse_decoder),
+            auto_augment=cfg.auto_augment, randaugment=(cfg.randaugment_n, cfg.randaugment_m),
+            color_jitter=color_jitter3(cfg.color_jitter), enable_conditionals=dali.needs_conditionals(cfg.auto_augment),
             batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
             prefetch_queue_depth=cfg.dali_prefetch_queue, **common)
         pipe.build()

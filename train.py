@@ -204,6 +204,13 @@ def validate_args(cfg, num_workers):
         raise UsageError(f"--image-shape must be C,H,W with C 3 or 4, got {list(data_cfg.image_shape)}")
     if fit_cfg.mode == "pred":
         return
+    problem = rules.augment_problem(data_cfg.data_backend, data_cfg.auto_augment, data_cfg.color_jitter)
+    if problem and fit_cfg.mode in ("train", "train_val"):
+        raise UsageError(problem)
+    try:
+        data.check_augmentation(data_cfg)
+    except ValueError as error:
+        raise UsageError(str(error))
     if backends.reads_records(data_cfg.data_backend):
         missing = data.check_data_files(data_cfg)
         if missing:
