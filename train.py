@@ -305,7 +305,10 @@ def build_network(cfg, ctxs):
         from mxnet.contrib import amp
         amp.init(target_dtype="bfloat16")
     try:
-        net = models.build_network(cfg.model, cfg.data.image_shape[0], cfg.data.input_layout, cfg.fit.dtype)
+        # Scoring builds the inference graph: no stochastic depth in it at all (training's Dropout passes through)
+        model_cfg = cfg.model if cfg.fit.mode in ("train", "train_val") else \
+            dataclasses.replace(cfg.model, drop_path=0.0)
+        net = models.build_network(model_cfg, cfg.data.image_shape[0], cfg.data.input_layout, cfg.fit.dtype)
     except ValueError as error:  # flags that do not fit together
         raise UsageError(str(error))
     net.initialize(mx.init.Xavier(), ctx=ctxs)  # layers with their own initializer keep it
