@@ -61,6 +61,10 @@ class DataConfig:
     randaugment_n: int = 2
     randaugment_m: int = 9
     color_jitter: tuple = (0.0,)
+    # training resolution (validation stays at --image-shape): fixed, or progressive over epochs
+    train_size: tuple = ()
+    train_size_epochs: tuple = ()
+    train_size_step: int = 32
     # DALI
     dali_separ_val: bool = False
     dali_threads: int = None
@@ -124,6 +128,13 @@ def add_data_aug_args(parser):
                             "AutoAugment's ImageNet policy, RandAugment (--randaugment-n/-m), TrivialAugment Wide")
     group.add_argument("--randaugment-n", type=int, help="RandAugment: operations per image")
     group.add_argument("--randaugment-m", type=int, help="RandAugment: magnitude, 0-30 (31 bins)")
+    group.add_argument("--train-size", type=int_list,
+                       help="training images of SIZE x SIZE (validation stays at --image-shape), or START,END: "
+                            "progressive resizing over --train-size-epochs (default: --image-shape's)")
+    group.add_argument("--train-size-epochs", type=int_list,
+                       help="progressive resizing: FIRST,LAST (0-based epochs): START up to FIRST, END from LAST on, "
+                            "linear between them in steps of --train-size-step (FFCV's start_ramp/end_ramp)")
+    group.add_argument("--train-size-step", type=int, help="progressive resizing: sizes are multiples of this")
     group.add_argument("--color-jitter", type=float_list,
                        help="brightness,contrast,saturation jitter (one value: all three), factors uniform in "
                             "[1-j, 1+j] (DALI backends; 0 = off)")
@@ -136,6 +147,36 @@ def check_augmentation(cfg):
     if not 0 <= cfg.randaugment_m <= 30 or cfg.randaugment_n < 1:
         raise ValueError(f"--randaugment-n must be at least 1 and --randaugment-m in 0..30 (31 magnitude bins); "
                          f"got {cfg.randaugment_n} and {cfg.randaugment_m}")
+
+
+def check_train_size(cfg):
+    """ValueError naming the flag for a training size that cannot be planned."""
+    sizes, epochs = tuple(cfg.train_size), tuple(cfg.train_size_epochs)
+    if len(sizes) > 2 or any(size < 1 for size in sizes) or cfg.train_size_step < 1:
+        raise ValueError(f"--train-size takes SIZE or START,END (positive), --train-size-step a positive number; got "
+                         f"{','.join(map(str, sizes))} and {cfg.train_size_step}")
+    if (len(sizes) == 2) != bool(epochs) or (epochs and (len(epochs) != 2 or not 0 <= epochs[0] < epochs[1])):
+        raise ValueError("progressive resizing needs both --train-size START,END and --train-size-epochs FIRST,LAST "
+                         f"(0 <= FIRST < LAST); got --train-size {','.join(map(str, sizes)) or 'none'} and "
+                         f"--train-size-epochs {','.join(map(str, epochs)) or 'none'}")
+
+
+def epoch_train_size(cfg, epoch):
+    """The training images' side in ``epoch`` (0-based), or None for --image-shape's own."""
+    sizes = tuple(cfg.train_size)
+    if not sizes:
+        return None
+    if len(sizes) == 1:
+        return sizes[0]
+    import schedules
+    return schedules.train_size(epoch, sizes[0], sizes[1], *cfg.train_size_epochs, step=cfg.train_size_step)
+
+
+def train_shape(cfg, epoch=0):
+    """The training batches' C,H,W: --image-shape's channels at the epoch's training size."""
+    size = epoch_train_size(cfg, epoch)
+    channels, height, width = cfg.image_shape
+    return (channels, height, width) if size is None else (channels, size, size)
 
 
 def color_jitter3(values):
@@ -360,7 +401,8 @@ def get_mxnet_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ct
             seed_aug=None if feed.seed is None else seed,
             random_resized_crop=True, min_random_area=cfg.min_random_area, max_random_area=cfg.max_random_area,
             min_aspect_ratio=cfg.min_random_aspect_ratio, max_aspect_ratio=cfg.max_random_aspect_ratio,
-            rand_mirror=bool(cfg.random_mirror), round_batch=True, **common)
+            rand_mirror=bool(cfg.random_mirror), round_batch=True,
+            **dict(common, data_shape=(3,) + train_shape(cfg)[1:]))
         total = count_index_entries(cfg.data_train_idx)
         steps = math.ceil((cfg.num_examples or total) / feed.batch_size)
         train_iter = RecordIterator(record_iter, steps * local_batch, local_batch, wrap=True, **out)
@@ -509,6 +551,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
                                      seed=0 if feed.seed is None else feed.seed,
                                      remember=cfg.dali_prefetch_queue + 4)  # the batches DALI may hold
+        train_common = dict(common, image_shape=train_shape(cfg))
         pipe = dali.train_pipeline(
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
             random_aspect_ratio=(cfg.min_random_aspect_ratio, cfg.max_random_aspect_ratio),
@@ -516,7 +559,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
             auto_augment=cfg.auto_augment, randaugment=(cfg.randaugment_n, cfg.randaugment_m),
             color_jitter=color_jitter3(cfg.color_jitter), enable_conditionals=dali.needs_conditionals(cfg.auto_augment),
             batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
-            prefetch_queue_depth=cfg.dali_prefetch_queue, **common)
+            prefetch_queue_depth=cfg.dali_prefetch_queue, **train_common)
         pipe.build()
         total = len(train_records)
         num_examples = cfg.num_examples or total

@@ -94,6 +94,17 @@ def get_schedule(kind, base_lr, num_epochs, warmup_epochs=0.0, steps=(), factor=
     return schedule
 
 
+def train_size(epoch, start, end, first_epoch, last_epoch, step=32):
+    """Progressive resizing, as FFCV's get_resolution: ``start`` up to epoch ``first_epoch`` (0-based), ``end``
+    from ``last_epoch`` on, between them the linear interpolation rounded to the nearest multiple of ``step``."""
+    if epoch <= first_epoch:
+        return start
+    if epoch >= last_epoch:
+        return end
+    size = start + (end - start) * (epoch - first_epoch) / (last_epoch - first_epoch)
+    return int(round(size / step)) * step
+
+
 def recipe_help(name):
     """A help text's "recipe: ..." for a hyper-parameter: its value in each recipe."""
     values = {recipe: fields.get(name) for recipe, fields in RECIPES.items()}

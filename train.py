@@ -208,6 +208,7 @@ def validate_args(cfg, num_workers):
     if problem and fit_cfg.mode in ("train", "train_val"):
         raise UsageError(problem)
     try:
+        data.check_train_size(data_cfg)
         data.check_augmentation(data_cfg)
     except ValueError as error:
         raise UsageError(str(error))
@@ -245,17 +246,30 @@ def gpu_ordinal(local_rank, local_size, visible_gpus):
 
 def train_iterator_factory(cfg, dist, ctxs, first):
     """Training iterator per epoch. With --seed each epoch gets a fresh reader seeded by (seed, epoch), so a
-    run resumed at any epoch sees exactly the batches an uninterrupted run would."""
-    if cfg.fit.seed is None:
+    run resumed at any epoch sees exactly the batches an uninterrupted run would. With progressive resizing
+    (--train-size START,END) a pipeline is also rebuilt, at the epoch's size, whenever the size changes; the
+    previous one is dropped."""
+    sized = len(cfg.data.train_size) == 2
+    if cfg.fit.seed is None and not sized:
         return lambda epoch: first
+    built = {"size": data.epoch_train_size(cfg.data, 0), "iterator": first}
 
     def make(epoch):
         if epoch == 0:
-            return first  # built with --seed, the seed epoch 0 gets
+            return first  # built with --seed, the seed epoch 0 gets, at epoch 0's size
+        size = data.epoch_train_size(cfg.data, epoch)
+        if cfg.fit.seed is None and size == built["size"]:
+            return built["iterator"]
         # only the training pipeline is rebuilt
-        epoch_cfg = cfg.replace(fit__seed=cfg.fit.seed + 100003 * epoch, data__data_val=None)
-        return data.get_data_iterators_per_device(epoch_cfg, dist.rank, dist.size, dist.local_rank,
-                                                  dist.local_size, ctxs)[0]
+        changes = dict(data__data_val=None)
+        if sized:
+            changes.update(data__train_size=(size,), data__train_size_epochs=())
+        if cfg.fit.seed is not None:
+            changes.update(fit__seed=cfg.fit.seed + 100003 * epoch)
+        built["iterator"] = None  # let the previous pipeline go before the next one is built
+        built.update(size=size, iterator=data.get_data_iterators_per_device(
+            cfg.replace(**changes), dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs)[0])
+        return built["iterator"]
     return make
 
 
