@@ -50,6 +50,7 @@ class DataConfig:
     data_mxnet_threads: int = None
     test_io: bool = False
     test_io_mode: str = "train"
+    test_io_grid: str = None
     # augmentation
     min_random_area: float = 0.08
     max_random_area: float = 1.0
@@ -109,6 +110,9 @@ def add_data_args(parser):
                        help="decoding threads of the mxnet backend (default: cores per process)")
     group.add_argument("--test-io", action="store_true", help="only iterate the data and print images/s")
     group.add_argument("--test-io-mode", choices=["train", "val"], help="which iterator --test-io times")
+    group.add_argument("--test-io-grid", metavar="PNG",
+                       help="with --test-io: save the first batch (rank 0) as a grid of images in this PNG, as "
+                            "the network gets them (augmented, un-normalised for viewing)")
     parser.set_defaults(**cli.config_defaults(DataConfig))
     return group
 
@@ -705,6 +709,28 @@ class PerDeviceIterator:
 # ---------------------------------------------------------------------------------------------------------
 # --test-io
 
+def save_image_grid(images, path, mean, std, layout="NCHW", columns=8):
+    """Write a batch (N images, normalised, NCHW or NHWC, 3 or 4 channels: the 4th is padding) as one PNG grid,
+    ``columns`` images a row, pixels un-normalised (x * std + mean) to 0-255. Returns the grid (RGB, uint8)."""
+    import cv2
+    batch = images.asnumpy() if hasattr(images, "asnumpy") else np.asarray(images)
+    batch = batch.astype(np.float32)
+    if layout == "NCHW":
+        batch = batch.transpose(0, 2, 3, 1)
+    batch = batch[..., :3] * np.asarray(std, np.float32) + np.asarray(mean, np.float32)
+    batch = np.clip(np.rint(batch), 0, 255).astype(np.uint8)
+    count, height, width, _ = batch.shape
+    columns = min(columns, count)
+    rows = math.ceil(count / columns)
+    grid = np.zeros((rows * height, columns * width, 3), np.uint8)
+    for i, image in enumerate(batch):
+        row, column = divmod(i, columns)
+        grid[row * height:(row + 1) * height, column * width:(column + 1) * width] = image
+    if not cv2.imwrite(path, grid[:, :, ::-1]):  # OpenCV writes BGR
+        raise DataError(f"--test-io-grid {path}: cannot write a PNG there")
+    return grid
+
+
 def test_io(run_cfg, train_iter, val_iter, dist=None, epochs=1, out=print):
     """Iterate the chosen iterator only (no network) for ``epochs`` epochs and report images/s.
 
@@ -725,6 +751,10 @@ def test_io(run_cfg, train_iter, val_iter, dist=None, epochs=1, out=print):
                 array.wait_to_read()
             step += 1
             if start is None:
+                if run_cfg.data.test_io_grid and primary:
+                    cfg = run_cfg.data
+                    save_image_grid(batch.data[0], cfg.test_io_grid, cfg.rgb_mean, cfg.rgb_std, cfg.input_layout)
+                    out(f"test-io: saved the first {mode} batch as {cfg.test_io_grid}")
                 start = time.time()  # timing starts after the first batch
                 continue
             images += sum(data.shape[0] for data in batch.data) - batch.pad

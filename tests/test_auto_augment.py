@@ -93,3 +93,22 @@ def test_bad_augmentation_values_name_the_flag():
     with pytest.raises(ValueError, match="--randaugment-m"):
         data.check_augmentation(data.DataConfig(randaugment_m=31))
     assert data.color_jitter3((0.4,)) == (0.4, 0.4, 0.4)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_the_image_grid_shows_the_batch_as_fed(tmp_path, layout):
+    """--test-io-grid: the PNG read back holds every image of the batch, un-normalised, in its grid cell."""
+    import cv2
+    rng = np.random.RandomState(5)
+    pixels = rng.randint(0, 256, size=(10, 12, 14, 3)).astype(np.float32)  # NHWC, RGB
+    normalised = (pixels - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    batch = normalised if layout == "NHWC" else normalised.transpose(0, 3, 1, 2)
+    path = str(tmp_path / "grid.png")
+    data.save_image_grid(mx.nd.array(batch), path, MEAN, STD, layout, columns=4)
+    grid = cv2.imread(path)[:, :, ::-1]
+    assert grid.shape == (3 * 12, 4 * 14, 3)
+    for i in range(10):
+        row, column = divmod(i, 4)
+        cell = grid[row * 12:(row + 1) * 12, column * 14:(column + 1) * 14]
+        np.testing.assert_allclose(cell, pixels[i], atol=1)
+    assert not grid[2 * 12:, 2 * 14:].any()  # the two cells after the last image stay empty
