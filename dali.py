@@ -28,17 +28,14 @@ def _auto_augment(images, policy, shape, randaugment=(2, 9)):
     """DALI 2.4's nvidia.dali.auto_aug on uint8 HWC images (the pipeline needs ``enable_conditionals=True``):
     AutoAugment's ImageNet policy, RandAugment (n operations of magnitude m of 31 bins), TrivialAugment Wide.
     Translations are relative to ``shape`` (height, width); warps fill with grey 128, as timm does."""
-    import warnings
     from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
-    with warnings.catch_warnings():  # DALI 2.4's auto_aug still calls fn.experimental.equalize/filter (deprecated)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if policy == "autoaugment":
-            return auto_augment.auto_augment_image_net(images, shape=shape)
-        if policy == "randaugment":
-            n, m = randaugment
-            return rand_augment.rand_augment(images, n=n, m=m, shape=shape)
-        if policy == "trivialaugment":
-            return trivial_augment.trivial_augment_wide(images, shape=shape)
+    if policy == "autoaugment":
+        return auto_augment.auto_augment_image_net(images, shape=shape)
+    if policy == "randaugment":
+        n, m = randaugment
+        return rand_augment.rand_augment(images, n=n, m=m, shape=shape)
+    if policy == "trivialaugment":
+        return trivial_augment.trivial_augment_wide(images, shape=shape)
     raise ValueError(f"unknown automatic augmentation {policy!r}; choose one of {', '.join(AUTO_AUGMENT)}")
 
 
