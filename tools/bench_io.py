@@ -6,8 +6,9 @@
 Without --rec it builds a RecordIO of real photographs of ImageNet-like size (crops of scikit-learn's two
 sample photos, resized to 500x375 or 375x500, JPEG quality 90) once in --workdir. Each backend runs in its own
 process (so one backend's threads never compete with another's leftovers) and prints a JSON line; the table
-compares them with the last backend as the reference. ``--auto-augment`` times the DALI training pipelines once per
-policy listed ("none" is the plain pipeline, then the reference), so the cost of automatic augmentation is known. A benchmark, not a test: numbers depend on the machine.
+compares them with the last backend as the reference. ``--auto-augment`` times the DALI training pipelines once
+per policy listed ("none" is the plain pipeline, then the reference), so the cost of automatic augmentation is
+known. A benchmark, not a test: numbers depend on the machine.
 """
 import argparse
 import json
