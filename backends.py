@@ -16,13 +16,14 @@ class Backend:
     pipeline_device: str = "cpu"  # where its pipeline runs: "gpu" needs a GPU on every worker
     flag_prefix: str = ""  # the flags only this backend reads start with it
     input_layout_fixed: str = None  # the layout it always delivers, whatever --input-layout says
+    auto_augment: bool = False  # runs --auto-augment and --color-jitter (DALI's auto_aug and color_twist)
 
 
 BACKENDS = {backend.name: backend for backend in (
     Backend("dali-gpu", "DALI: nvJPEG decoding and augmentation on the GPU", "data:get_dali_iterators",
-            pipeline_device="gpu", flag_prefix="dali_"),
+            pipeline_device="gpu", flag_prefix="dali_", auto_augment=True),
     Backend("dali-cpu", "DALI: decoding and augmentation on the CPU", "data:get_dali_iterators",
-            flag_prefix="dali_"),
+            flag_prefix="dali_", auto_augment=True),
     Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "data:get_mxnet_iterators", flag_prefix="data_mxnet_",
             input_layout_fixed="NCHW"),
     Backend("synthetic", "random images made on the device (speed tests)", "data:get_synthetic_iterators",

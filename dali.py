@@ -22,10 +22,36 @@ def _normalize(images, image_shape, mean, std, dtype, layout, mirror, crop=True)
         mean=list(mean), std=list(std), mirror=mirror, pad_output=channels == 4)
 
 
+AUTO_AUGMENT = ("none", "autoaugment", "randaugment", "trivialaugment")
+
+
+def _auto_augment(images, policy, shape, randaugment=(2, 9)):
+    """DALI 2.4's nvidia.dali.auto_aug on uint8 HWC images (the pipeline needs ``enable_conditionals=True``):
+    AutoAugment's ImageNet policy, RandAugment (n operations of magnitude m of 31 bins), TrivialAugment Wide.
+    Translations are relative to ``shape`` (height, width); warps fill with grey 128, as timm does."""
+    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
+    if policy == "autoaugment":
+        return auto_augment.auto_augment_image_net(images, shape=shape)
+    if policy == "randaugment":
+        n, m = randaugment
+        return rand_augment.rand_augment(images, n=n, m=m, shape=shape)
+    if policy == "trivialaugment":
+        return trivial_augment.trivial_augment_wide(images, shape=shape)
+    raise ValueError(f"unknown automatic augmentation {policy!r}; choose one of {', '.join(AUTO_AUGMENT)}")
+
+
+def _color_jitter(images, jitter):
+    """Brightness, contrast and saturation factors drawn uniformly from [max(0, 1 - j), 1 + j] per image
+    (torchvision's ColorJitter ranges, applied in this fixed order); a 0 leaves that one out."""
+    factors = {name: fn.random.uniform(range=[max(0.0, 1 - j), 1 + j])
+               for name, j in zip(("brightness", "contrast", "saturation"), jitter) if j > 0}
+    return fn.color_twist(images, **factors) if factors else images
+
+
 @pipeline_def
 def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW", device="cpu",
                    random_area=(0.08, 1.0), random_aspect_ratio=(0.75, 4 / 3), random_mirror=True, fuse_decoder=True,
-                   nvjpeg_padding_mb=64):
+                   nvjpeg_padding_mb=64, auto_augment="none", randaugment=(2, 9), color_jitter=(0.0, 0.0, 0.0)):
     # The records come from ``source`` (a ShuffledShardSource), not fn.readers.mxnet: the reader gives each
     # shard a contiguous range of the file and shuffles only within a 1024-record window, so on a file stored
     # in label order each worker would see a few classes (see ShuffledShardSource).
@@ -46,9 +72,18 @@ def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW
         images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **padding)
         images = fn.random_resized_crop(images, size=(height, width), random_area=list(random_area),
                                         random_aspect_ratio=list(random_aspect_ratio), antialias=False)
+    if auto_augment != "none":  # built with enable_conditionals=True (see needs_conditionals)
+        images = _auto_augment(images, auto_augment, (height, width), randaugment)
+    images = _color_jitter(images, color_jitter)
     mirror = fn.random.coin_flip(probability=0.5) if random_mirror else 0
     images = _normalize(images, image_shape, mean, std, dtype, layout, mirror)
     return images, labels.gpu() if device == "gpu" else labels
+
+
+def needs_conditionals(auto_augment):
+    """DALI's automatic augmentations choose operations per sample with conditionals, which a pipeline has only
+    when built with ``enable_conditionals=True`` (kept off otherwise: it traces the pipeline function)."""
+    return auto_augment != "none"
 
 
 @pipeline_def

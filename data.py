@@ -51,12 +51,22 @@ class DataConfig:
     data_mxnet_threads: int = None
     test_io: bool = False
     test_io_mode: str = "train"
+    test_io_grid: str = None
     # augmentation
     min_random_area: float = 0.08
     max_random_area: float = 1.0
     min_random_aspect_ratio: float = 0.75
     max_random_aspect_ratio: float = 4 / 3
     random_mirror: int = 1
+    # automatic augmentation and colour jitter (the DALI backends; rules.augment_problem refuses the others)
+    auto_augment: str = "none"
+    randaugment_n: int = 2
+    randaugment_m: int = 9
+    color_jitter: tuple = (0.0,)
+    # training resolution (validation stays at --image-shape): fixed, or progressive over epochs
+    train_size: tuple = ()
+    train_size_epochs: tuple = ()
+    train_size_step: int = 32
     # DALI
     dali_separ_val: bool = False
     dali_threads: int = None
@@ -101,6 +111,9 @@ def add_data_args(parser):
                        help="decoding threads of the mxnet backend (default: cores per process)")
     group.add_argument("--test-io", action="store_true", help="only iterate the data and print images/s")
     group.add_argument("--test-io-mode", choices=["train", "val"], help="which iterator --test-io times")
+    group.add_argument("--test-io-grid", metavar="PNG",
+                       help="with --test-io: save the first batch (rank 0) as a grid of images in this PNG, as "
+                            "the network gets them (augmented, un-normalised for viewing)")
     parser.set_defaults(**cli.config_defaults(DataConfig))
     return group
 
@@ -115,7 +128,71 @@ def add_data_aug_args(parser):
     group.add_argument("--min-random-aspect-ratio", type=float, help="random-resized-crop: smallest aspect ratio")
     group.add_argument("--max-random-aspect-ratio", type=float, help="random-resized-crop: largest aspect ratio")
     group.add_argument("--random-mirror", type=int, choices=[0, 1], help="flip half the training images horizontally")
+    group.add_argument("--auto-augment", choices=["none", "autoaugment", "randaugment", "trivialaugment"],
+                       help="automatic augmentation after the crop (DALI backends; DALI's nvidia.dali.auto_aug): "
+                            "AutoAugment's ImageNet policy, RandAugment (--randaugment-n/-m), TrivialAugment Wide")
+    group.add_argument("--randaugment-n", type=int, help="RandAugment: operations per image")
+    group.add_argument("--randaugment-m", type=int, help="RandAugment: magnitude, 0-30 (31 bins)")
+    group.add_argument("--train-size", type=int_list,
+                       help="training images of SIZE x SIZE (validation stays at --image-shape), or START,END: "
+                            "progressive resizing over --train-size-epochs (default: --image-shape's)")
+    group.add_argument("--train-size-epochs", type=int_list,
+                       help="progressive resizing: FIRST,LAST (0-based epochs): START up to FIRST, END from LAST on, "
+                            "linear between them in steps of --train-size-step (FFCV's start_ramp/end_ramp)")
+    group.add_argument("--train-size-step", type=int, help="progressive resizing: sizes are multiples of this")
+    group.add_argument("--color-jitter", type=float_list,
+                       help="brightness,contrast,saturation jitter (one value: all three), factors uniform in "
+                            "[1-j, 1+j] (DALI backends; 0 = off)")
     return group
+
+
+def check_augmentation(cfg):
+    """ValueError naming the flag for augmentation values out of range."""
+    color_jitter3(cfg.color_jitter)
+    if not 0 <= cfg.randaugment_m <= 30 or cfg.randaugment_n < 1:
+        raise ValueError(f"--randaugment-n must be at least 1 and --randaugment-m in 0..30 (31 magnitude bins); "
+                         f"got {cfg.randaugment_n} and {cfg.randaugment_m}")
+
+
+def check_train_size(cfg):
+    """ValueError naming the flag for a training size that cannot be planned."""
+    sizes, epochs = tuple(cfg.train_size), tuple(cfg.train_size_epochs)
+    if len(sizes) > 2 or any(size < 1 for size in sizes) or cfg.train_size_step < 1:
+        raise ValueError(f"--train-size takes SIZE or START,END (positive), --train-size-step a positive number; got "
+                         f"{','.join(map(str, sizes))} and {cfg.train_size_step}")
+    if (len(sizes) == 2) != bool(epochs) or (epochs and (len(epochs) != 2 or not 0 <= epochs[0] < epochs[1])):
+        raise ValueError("progressive resizing needs both --train-size START,END and --train-size-epochs FIRST,LAST "
+                         f"(0 <= FIRST < LAST); got --train-size {','.join(map(str, sizes)) or 'none'} and "
+                         f"--train-size-epochs {','.join(map(str, epochs)) or 'none'}")
+
+
+def epoch_train_size(cfg, epoch):
+    """The training images' side in ``epoch`` (0-based), or None for --image-shape's own."""
+    sizes = tuple(cfg.train_size)
+    if not sizes:
+        return None
+    if len(sizes) == 1:
+        return sizes[0]
+    import schedules
+    return schedules.train_size(epoch, sizes[0], sizes[1], *cfg.train_size_epochs, step=cfg.train_size_step)
+
+
+def train_shape(cfg, epoch=0):
+    """The training batches' C,H,W: --image-shape's channels at the epoch's training size."""
+    size = epoch_train_size(cfg, epoch)
+    channels, height, width = cfg.image_shape
+    return (channels, height, width) if size is None else (channels, size, size)
+
+
+def color_jitter3(values):
+    """--color-jitter's one or three values as (brightness, contrast, saturation)."""
+    values = tuple(values)
+    if len(values) == 1:
+        return values * 3
+    if len(values) != 3 or min(values) < 0:
+        raise ValueError(f"--color-jitter takes one value or three (brightness,contrast,saturation), each >= 0; "
+                         f"got {','.join(f'{v:g}' for v in values)}")
+    return values
 
 
 def add_dali_args(parser):
@@ -331,7 +408,8 @@ def get_mxnet_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ct
             seed_aug=None if feed.seed is None else seed,
             random_resized_crop=True, min_random_area=cfg.min_random_area, max_random_area=cfg.max_random_area,
             min_aspect_ratio=cfg.min_random_aspect_ratio, max_aspect_ratio=cfg.max_random_aspect_ratio,
-            rand_mirror=bool(cfg.random_mirror), round_batch=True, **common)
+            rand_mirror=bool(cfg.random_mirror), round_batch=True,
+            **dict(common, data_shape=(3,) + train_shape(cfg)[1:]))
         total = count_index_entries(cfg.data_train_idx)
         steps = math.ceil((cfg.num_examples or total) / feed.batch_size)
         train_iter = RecordIterator(record_iter, steps * local_batch, local_batch, wrap=True, **out)
@@ -480,12 +558,15 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
                                      seed=0 if feed.seed is None else feed.seed,
                                      remember=cfg.dali_prefetch_queue + 4)  # the batches DALI may hold
+        train_common = dict(common, image_shape=train_shape(cfg))
         pipe = dali.train_pipeline(
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
             random_aspect_ratio=(cfg.min_random_aspect_ratio, cfg.max_random_aspect_ratio),
             random_mirror=bool(cfg.random_mirror), fuse_decoder=bool(cfg.dali_fuse_decoder),
+            auto_augment=cfg.auto_augment, randaugment=(cfg.randaugment_n, cfg.randaugment_m),
+            color_jitter=color_jitter3(cfg.color_jitter), enable_conditionals=dali.needs_conditionals(cfg.auto_augment),
             batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,
-            prefetch_queue_depth=cfg.dali_prefetch_queue, **common)
+            prefetch_queue_depth=cfg.dali_prefetch_queue, **train_common)
         pipe.build()
         total = len(train_records)
         num_examples = cfg.num_examples or total
@@ -631,6 +712,28 @@ class PerDeviceIterator:
 # ---------------------------------------------------------------------------------------------------------
 # --test-io
 
+def save_image_grid(images, path, mean, std, layout="NCHW", columns=8):
+    """Write a batch (N images, normalised, NCHW or NHWC, 3 or 4 channels: the 4th is padding) as one PNG grid,
+    ``columns`` images a row, pixels un-normalised (x * std + mean) to 0-255. Returns the grid (RGB, uint8)."""
+    import cv2
+    batch = images.asnumpy() if hasattr(images, "asnumpy") else np.asarray(images)
+    batch = batch.astype(np.float32)
+    if layout == "NCHW":
+        batch = batch.transpose(0, 2, 3, 1)
+    batch = batch[..., :3] * np.asarray(std, np.float32) + np.asarray(mean, np.float32)
+    batch = np.clip(np.rint(batch), 0, 255).astype(np.uint8)
+    count, height, width, _ = batch.shape
+    columns = min(columns, count)
+    rows = math.ceil(count / columns)
+    grid = np.zeros((rows * height, columns * width, 3), np.uint8)
+    for i, image in enumerate(batch):
+        row, column = divmod(i, columns)
+        grid[row * height:(row + 1) * height, column * width:(column + 1) * width] = image
+    if not cv2.imwrite(path, grid[:, :, ::-1]):  # OpenCV writes BGR
+        raise DataError(f"--test-io-grid {path}: cannot write a PNG there")
+    return grid
+
+
 def test_io(run_cfg, train_iter, val_iter, dist=None, epochs=1, out=print):
     """Iterate the chosen iterator only (no network) for ``epochs`` epochs and report images/s.
 
@@ -651,6 +754,10 @@ def test_io(run_cfg, train_iter, val_iter, dist=None, epochs=1, out=print):
                 array.wait_to_read()
             step += 1
             if start is None:
+                if run_cfg.data.test_io_grid and primary:
+                    cfg = run_cfg.data
+                    save_image_grid(batch.data[0], cfg.test_io_grid, cfg.rgb_mean, cfg.rgb_std, cfg.input_layout)
+                    out(f"test-io: saved the first {mode} batch as {cfg.test_io_grid}")
                 start = time.time()  # timing starts after the first batch
                 continue
             images += sum(data.shape[0] for data in batch.data) - batch.pad

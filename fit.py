@@ -68,6 +68,10 @@ class FitConfig:
     label_smoothing: float = _RECIPE["label_smoothing"]
     mixup: float = _RECIPE["mixup"]
     mixup_off_epochs: int = 0
+    cutmix: float = 0.0
+    mixup_switch_prob: float = 0.5
+    loss: str = "ce"
+    bce_target_thresh: float = 0.0
     ema_decay: float = 0.0
     loss_scale: str = None
     max_bad_steps: int = 50
@@ -134,9 +138,10 @@ def add_fit_args(parser):
     group.add_argument("--warmup-epochs", type=float,
                        help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
     group.add_argument("--optimizer", choices=list(OPTIMIZERS),
-                       help="sgd (momentum), nag (Nesterov) or lars (MXNet's LARS: SGD with momentum, each "
+                       help="sgd (momentum), nag (Nesterov), lars (MXNet's LARS: SGD with momentum, each "
                             "weight's LR times eta x |w| / (|g| + wd x |w| + eps); none on BatchNorm "
-                            f"gamma/beta and biases) ({schedules.recipe_help('optimizer')})")
+                            "gamma/beta and biases) or lamb (MXNet's LAMB: layer-wise trust ratio, betas "
+                            f"0.9/0.999, eps 1e-6; --mom unused) ({schedules.recipe_help('optimizer')})")
     group.add_argument("--lars-eta", type=float, help="lars: trust coefficient eta")
     group.add_argument("--lars-eps", type=float, help="lars: epsilon in the trust ratio's denominator")
     group.add_argument("--mom", type=float, help=f"momentum ({schedules.recipe_help('mom')})")
@@ -147,7 +152,18 @@ def add_fit_args(parser):
                        help=f"label smoothing factor ({schedules.recipe_help('label_smoothing')})")
     group.add_argument("--mixup", type=float,
                        help=f"mixup Beta(a, a) parameter; 0 = off ({schedules.recipe_help('mixup')})")
-    group.add_argument("--mixup-off-epochs", type=int, help="no mixup in the last N epochs")
+    group.add_argument("--mixup-off-epochs", type=int, help="no mixup (nor CutMix) in the last N epochs")
+    group.add_argument("--cutmix", type=float,
+                       help="CutMix Beta(a, a) parameter: a box of the reversed batch pasted in, the targets mixed by "
+                            "its area; 0 = off (with --mixup too, one of them per batch, see --mixup-switch-prob)")
+    group.add_argument("--mixup-switch-prob", type=float,
+                       help="with --mixup and --cutmix: the chance a batch gets CutMix rather than mixup (timm's "
+                            "switch_prob)")
+    group.add_argument("--loss", choices=["ce", "bce"],
+                       help="ce: softmax cross-entropy; bce: binary cross-entropy per class on the (soft) targets, "
+                            "as the RSB procedures")
+    group.add_argument("--bce-target-thresh", type=float,
+                       help="bce: targets above this become 1, the others 0 (timm's bce_target_thresh); 0 = soft")
     group.add_argument("--ema-decay", type=float,
                        help="keep an exponential moving average of the weights (e.g. 0.9999); 0 = off. "
                             "Validation uses the EMA weights; they are saved beside each checkpoint")
@@ -215,6 +231,9 @@ def check(cfg):
     if cfg.mllog and importlib.util.find_spec("mlperf_logging") is None:
         raise ValueError("--mllog writes through the mlperf-logging package, not installed for this Python: "
                          "`make setup` installs it (or pip install mlperf-logging==4.1.68)")
+    if cfg.cutmix < 0 or not 0 <= cfg.mixup_switch_prob <= 1 or not 0 <= cfg.bce_target_thresh < 1:
+        raise ValueError(f"--cutmix must be >= 0, --mixup-switch-prob in [0, 1] and --bce-target-thresh in [0, 1); "
+                         f"got {cfg.cutmix:g}, {cfg.mixup_switch_prob:g} and {cfg.bce_target_thresh:g}")
     if not 0 <= cfg.ema_decay < 1:
         raise ValueError(f"--ema-decay must be in [0, 1), got {cfg.ema_decay}")
     if cfg.loss_scale not in (None, "dynamic"):
@@ -229,7 +248,7 @@ def check(cfg):
 
 
 
-OPTIMIZERS = ("sgd", "nag", "lars")  # MXNet's registered names
+OPTIMIZERS = ("sgd", "nag", "lars", "lamb")  # MXNet's registered names
 
 
 def no_decay(name):
@@ -251,8 +270,11 @@ def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0)
     bias), read from ``param_idx2name``, which a Gluon Trainer does not fill in (every parameter would get one):
     it is given here, indexed as the Trainer indexes (parameters sorted by name). Its momentum correction (momentum
     x LR / previous LR) is off: the LR changes every step, and from a warmup's first LR of 0 it would make the
-    second step's momentum 2x."""
-    params = {"learning_rate": 0.0, "wd": wd, "momentum": momentum, "multi_precision": True}
+    second step's momentum 2x. lamb: its own moments (MXNet's defaults, timm's: betas 0.9/0.999, eps 1e-6, bias
+    correction), no momentum."""
+    params = {"learning_rate": 0.0, "wd": wd, "multi_precision": True}
+    if optimizer != "lamb":
+        params["momentum"] = momentum
     if optimizer == "lars":
         params.update(eta=lars_eta, eps=lars_eps, momentum_correction=False,
                       param_idx2name=dict(enumerate(sorted(net.collect_params().keys()))))
@@ -261,7 +283,7 @@ def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0)
 
 def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0, lars_eta=0.001,
                  lars_eps=0.0):
-    """Multi-precision SGD/NAG/LARS; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
+    """Multi-precision SGD/NAG/LARS/LAMB; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
     optimizer_params_ = optimizer_params(net, optimizer, wd, momentum, lars_eta, lars_eps)
     params = net.collect_params()
     if kvstore == "horovod":
@@ -414,10 +436,13 @@ class EMA:
             self.shadow[name] = loaded[name].as_in_context(self.shadow[name].context)
 
 
-def make_targets(label, num_classes, smoothing, mix, epoch_rng, data):
-    """Smoothed one-hot targets; with mixup, data and targets mixed with the reversed batch."""
+def make_targets(label, num_classes, smoothing, mix, epoch_rng, data, cutmix=0.0, switch_prob=0.5):
+    """Smoothed one-hot targets; with mixup, data and targets mixed with the reversed batch; with CutMix (alone,
+    or instead of mixup with probability ``switch_prob``), a box of the reversed batch pasted in."""
     target = label.one_hot(num_classes, on_value=1 - smoothing + smoothing / num_classes,
                            off_value=smoothing / num_classes)
+    if cutmix and (not mix or epoch_rng.rand() < switch_prob):
+        return cutmix_batch(data, target, cutmix, epoch_rng)
     if mix:
         coeffs = epoch_rng.beta(mix, mix, size=data.shape[0]).astype("float32")
         c = mx.nd.array(coeffs, ctx=data.context)
@@ -428,6 +453,50 @@ def make_targets(label, num_classes, smoothing, mix, epoch_rng, data):
     return data, target
 
 
+
+
+def cutmix_batch(data, target, alpha, rng):
+    """timm's CutMix ("batch" mode): one box of area about (1 - lam) of the image, lam ~ Beta(alpha, alpha), centred
+    uniformly and clipped to the image, pasted from the reversed batch into every image; the targets are mixed by
+    the area actually pasted. NCHW or NHWC (the channel axis is the one of size 3 or 4)."""
+    nhwc = data.shape[3] in (3, 4) and data.shape[1] not in (3, 4)
+    height, width = data.shape[1:3] if nhwc else data.shape[2:4]
+    lam = rng.beta(alpha, alpha)
+    cut = math.sqrt(1 - lam)
+    cut_h, cut_w = int(height * cut), int(width * cut)
+    cy, cx = rng.randint(0, height), rng.randint(0, width)
+    y0, y1 = np.clip([cy - cut_h // 2, cy + cut_h // 2], 0, height)
+    x0, x1 = np.clip([cx - cut_w // 2, cx + cut_w // 2], 0, width)
+    box = np.zeros((height, width), dtype="float32")
+    box[y0:y1, x0:x1] = 1
+    pasted = float(box.mean())  # the share of the image from the reversed batch
+    mask = mx.nd.array(box.reshape((1, height, width, 1) if nhwc else (1, 1, height, width)), ctx=data.context,
+                       dtype=data.dtype)
+    data = mx.nd.broadcast_mul(data, 1 - mask) + mx.nd.broadcast_mul(data[::-1], mask)
+    return data, (1 - pasted) * target + pasted * target[::-1]
+
+
+class BinaryCrossEntropy(gluon.loss.Loss):
+    """Binary cross-entropy of every class's logit against its (soft) target, averaged over the classes: timm's
+    BinaryCrossEntropy (mean over batch and classes), with its target threshold (``thresh``; 0: soft targets)."""
+
+    def __init__(self, thresh=0.0, **kwargs):
+        super().__init__(weight=None, batch_axis=0, **kwargs)
+        self.thresh = thresh
+
+    def hybrid_forward(self, F, pred, target):
+        if self.thresh:
+            target = target > self.thresh
+        # max(x, 0) - x t + log(1 + exp(-|x|)): stable for any logit
+        loss = F.relu(pred) - pred * target + F.Activation(-F.abs(pred), act_type="softrelu")
+        return F.mean(loss, axis=1)
+
+
+def make_loss(cfg):
+    """The training loss of a FitConfig (on soft targets: smoothing, mixup, CutMix)."""
+    if cfg.loss == "bce":
+        return BinaryCrossEntropy(cfg.bce_target_thresh)
+    return gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
 
 def resume_state(resume, prefix):
@@ -634,6 +703,7 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
     stats = EpochStats.resumed(state.partial)
     state.partial = None
     mix = cfg.mixup if epoch < cfg.num_epochs - cfg.mixup_off_epochs else 0.0
+    mix_off = epoch >= cfg.num_epochs - cfg.mixup_off_epochs
     step_batch = cfg.batch_size // dist.size * len(ctxs) if cfg.kv_store == "horovod" else cfg.batch_size
     tic = epoch_tic = stats.started
     counted = []  # the last step's top-k hits, still on the device
@@ -653,7 +723,8 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
         datas, labels = split(batch, ctxs, cfg.dtype)
         # Mixup coefficients depend only on (seed, epoch, rank, step), so a resumed run draws the same.
         rng = np.random.RandomState(None if cfg.seed is None else [cfg.seed, epoch, dist.rank, step])
-        pairs = [make_targets(label, loop.num_classes, cfg.label_smoothing, mix, rng, data)
+        pairs = [make_targets(label, loop.num_classes, cfg.label_smoothing, mix, rng, data,
+                              0.0 if mix_off else cfg.cutmix, cfg.mixup_switch_prob)
                  for data, label in zip(datas, labels)]
         loss, outputs, applied = train_step(net, state.trainer, state.scaler, loop.loss_fn, [p[0] for p in pairs],
                                             [p[1] for p in pairs], step_batch * accum,
@@ -773,7 +844,7 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     end_epoch = cfg.num_epochs if cfg.run_epochs < 0 else min(cfg.num_epochs, state.epoch + cfg.run_epochs)
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
                 progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch,
-                num_classes=num_classes)
+                num_classes=num_classes, loss_fn=make_loss(cfg))
     if state.target is not None:
         end_epoch = state.epoch  # reached in an earlier run: nothing left to do
         if dist.is_primary:

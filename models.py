@@ -71,13 +71,22 @@ class Transpose(nn.HybridBlock):
 
 
 class BatchNormAddReLU(nn.BatchNorm):
-    """relu(bn(x) + addend): one op in NVIDIA's builds, three ops elsewhere, same numbers."""
+    """relu(bn(x) + addend): one op in NVIDIA's builds, three ops elsewhere, same numbers.
 
-    def __init__(self, fused=False, **kwargs):
+    ``drop_path`` > 0 (stochastic depth): in training each sample's residual branch bn(x) is dropped with that
+    probability and scaled by 1 / (1 - p) otherwise (a Dropout whose mask is shared over C, H and W, so the
+    expected value is kept); outside training the Dropout passes its input through. With 0 no op is added."""
+
+    def __init__(self, fused=False, drop_path=0.0, **kwargs):
         super().__init__(**kwargs)
-        self.fused = fused
+        self.drop_path = drop_path
+        self.fused = fused and not drop_path
 
     def hybrid_forward(self, F, x, addend, gamma, beta, running_mean, running_var):
+        if self.drop_path:
+            branch = F.Dropout(super().hybrid_forward(F, x, gamma, beta, running_mean, running_var),
+                               p=self.drop_path, axes=(1, 2, 3))
+            return F.Activation(branch + addend, act_type="relu")
         if self.fused:
             return F.BatchNormAddRelu(x, addend, gamma, beta, running_mean, running_var, name="fwd",
                                       **self._kwargs)
@@ -124,8 +133,9 @@ class Builder:
             return [nn.BatchNormReLU(prefix=prefix, **self._bn_kwargs(False, in_channels))]
         return [self.batchnorm(in_channels, prefix=prefix), nn.Activation("relu")]
 
-    def batchnorm_add_relu(self, in_channels, prefix):
-        return BatchNormAddReLU(fused=self.fuse_bn_add_relu, prefix=prefix, **self._bn_kwargs(True, in_channels))
+    def batchnorm_add_relu(self, in_channels, prefix, drop_path=0.0):
+        return BatchNormAddReLU(fused=self.fuse_bn_add_relu, drop_path=drop_path, prefix=prefix,
+                                **self._bn_kwargs(True, in_channels))
 
     def max_pool(self):
         return nn.MaxPool2D(3, 2, 1, layout=self.layout)
@@ -137,14 +147,14 @@ class Builder:
 class BasicBlock(nn.HybridBlock):
     """Two 3x3 convolutions (ResNet-18/34); the version does not matter here."""
 
-    def __init__(self, builder, channels, stride, in_channels, **kwargs):
+    def __init__(self, builder, channels, stride, in_channels, drop_path=0.0, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
             self.body = nn.HybridSequential(prefix="")
             self.body.add(builder.conv(channels, 3, stride, in_channels, prefix="conv1_"),
                           *builder.batchnorm_relu(channels, "bn1_"),
                           builder.conv(channels, 3, 1, channels, prefix="conv2_"))
-            self.bn_add_relu = builder.batchnorm_add_relu(channels, "bn2_")
+            self.bn_add_relu = builder.batchnorm_add_relu(channels, "bn2_", drop_path)
             self.downsample = _shortcut(builder, channels, stride, in_channels)
 
     def hybrid_forward(self, F, x):
@@ -155,7 +165,8 @@ class BasicBlock(nn.HybridBlock):
 class Bottleneck(nn.HybridBlock):
     """1x1 -> 3x3 -> 1x1; the stride sits on the first 1x1 (v1) or on the 3x3 (v1.5)."""
 
-    def __init__(self, builder, channels, stride, in_channels, version="1.5", groups=1, width=None, **kwargs):
+    def __init__(self, builder, channels, stride, in_channels, version="1.5", groups=1, width=None, drop_path=0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         width = width or channels // 4
         stride_1x1, stride_3x3 = (stride, 1) if version == "1" else (1, stride)
@@ -166,7 +177,7 @@ class Bottleneck(nn.HybridBlock):
                           builder.conv(width, 3, stride_3x3, width, groups=groups, prefix="conv2_"),
                           *builder.batchnorm_relu(width, "bn2_"),
                           builder.conv(channels, 1, 1, width, prefix="conv3_"))
-            self.bn_add_relu = builder.batchnorm_add_relu(channels, "bn3_")
+            self.bn_add_relu = builder.batchnorm_add_relu(channels, "bn3_", drop_path)
             self.downsample = _shortcut(builder, channels, stride, in_channels)
 
     def hybrid_forward(self, F, x):
@@ -193,7 +204,7 @@ class ResNet(nn.HybridBlock):
     """
 
     def __init__(self, depth=50, version="1.5", num_classes=1000, builder=None, groups=1, group_width=0,
-                 in_channels=3, input_layout="NCHW", dtype="float32", **kwargs):
+                 in_channels=3, input_layout="NCHW", dtype="float32", drop_path=0.0, **kwargs):
         kwargs.setdefault("prefix", "")  # fixed parameter names, see the module docstring
         super().__init__(**kwargs)
         if depth not in RESNET_SPEC:
@@ -213,6 +224,8 @@ class ResNet(nn.HybridBlock):
             self.features.add(builder.conv(channels[0], 7, 2, in_channels, prefix="conv0_"),
                               *builder.batchnorm_relu(channels[0], "bn0_"), builder.max_pool())
             in_ch = channels[0]
+            # Stochastic depth grows linearly from 0 (first block) to drop_path (last block), as timm's ResNet.
+            rates = iter(np.linspace(0, drop_path, sum(units)) if drop_path else [0.0] * sum(units))
             for stage, (num_units, out_ch) in enumerate(zip(units, channels[1:])):
                 # ResNeXt CxWd: C groups of W channels in the first stage, doubling with every stage.
                 width = groups * group_width * 2 ** stage if groups > 1 else None
@@ -220,9 +233,10 @@ class ResNet(nn.HybridBlock):
                     stride = 2 if stage > 0 and unit == 0 else 1
                     prefix = f"stage{stage + 1}_unit{unit + 1}_"
                     if kind == "basic":
-                        block = BasicBlock(builder, out_ch, stride, in_ch, prefix=prefix)
+                        block = BasicBlock(builder, out_ch, stride, in_ch, float(next(rates)), prefix=prefix)
                     else:
-                        block = Bottleneck(builder, out_ch, stride, in_ch, version, groups, width, prefix=prefix)
+                        block = Bottleneck(builder, out_ch, stride, in_ch, version, groups, width, float(next(rates)),
+                                           prefix=prefix)
                     self.features.add(block)
                     in_ch = out_ch
             self.features.add(builder.global_avg_pool(), nn.Flatten())
@@ -262,7 +276,7 @@ def list_models():
 
 def get_model(name, num_classes=1000, bn_eps=1e-5, bn_mom=0.9, zero_init_last_gamma=True, layout="NCHW",
               input_layout="NCHW", in_channels=3, dtype="float32", fuse_bn_relu=False, fuse_bn_add_relu=False,
-              pretrained=None, ctx=None):
+              pretrained=None, ctx=None, drop_path=0.0):
     """Build a network by name, e.g. ``resnet50_v1.5`` or ``resnext101_32x4d``.
 
     Uninitialised unless ``pretrained`` names a params file (or a ``<prefix>-NNNN.params`` checkpoint written by
@@ -275,7 +289,8 @@ def get_model(name, num_classes=1000, bn_eps=1e-5, bn_mom=0.9, zero_init_last_ga
     builder = Builder(layout=layout, bn_eps=bn_eps, bn_mom=bn_mom, zero_init_last_gamma=zero_init_last_gamma,
                       fuse_bn_relu=fuse_bn_relu, fuse_bn_add_relu=fuse_bn_add_relu)
     net = ResNet(spec["depth"], spec["version"], num_classes, builder, groups=spec["groups"],
-                 group_width=spec["group_width"], in_channels=in_channels, input_layout=input_layout, dtype=dtype)
+                 group_width=spec["group_width"], in_channels=in_channels, input_layout=input_layout, dtype=dtype,
+                 drop_path=drop_path)
     if dtype == "float16":
         net.cast("float16")  # nn.BatchNorm.cast keeps its parameters float32
     if pretrained:
@@ -420,6 +435,7 @@ class ModelConfig:
     pooling_layout: str = None
     fuse_bn_relu: int = 0
     fuse_bn_add_relu: int = 0
+    drop_path: float = 0.0
 
     @property
     def name(self):
@@ -451,6 +467,10 @@ def add_model_args(parser):
                        "NCHW only; plain ops otherwise")
     group.add_argument("--fuse-bn-add-relu", type=int, choices=[0, 1],
                        help="fused BatchNorm+add+ReLU where this MXNet has it (NVIDIA builds), plain ops otherwise")
+    group.add_argument("--drop-path", type=float,
+                       help="stochastic depth: the largest chance a residual branch is dropped in training (the last "
+                            "block's, rising linearly from 0 at the first); 0 = off. Scoring builds the network "
+                            "without it")
     parser.set_defaults(**config_defaults(ModelConfig))
     return group
 
@@ -463,13 +483,15 @@ def model_kwargs(cfg, in_channels=3, input_layout="NCHW", dtype="float32"):
         if value is not None and value != cfg.conv_layout:
             raise ValueError(f"--{flag.replace('_', '-')} {value} differs from --conv-layout {cfg.conv_layout}: "
                              "the network computes in one layout; set them equal")
+    if not 0 <= cfg.drop_path < 1:
+        raise ValueError(f"--drop-path must be in [0, 1), got {cfg.drop_path:g}")
     if cfg.fuse_bn_relu and cfg.conv_layout != "NCHW":
         raise ValueError(f"--fuse-bn-relu 1 needs --conv-layout NCHW: MXNet's BatchNormWithReLU takes the channel "
                          f"axis 1 only (got {cfg.conv_layout}); leave the fusion out")
     return dict(num_classes=cfg.num_classes, bn_eps=cfg.batchnorm_eps, bn_mom=cfg.batchnorm_mom,
                 zero_init_last_gamma=cfg.zero_init_last_gamma, layout=cfg.conv_layout, input_layout=input_layout,
                 in_channels=in_channels, dtype=FLOAT_NETWORK.get(dtype, dtype), fuse_bn_relu=bool(cfg.fuse_bn_relu),
-                fuse_bn_add_relu=bool(cfg.fuse_bn_add_relu))
+                fuse_bn_add_relu=bool(cfg.fuse_bn_add_relu), drop_path=cfg.drop_path)
 
 
 # --dtype int8 builds the float32 network; quantize.py turns the loaded checkpoint into the INT8 graph.

@@ -61,6 +61,17 @@ def fusion_problem(fuse_bn_relu, gpu):
     return None
 
 
+def augment_problem(data_backend, auto_augment="none", color_jitter=(0.0,)):
+    """--auto-augment and --color-jitter run in the DALI pipelines (DALI's auto_aug); other backends refuse them."""
+    asked = [flag for flag, on in (("--auto-augment", auto_augment not in (None, "none")),
+                                   ("--color-jitter", any(color_jitter or ()))) if on]
+    if asked and data_backend and not backends.get(data_backend).auto_augment:
+        able = " or ".join(name for name, backend in backends.BACKENDS.items() if backend.auto_augment)
+        return (f"{' and '.join(asked)} run in the DALI pipelines only, not with --data-backend {data_backend}; "
+                f"use --data-backend {able}, or leave {'them' if len(asked) > 1 else 'it'} out")
+    return None
+
+
 def run_problem(dtype, data_backend, mode, fuse_bn_relu, gpu, why=""):
     """The first rule a run breaks on a machine with (``gpu``) or without GPUs, or None. The CPU's own features
     (bfloat16_problem) are checked where the worker runs: runner may be planning for other hosts."""

@@ -33,6 +33,24 @@ RECIPES = {
     "finetune": dict(optimizer="sgd", mom=0.9, lr_per_256=0.01, lr_schedule="cosine", lr_steps=[], lr_factor=0.1,
                      warmup_epochs=1.0, wd=1e-4, label_smoothing=0.1, mixup=0.0, num_epochs=15,
                      min_random_area=0.25, backbone_lr_mult=0.1),
+    # "ResNet strikes back" (Wightman, Touvron, Jegou 2021), procedure A3: 100 epochs at 160 px, tested at 224 px
+    # with crop 0.95 (timm's resnet50.a3_in1k config: resize 235); LAMB at 8e-3 for a batch of 2048, weight decay
+    # 0.02, 5 warmup epochs, cosine; BCE with targets thresholded at 0.2, no label smoothing; mixup 0.1, CutMix
+    # 1.0 (switch probability 0.5); RandAugment rand-m6-mstd0.5-inc1 (m 6 of timm's 10 = 18 of DALI's 30, no
+    # magnitude noise); no stochastic depth, no EMA, no repeated augmentation. Published: 78.1 % top-1.
+    "rsb-a3": dict(optimizer="lamb", mom=0.9, lr_per_256=0.001, lr_schedule="cosine", lr_steps=[], lr_factor=0.1,
+                   warmup_epochs=5.0, wd=0.02, label_smoothing=0.0, mixup=0.1, cutmix=1.0, mixup_switch_prob=0.5,
+                   loss="bce", bce_target_thresh=0.2, auto_augment="randaugment", randaugment_n=2, randaugment_m=18,
+                   train_size=[160], data_val_resize=235, drop_path=0.0, num_epochs=100),
+    # FFCV's rn50_24_epochs.yaml (libffcv/ffcv-imagenet): SGD momentum 0.9, LR 1.7 for 8 x 512 images (0.10625 per
+    # 256), "cyclic" (linear up to the peak at epoch 2, linear down to 0 at the end), weight decay 1e-4 (none on
+    # BatchNorm), label smoothing 0.1, progressive resizing 160 -> 192 px between epochs 17 and 20 (multiples of
+    # 32), validation at 256 px with crop ratio 224/256 (resize 293). Published: 75.6 % top-1 (with BlurPool and
+    # flip test-time augmentation, which the kit has not).
+    "ffcv-24": dict(optimizer="sgd", mom=0.9, lr_per_256=0.10625, lr_schedule="linear", lr_steps=[], lr_factor=0.1,
+                    warmup_epochs=2.0, wd=1e-4, label_smoothing=0.1, mixup=0.0, train_size=[160, 192],
+                    train_size_epochs=[17, 20], train_size_step=32, image_shape=[3, 256, 256], data_val_resize=293,
+                    num_epochs=24),
 }
 
 
@@ -134,6 +152,17 @@ def get_schedule(kind, base_lr, num_epochs, warmup_epochs=0.0, steps=(), factor=
         progress = min(max((epoch - warmup_epochs) / span, 0.0), 1.0)
         return after_warmup(base_lr, progress, epoch, **params)
     return schedule
+
+
+def train_size(epoch, start, end, first_epoch, last_epoch, step=32):
+    """Progressive resizing, as FFCV's get_resolution: ``start`` up to epoch ``first_epoch`` (0-based), ``end``
+    from ``last_epoch`` on, between them the linear interpolation rounded to the nearest multiple of ``step``."""
+    if epoch <= first_epoch:
+        return start
+    if epoch >= last_epoch:
+        return end
+    size = start + (end - start) * (epoch - first_epoch) / (last_epoch - first_epoch)
+    return int(round(size / step)) * step
 
 
 def recipe_help(name):

@@ -217,6 +217,14 @@ def validate_args(cfg, num_workers):
         raise UsageError(f"--image-shape must be C,H,W with C 3 or 4, got {list(data_cfg.image_shape)}")
     if fit_cfg.mode == "pred":
         return
+    problem = rules.augment_problem(data_cfg.data_backend, data_cfg.auto_augment, data_cfg.color_jitter)
+    if problem and fit_cfg.mode in ("train", "train_val"):
+        raise UsageError(problem)
+    try:
+        data.check_train_size(data_cfg)
+        data.check_augmentation(data_cfg)
+    except ValueError as error:
+        raise UsageError(str(error))
     if backends.reads_records(data_cfg.data_backend):
         missing = data.check_data_files(data_cfg)
         if missing:
@@ -253,19 +261,35 @@ def gpu_ordinal(local_rank, local_size, visible_gpus):
 
 def train_iterator_factory(cfg, dist, ctxs, first):
     """Training iterator per epoch. With --seed each epoch gets a fresh reader seeded by (seed, epoch), so a
-    run resumed at any epoch sees exactly the batches an uninterrupted run would."""
-    held = [first]  # the epoch-0 pipeline, let go once used or skipped (a resumed run): it holds GPU memory
-    if cfg.fit.seed is None:
-        return lambda epoch: held[0]  # one pipeline for the whole run
+    run resumed at any epoch sees exactly the batches an uninterrupted run would. With progressive resizing
+    (--train-size START,END) a pipeline is also rebuilt, at the epoch's size, whenever the size changes. A
+    pipeline no longer needed is let go before the next is built (it holds GPU memory): the epoch-0 one once used,
+    or at once in a resumed run."""
+    sized = len(cfg.data.train_size) == 2
+    if cfg.fit.seed is None and not sized:
+        return lambda epoch: first  # one pipeline for the whole run
+    held = [first]
+    built = {"size": data.epoch_train_size(cfg.data, 0), "iterator": None}
 
     def make(epoch):
+        size = data.epoch_train_size(cfg.data, epoch)
         if epoch == 0 and held:
-            return held.pop()  # built with --seed, the seed epoch 0 gets
+            if cfg.fit.seed is None:
+                built["iterator"] = held[0]  # reused while the size stays
+            return held.pop()  # built with --seed, the seed epoch 0 gets, at epoch 0's size
         held.clear()
+        if cfg.fit.seed is None and size == built["size"] and built["iterator"] is not None:
+            return built["iterator"]
         # only the training pipeline is rebuilt
-        epoch_cfg = cfg.replace(fit__seed=cfg.fit.seed + 100003 * epoch, data__data_val=None)
-        return data.get_data_iterators_per_device(epoch_cfg, dist.rank, dist.size, dist.local_rank,
-                                                  dist.local_size, ctxs)[0]
+        changes = dict(data__data_val=None)
+        if sized:
+            changes.update(data__train_size=(size,), data__train_size_epochs=())
+        if cfg.fit.seed is not None:
+            changes.update(fit__seed=cfg.fit.seed + 100003 * epoch)
+        built["iterator"] = None  # let the previous pipeline go before the next one is built
+        built.update(size=size, iterator=data.get_data_iterators_per_device(
+            cfg.replace(**changes), dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs)[0])
+        return built["iterator"]
     return make
 
 
@@ -315,7 +339,10 @@ def build_network(cfg, ctxs):
         from mxnet.contrib import amp
         amp.init(target_dtype="bfloat16")
     try:
-        net = models.build_network(cfg.model, cfg.data.image_shape[0], cfg.data.input_layout, cfg.fit.dtype)
+        # Scoring builds the inference graph: no stochastic depth in it at all (training's Dropout passes through)
+        model_cfg = cfg.model if cfg.fit.mode in ("train", "train_val") else \
+            dataclasses.replace(cfg.model, drop_path=0.0)
+        net = models.build_network(model_cfg, cfg.data.image_shape[0], cfg.data.input_layout, cfg.fit.dtype)
     except ValueError as error:  # flags that do not fit together
         raise UsageError(str(error))
     net.initialize(mx.init.Xavier(), ctx=ctxs)  # layers with their own initializer keep it

@@ -1,11 +1,14 @@
 """Data-loading benchmark: --test-io images/s of several backends on the same RecordIO, same thread count.
 
     python tools/bench_io.py [--rec PATH.rec] [--backends dali-cpu,mxnet] [--threads N] [--mode train|val]
+                             [--auto-augment none,randaugment,...]
 
 Without --rec it builds a RecordIO of real photographs of ImageNet-like size (crops of scikit-learn's two
 sample photos, resized to 500x375 or 375x500, JPEG quality 90) once in --workdir. Each backend runs in its own
 process (so one backend's threads never compete with another's leftovers) and prints a JSON line; the table
-compares them with the first backend as the reference. A benchmark, not a test: numbers depend on the machine.
+compares them with the last backend as the reference. ``--auto-augment`` times the DALI training pipelines once
+per policy listed ("none" is the plain pipeline, then the reference), so the cost of automatic augmentation is
+known. A benchmark, not a test: numbers depend on the machine.
 """
 import argparse
 import json
@@ -53,7 +56,7 @@ def run_one(argv):
     cfg = config.from_args(args)
     train_iter, val_iter = data.get_data_iterators(cfg, 0, 1, 0, 1, mx.cpu())
     result = data.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
-    print(json.dumps(dict(result, backend=args.data_backend)))
+    print(json.dumps(dict(result, backend=args.data_backend, auto_augment=args.auto_augment)))
 
 
 def main():
@@ -70,6 +73,9 @@ def main():
     parser.add_argument("--mode", default="train", choices=["train", "val"], help="pipeline to time")
     parser.add_argument("--epochs", type=int, default=2, help="passes over the data per backend and round")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
+    parser.add_argument("--auto-augment", default="none",
+                        help="comma-separated policies the DALI training pipelines are timed with (none, autoaugment, "
+                             "randaugment, trivialaugment); the other backends run without")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
@@ -85,31 +91,41 @@ def main():
             print(f"building {args.count} photos of 500x375 in {rec}", file=sys.stderr)
             make_photo_rec(rec[:-4], args.count)
     idx = os.path.splitext(rec)[0] + ".idx"
-    backends = args.backends.split(",")
+    policies = args.auto_augment.split(",")
+    # (row name, backend, policy): a DALI training pipeline once per policy, everything else once
+    configs = [(backend if policy == "none" else f"{backend}+{policy}", backend, policy)
+               for backend in args.backends.split(",")
+               for policy in (policies if backend.startswith("dali") and args.mode == "train" else ["none"])]
+    backends = [name for name, _, _ in configs]
     rounds = []  # backends alternate within each round, so a load change on a shared machine hits all of them
     for _ in range(args.repeats):
         rounds.append({})
-        for backend in backends:
+        for name, backend, policy in configs:
             threads = str(args.threads)
             argv = ["--data-backend", backend, f"--data-{args.mode}", rec, f"--data-{args.mode}-idx", idx,
                     "--batch-size", str(args.batch_size), "--image-shape", args.image_shape, "--test-io",
                     "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", threads,
-                    "--dali-validation-threads", threads, "--data-mxnet-threads", threads, "--seed", "1"]
+                    "--dali-validation-threads", threads, "--data-mxnet-threads", threads, "--seed", "1",
+                    "--auto-augment", policy, "--randaugment-m", "18"]
             env = dict(os.environ, OMP_NUM_THREADS=threads)
             child = subprocess.run([sys.executable, __file__, "--one", *argv], env=env, capture_output=True,
                                    text=True)
             if child.returncode:
-                parser.exit(1, f"bench_io.py: error: backend {backend} failed:\n{child.stderr[-2000:]}\n")
-            rounds[-1][backend] = json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
+                parser.exit(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
+            rounds[-1][name] = json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
     reference = backends[-1]  # "dali-cpu 1.63x" reads as in the README: DALI's speed over MXNet's
+    if len(policies) > 1:  # the cost of automatic augmentation: against the plain pipeline
+        reference = next((name for name, backend, policy in configs if backend.startswith("dali")
+                          and policy == "none"), reference)
     print(f"{args.mode} pipeline, {args.threads} threads, batch {args.batch_size}, {args.repeats} rounds, {rec}")
-    print(f"{'backend':<10} {'images/s (median)':>18} {'ratio to ' + reference + ' (median of rounds)':>36}")
+    width = max(10, *(len(name) for name in backends))
+    print(f"{'backend':<{width}} {'images/s (median)':>18} {'ratio to ' + reference + ' (median of rounds)':>36}")
     summary = {}
     for backend in backends:
         rate = statistics.median(r[backend] for r in rounds)
         ratio = statistics.median(r[backend] / r[reference] for r in rounds)
         summary[backend] = {"images_per_sec": rate, "ratio": ratio, "rounds": [r[backend] for r in rounds]}
-        print(f"{backend:<10} {rate:>18.1f} {ratio:>35.2f}x")
+        print(f"{backend:<{width}} {rate:>18.1f} {ratio:>35.2f}x")
     print(json.dumps({"mode": args.mode, "threads": args.threads, "results": summary}))
 
 if __name__ == "__main__":
