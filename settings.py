@@ -167,9 +167,11 @@ def complete(args, given, num_gpus):
     return path
 
 
-def class_count_problem(data_train, data_val, num_classes):
-    """(error, warning) about --num-classes against the labels in the .lst files beside the record files."""
-    labels = set()
+def class_count_problem(data_train, data_val, num_classes, record_labels=()):
+    """(error, warning) about --num-classes against the labels of the data: ``record_labels`` (read from the
+    record headers by the start-up index check, every backend that reads records) and those of the .lst files
+    beside the record files (im2rec's lists; many record files have none)."""
+    labels = {int(label) for label in record_labels}
     for rec in (data_train, data_val):
         lst = os.path.splitext(rec)[0] + ".lst" if rec else ""
         if lst and os.path.isfile(lst):
@@ -180,6 +182,9 @@ def class_count_problem(data_train, data_val, num_classes):
                         labels.add(int(float(parts[1])))
     if not labels:
         return None, None
+    if min(labels) < 0:
+        return (f"the data has a negative label ({min(labels)}); labels must be classes 0 to N-1: check the "
+                "records with tools/check_dataset.py"), None
     classes = max(labels) + 1
     if classes > num_classes:
         return (f"the data has labels up to {classes - 1} but --num-classes is {num_classes}; "

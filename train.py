@@ -173,8 +173,14 @@ def header(cfg, size, report_path):
 def warn_about(cfg, primary):
     """Refuse labels beyond --num-classes (every rank); rank 0 warns once about likely mistakes that still run."""
     fit_cfg = cfg.fit
-    error, warning = settings.class_count_problem(cfg.data.data_train, cfg.data.data_val, cfg.model.num_classes) \
-        if fit_cfg.mode != "pred" else (None, None)
+    error, warning = None, None
+    if fit_cfg.mode != "pred":
+        try:
+            labels = data.record_labels(cfg.data)  # the index check reads every record header, label included
+        except data.DataError as bad:
+            raise UsageError(str(bad))
+        error, warning = settings.class_count_problem(cfg.data.data_train, cfg.data.data_val,
+                                                      cfg.model.num_classes, labels)
     if error:
         raise UsageError(error)
     if not primary:
