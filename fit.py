@@ -318,6 +318,14 @@ class EMA:
             p.set_data(self.shadow[name].astype(p.dtype))
             self.shadow[name] = live
 
+    def exported(self, export):
+        """Run ``export()`` with the averages in the network (the live weights are put back after)."""
+        self.swap()
+        try:
+            export()
+        finally:
+            self.swap()
+
     def running_stats(self):
         return [value for name, value in sorted(self.shadow.items())
                 if name.endswith(("running_mean", "running_var"))]
@@ -490,6 +498,9 @@ def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, parti
              "loss_scaler": state.scaler.state(), "metrics": state.report.metrics, "seed": seed,
              "total_duration": state.elapsed(), "partial": partials and sum_partial(partials),
              "partial_ranks": partials, **run.record}
+    if best and state.ema is not None:
+        best = state.ema.exported  # validation scored the EMA weights: those are the best, not the live ones
+        saved["best_weights"] = "ema"
     path = checkpoint.save(prefix, net, state.trainer, saved, state.ema.saveable() if state.ema else None, best)
     log.info("Saved checkpoint %s", path)
     checkpoint.prune(prefix, keep_last)

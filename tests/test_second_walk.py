@@ -38,3 +38,31 @@ def test_class_count_below_the_record_labels_is_refused_without_a_lst(tmp_path, 
     with caplog.at_level("WARNING"):
         train.warn_about(record_config(files, backend, 12), primary=True)
     assert "the data has 10 classes" in caplog.text
+
+
+def test_model_best_holds_the_ema_weights_that_were_scored(tmp_path):
+    import mxnet as mx
+    import fit
+    import models
+    from test_fit_phases import Batches, CPU, RUN, start, tiny_net, weights
+    parsed = train.parse_args(["--kv-store", "local", "--dtype", "float32", "--batch-size", "8", "--num-epochs", "1",
+                               "--lr", "0.2", "--warmup-epochs", "0", "--num-classes", "4", "--seed", "3",
+                               "--ema-decay", "0.9", "--workspace", str(tmp_path), "--disp-batches", "0"])
+    train.fill_hyper_parameters(parsed)
+    args = config.from_args(parsed).fit
+    net = tiny_net(tmp_path / "init.params")
+    state, loop = start(args, net)
+    fit.train_one_epoch(args, loop, state, Batches(), epoch=0)
+    val = Batches(steps=2)
+    scored = fit.validate(net, state.ema, val, CPU, loop.dist, "float32", no_metrics=False)
+    live = weights(net)
+    fit.save_checkpoint(str(tmp_path / "model"), net, state, RUN, epoch=1, step=0, keep_last=0, seed=3, best=True)
+    assert weights(net).keys() == live.keys() and all(
+        np.array_equal(value, live[name]) for name, value in weights(net).items())  # live weights put back
+    best = tiny_net(tmp_path / "init.params")
+    models.load_parameters(best, str(tmp_path / "model-best.params"), CPU)
+    for name, value in weights(best).items():
+        np.testing.assert_allclose(value, state.ema.shadow[name].asnumpy(), rtol=1e-6, err_msg=name)
+    import scoring
+    assert scoring.evaluate(best, val, CPU, loop.dist, "float32")["top1"] == scored["top1"]
+    assert any(not np.allclose(value, live[name]) for name, value in weights(best).items())
