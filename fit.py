@@ -45,7 +45,7 @@ class FitConfig:
     gpus: str = None
     cpu_contexts: int = 1
     dtype: str = None  # settings.machine_defaults: float16 with a GPU, float32 without
-    batch_size: int = 192
+    batch_size: int = 192  # with a GPU; without one settings.CPU_BATCH_SIZE when not given
     num_epochs: int = None
     run_epochs: int = -1
     lr: float = None
@@ -62,6 +62,7 @@ class FitConfig:
     mixup: float = _RECIPE["mixup"]
     mixup_off_epochs: int = 0
     ema_decay: float = 0.0
+    memory_check: str = "refuse"
     loss_scale: str = None
     max_bad_steps: int = 50
     horovod_num_groups: int = 0
@@ -98,7 +99,8 @@ def add_fit_args(parser):
                        help="model precision (default: float16 with a GPU, float32 without; float16: fp32 master "
                             "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
                             "quantized by oneDNN, see --calib-mode)")
-    group.add_argument("--batch-size", type=int, help="global batch size (all workers)")
+    group.add_argument("--batch-size", type=int,
+                       help="global batch size (all workers); without a GPU the default is 32")
     group.add_argument("--num-epochs", type=int, help=f"epochs ({schedules.recipe_help('num_epochs')})")
     group.add_argument("--run-epochs", type=int, help="stop after this many epochs in this run")
     group.add_argument("--lr", type=float,
@@ -128,6 +130,10 @@ def add_fit_args(parser):
     group.add_argument("--ema-decay", type=float,
                        help="keep an exponential moving average of the weights (e.g. 0.9999); 0 = off. "
                             "Validation uses the EMA weights; they are saved beside each checkpoint")
+    group.add_argument("--memory-check", choices=["refuse", "warn", "off"],
+                       help="before training, estimate the memory the batch needs per device (activations by "
+                            "layer, batch, dtype) against the machine's: refuse (naming a batch that fits), warn, "
+                            "or off")
     group.add_argument("--loss-scale",
                        help="'dynamic' or a fixed number (default: dynamic for float16, 1 otherwise)")
     group.add_argument("--max-bad-steps", type=int,

@@ -30,6 +30,7 @@ import world
 
 KIT_DIR = Path(__file__).resolve().parent  # where train.py is, unless runner says otherwise
 DEFAULT_DATA_ROOT = Path(cli.DEFAULT_DATA_ROOT)
+CPU_BATCH_PER_WORKER = 32  # -b without a GPU: a batch a CPU holds (ResNet-50 at 224 px in about 5 GiB)
 
 # Variables of the original runner, each checked against the sources of upstream MXNet 1.9.1 and Horovod 0.28.1:
 # kept only where the library reads it AND the value differs from its default. Left out: MXNET_EXEC_ENABLE_ADDTO,
@@ -93,7 +94,8 @@ def get_args_parser():
                                      formatter_class=HelpFormatter, epilog=TRAIN_FLAGS_EPILOG)
     parser.add_argument("-n", "--ngpus", type=int, default=1,
                         help="number of workers in all: GPUs, or processes on a machine without GPUs")
-    parser.add_argument("-b", "--batch-size", type=int, default=192, help="batch size per worker")
+    parser.add_argument("-b", "--batch-size", type=int, default=None,
+                        help="batch size per worker (default: 192 with GPUs, 32 per worker without)")
     parser.add_argument("-e", "--num-epochs", type=int, default=None,
                         help="number of epochs (default: the recipe's, 90), or of scoring passes with --mode val "
                              "(default: 1)")
@@ -238,7 +240,7 @@ def resolve_and_check(args, extra, machine):
     """Fill the machine-dependent defaults and refuse what cannot run here, before anything is started."""
     if args.ngpus < 1:
         raise UsageError(f"-n must be at least 1, got {args.ngpus}")
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"-b must be at least 1, got {args.batch_size}")
     if args.lr is not None and args.lr < 0:
         raise UsageError(f"-l must not be negative, got {args.lr}")
@@ -249,6 +251,8 @@ def resolve_and_check(args, extra, machine):
         args.dtype = "float16" if gpu else "float32"
     if args.data_backend is None:
         args.data_backend = backends.default(gpu)
+    if args.batch_size is None:
+        args.batch_size = 192 if gpu else CPU_BATCH_PER_WORKER
     problem = rules.run_problem(args.dtype, args.data_backend, peek_extra(extra).mode or "train_val",
                                 peek_extra(extra).fuse_bn_relu == "1", gpu, why)
     if problem:

@@ -39,8 +39,14 @@ def flag_name(dest):
     return "--" + dest.replace("_", "-")
 
 
-def machine_defaults(args, num_gpus):
-    """runner's choices: float16 and dali-gpu with GPUs, float32 and dali-cpu without."""
+CPU_BATCH_SIZE = 32  # the global batch without a GPU when none is given: ResNet-50 at 224 px in about 5 GiB
+
+
+def machine_defaults(args, num_gpus, given=()):
+    """runner's choices: float16 and dali-gpu with GPUs, float32 and dali-cpu without; and without a GPU a batch
+    a CPU can hold (CPU_BATCH_SIZE, unless --batch-size is given: the parser's 192 is the GPUs')."""
+    if not num_gpus and "batch_size" not in given:
+        args.batch_size = CPU_BATCH_SIZE
     if args.dtype is None:
         args.dtype = "float16" if num_gpus else "float32"
     if args.data_backend is None:
@@ -145,7 +151,7 @@ def score_report_beside(params_path):
 def complete(args, given, num_gpus):
     """Fill every default that depends on the machine, the data root, the model or the scored checkpoint.
     Returns the checkpoint path scored or predicted with (or None). Raises ValueError for bad input."""
-    machine_defaults(args, num_gpus)
+    machine_defaults(args, num_gpus, given)
     fill_data_files(args)
     if args.workspace is None:
         args.workspace = default_workspace(models.model_name_from_args(args))

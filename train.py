@@ -35,6 +35,7 @@ import data
 from distributed import Distributed
 import fit
 from helptext import HelpFormatter
+import memory
 import models
 import predict
 import quantize
@@ -316,6 +317,32 @@ def build_network(cfg, ctxs):
     return net
 
 
+def check_memory(cfg, net, ctxs, dist):
+    """Training only: the estimated memory of this batch per device against the device's (a GPU's memory, or the
+    memory available on this machine shared by its workers); refused or warned in one line with a batch that
+    fits. Every rank learns the answer (their snapshots of free memory differ)."""
+    fit_cfg = cfg.fit
+    if fit_cfg.mode not in ("train", "train_val") or fit_cfg.memory_check == "off" or cfg.data.test_io:
+        return
+    gpu = ctxs[0].device_type == "gpu"
+    if gpu:
+        budget, where = memory.gpu_budget(ctxs[0]), f"GPU {ctxs[0].device_id}"
+    else:
+        budget = memory.cpu_budget(dist.local_size)
+        budget = budget and budget // len(ctxs)
+        where = "this machine" + (f" per worker ({dist.local_size} here)" if dist.local_size > 1 else "")
+    shape = scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
+    problem, _ = memory.check(net, shape, fit_cfg.dtype, fit_cfg.batch_size, dist.size * len(ctxs),
+                              dist.local_size, budget, where)
+    refused = dist.sum([1.0 if problem and fit_cfg.memory_check == "refuse" else 0.0], "memory.check")[0]
+    if problem and dist.is_primary:
+        if fit_cfg.memory_check == "refuse":
+            raise UsageError(problem)
+        logging.warning("%s", problem.replace(" (--memory-check warn to try anyway)", ""))
+    if refused:
+        sys.exit(2)  # rank 0 says why
+
+
 def configure(args, given, num_gpus):
     """The RunConfig of parsed flags: the defaults that depend on the machine, the data, a checkpoint and the
     recipe filled in, then every value checked. The Namespace stops here."""
@@ -381,6 +408,7 @@ def main(args, command=None, given=()):
         logging.info("%s", header(cfg, dist.size, info.report_path))
 
     net = build_network(cfg, ctxs)
+    check_memory(cfg, net, ctxs, dist)
     stopped = False
     try:
         if fit_cfg.mode == "pred":
