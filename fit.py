@@ -262,18 +262,29 @@ def mean_loss(losses):
 
 
 _early_stop_signals = []  # stop signals that came before the loop's StopFlag existed (start-up)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C on a terminal
+stop_signals_received = []  # every stop signal of this process, in order (train.py's exit status: 130 for SIGINT)
+
+
+def _note_stop(signum, queue):
+    """A stop request; a second Ctrl-C does not wait for the step boundary (KeyboardInterrupt, as by default)."""
+    if signum == signal.SIGINT and signal.SIGINT in stop_signals_received:
+        raise KeyboardInterrupt
+    stop_signals_received.append(signum)
+    queue.append(signum)
 
 
 def catch_stop_signals(pending=()):
-    """From now on a SIGTERM/SIGUSR1 is not fatal: it asks the loop (once it runs) to save and stop. ``pending``:
-    such signals kept before this call."""
+    """From now on a SIGTERM/SIGUSR1/SIGINT is not fatal: it asks the loop (once it runs) to save and stop.
+    ``pending``: such signals kept before this call."""
     _early_stop_signals.extend(pending)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: _early_stop_signals.append(signum))
+    stop_signals_received.extend(pending)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: _note_stop(signum, _early_stop_signals))
 
 
 class StopFlag:
-    """SIGTERM/SIGUSR1 ask for a checkpoint at the next step boundary.
+    """SIGTERM/SIGUSR1/SIGINT ask for a checkpoint at the next step boundary (a second SIGINT: at once, unsaved).
 
     ``vote`` is the one small allreduce per step: it tells whether every rank's loss is finite, and carries
     the stop request along, so all ranks stop at the same step.
@@ -284,10 +295,11 @@ class StopFlag:
         self.requested = bool(_early_stop_signals)
         self.agreed = False
         self.votes = 0
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame):
+        _note_stop(signum, [])
         self.requested = True
 
     def vote(self, loss_ok):

@@ -30,6 +30,7 @@ import world
 
 KIT_DIR = Path(__file__).resolve().parent  # where train.py is, unless runner says otherwise
 DEFAULT_DATA_ROOT = Path(cli.DEFAULT_DATA_ROOT)
+INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
 CPU_BATCH_PER_WORKER = 32  # -b without a GPU: a batch a CPU holds (ResNet-50 at 224 px in about 5 GiB)
 
 # Variables of the original runner, each checked against the sources of upstream MXNet 1.9.1 and Horovod 0.28.1:
@@ -508,11 +509,16 @@ def refuse_busy_workspace(given):
 def conclude(status, failure, outcome):
     """runner's exit status. The workers' own account wins over the launcher's status: on a signal sent to every
     process of the job, the launcher's shells die of it and report a failure while the workers saved and ended
-    cleanly."""
+    cleanly. A stop by SIGTERM/SIGUSR1 is 0 (requeue scripts go by run.lock); an interactive Ctrl-C is 130, as
+    for any command a shell sees interrupted."""
     if outcome == "stopped":
-        print("runner: stopped by signal after saving a checkpoint; rerun the same command to resume",
+        cause = "Ctrl-C" if status == INTERRUPTED else "signal"
+        print(f"runner: stopped by {cause} after saving a checkpoint; rerun the same command to resume",
               file=sys.stderr)
-        return 0
+        return INTERRUPTED if status == INTERRUPTED else 0
+    if status == INTERRUPTED:
+        print("runner: interrupted (Ctrl-C) before the workers had saved a checkpoint", file=sys.stderr)
+        return INTERRUPTED
     if outcome == "done" or status == 0:
         return 0
     print(f"runner: error: {failure}", file=sys.stderr)
@@ -573,8 +579,14 @@ def run_horovodrun(arguments):
     from horovod.runner.launch import run_commandline
     shutdown = threading.Event()  # Horovod terminates the workers when this is set
 
+    def interrupt(signum, frame):  # Ctrl-C: the workers save and stop as for SIGTERM; a second one: at once
+        if stop.interrupted:
+            shutdown.set()
+        stop.interrupted = True
+        stop.request()
+
     def register_shutdown_event():
-        signal.signal(signal.SIGINT, lambda signum, frame: shutdown.set())
+        signal.signal(signal.SIGINT, interrupt)
         return shutdown
 
     stop = StopRelay()
@@ -591,11 +603,11 @@ def run_horovodrun(arguments):
         return int(codes[0]), (f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
                                f"{stop.note()}; its message is above")
     except KeyboardInterrupt:
-        return 130, "interrupted"
+        return INTERRUPTED, "interrupted"
     finally:
         stop.done.set()
         restore()
-    return 0, ""
+    return (INTERRUPTED, "interrupted") if stop.interrupted else (0, "")
 
 
 class StopRelay:
@@ -606,6 +618,7 @@ class StopRelay:
         self.requested = threading.Event()
         self.done = threading.Event()
         self.signalled = set()
+        self.interrupted = False  # a Ctrl-C (SIGINT) asked for the stop: runner ends with status 130
 
     def request(self):
         if not self.requested.is_set():
@@ -634,9 +647,9 @@ def run_mpirun(command):
     restore = forward_stop_signals(lambda signum: process.send_signal(signal.SIGUSR1))
     try:
         status = process.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # mpirun got the Ctrl-C too (same terminal) and forwards it to the workers
         process.wait()
-        return 130, "interrupted"
+        return INTERRUPTED, "interrupted"
     finally:
         restore()
     return status, f"mpirun exited with status {status}; the workers' messages are above"

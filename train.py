@@ -12,10 +12,21 @@ import sys
 
 # Started as a worker: a stop request (SIGTERM, SIGUSR1) while the modules below load is kept, not fatal. Training
 # honours it at its first step (hold_workspace); the other modes put the default back and die of it.
+# A Ctrl-C (SIGINT) before training can save (start-up, scoring, prediction) ends the process at once with one
+# line and status 130; once training holds its workspace it saves at the next step, as SIGTERM does.
 EARLY_STOPS = []
+
+
+def interrupted_at_once(signum=None, frame=None):
+    sys.stdout.flush()
+    print("train.py: interrupted (Ctrl-C); nothing was saved since the last checkpoint", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
 if __name__ == "__main__":
     for _sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(_sig, lambda signum, frame: EARLY_STOPS.append(signum))
+    signal.signal(signal.SIGINT, interrupted_at_once)
 if "int8" in sys.argv[1:]:
     # quantize.INT8_ENV: MXNet reads its oneDNN fusion switches once, as it loads, so they are set before the import.
     os.environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")
@@ -429,7 +440,7 @@ def main(args, command=None, given=()):
             report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
                                       cfg.model.num_classes)
             if stopped and dist.is_primary:
-                print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
+                print(f"Stopped by {stop_cause()} after saving a checkpoint; rerun the same command to resume")
     except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, data.DataError,
             predict.PredictionError) as error:
         raise UsageError(str(error))
@@ -444,14 +455,27 @@ def main(args, command=None, given=()):
     return Outcome(net=net, report=report, stopped=stopped)
 
 
+def stop_cause():
+    return "Ctrl-C (SIGINT)" if signal.SIGINT in fit.stop_signals_received else "signal"
+
+
+INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
+
+
 def run(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     given = settings.given_flags(get_args_parser(), argv)  # flags typed, whatever their value
     try:
-        main(args, [sys.argv[0]] + argv, given)
+        outcome = main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
         cli.fail("train.py", str(error))
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's checkpoint was awaited
+        print("train.py: interrupted (Ctrl-C twice): stopped without saving; rerun the same command to resume "
+              "from the last checkpoint", file=sys.stderr)
+        sys.exit(INTERRUPTED)
+    if outcome.stopped and signal.SIGINT in fit.stop_signals_received:
+        sys.exit(INTERRUPTED)  # saved, as for SIGTERM, but the shell learns it was interrupted
 
 
 if __name__ == "__main__":

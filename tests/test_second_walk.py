@@ -127,3 +127,123 @@ def test_cpu_defaults_are_a_batch_a_cpu_can_run():
     cpu, gpus = launch.Machine(gpus=0, cores=2), launch.Machine(gpus=8, cores=64)
     assert "--batch-size 32" in " ".join(launch.plan_launch(["--data-backend", "synthetic"], cpu, {})[2])
     assert "--batch-size 1536" in " ".join(launch.plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2])
+
+
+# --- item 4: Ctrl-C on train.py, and the lock of a run that did not end cleanly --------------------------------
+
+def start_train(tmp_path, *flags):
+    import subprocess
+    import sys
+    from conftest import ROOT, TINY_RUN, venv_env
+    out, err = open(tmp_path / "run.out", "w"), open(tmp_path / "run.err", "w")
+    command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY_RUN, "--batch-size", "8", "--disp-batches", "1",
+               "--workspace", str(tmp_path / "ws"), "--warmup-epochs", "0", *flags]
+    return subprocess.Popen(command, env=venv_env(), stdout=out, stderr=err, text=True, start_new_session=True)
+
+
+def steps_logged(workspace):
+    log = workspace / "log.jsonl"
+    return log.exists() and sum(1 for line in open(log) if '"type": "iter"' in line)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_train_py_saves_a_step_checkpoint_and_exits_130(tmp_path):
+    import signal
+    import run_lock
+    from conftest import HANG_S, wait_until
+    process = start_train(tmp_path, "--num-epochs", "2", "--num-examples", "100000")
+    try:
+        wait_until(lambda: steps_logged(tmp_path / "ws") >= 2, "two training steps", process=process)
+        process.send_signal(signal.SIGINT)
+        status = process.wait(timeout=HANG_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = (tmp_path / "run.err").read_text()
+    assert status == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "Stopped by Ctrl-C (SIGINT) after saving a checkpoint" in (tmp_path / "run.out").read_text()
+    assert [p.name.split("-step")[0] for p in (tmp_path / "ws").glob("model-*-step*.state.json")] == ["model-0000"]
+    assert run_lock.run_state(str(tmp_path / "ws"))["state"] == "stopped"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
+    import signal
+    from conftest import HANG_S, catches_signal, wait_until
+    process = start_train(tmp_path, "--num-epochs", "1")
+    try:
+        wait_until(lambda: catches_signal(process.pid, signal.SIGTERM), "train.py to catch SIGTERM",
+                   process=process, interval=0.005)  # its first lines, where SIGINT gets its handler too
+        process.send_signal(signal.SIGINT)
+        status = process.wait(timeout=HANG_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = (tmp_path / "run.err").read_text()
+    assert status == 130 and err.strip().splitlines()[-1].startswith("train.py: interrupted (Ctrl-C)"), err[-3000:]
+    assert "Traceback" not in err
+
+
+HOLD_THEN = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import run_lock
+run_lock.WorkspaceLock(sys.argv[1]).acquire()
+print("held", flush=True)
+if sys.argv[3] == "fail":
+    raise RuntimeError("a crash")
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_lock_whose_holder_crashed_or_was_killed_does_not_read_running(tmp_path):
+    import subprocess
+    import sys
+    import run_lock
+    from conftest import HANG_S, ROOT, pid_gone, wait_until
+    failed, killed = tmp_path / "failed", tmp_path / "killed"
+    failed.mkdir(), killed.mkdir()
+    result = subprocess.run([sys.executable, "-c", HOLD_THEN, str(failed), ROOT, "fail"], capture_output=True,
+                            text=True, timeout=HANG_S)
+    assert result.returncode == 1 and run_lock.run_state(str(failed))["state"] == "failed"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THEN, str(killed), ROOT, "sleep"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_lock.run_state(str(killed))["state"] == "running"  # alive: it is
+    finally:
+        holder.kill()  # SIGKILL: nothing of it runs again
+        holder.wait()
+    wait_until(lambda: pid_gone(holder.pid), "the killed holder to be gone")
+    assert run_lock.read_record(run_lock.lock_path(str(killed)))["state"] == "running"  # what it last wrote
+    assert run_lock.run_state(str(killed))["state"] == "crashed"
+    shown = subprocess.run([sys.executable, os.path.join(ROOT, "run_lock.py"), str(killed)], capture_output=True,
+                           text=True, timeout=HANG_S)
+    assert '"state": "crashed"' in shown.stdout
+
+
+@pytest.mark.slow
+def test_runner_exits_130_on_ctrl_c_after_the_workers_saved(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT, TINY_RUN, venv_env, wait_until
+    workspace = tmp_path / "ws"
+    out, err = open(tmp_path / "run.out", "w"), open(tmp_path / "run.err", "w")
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "-b", "8", "-e", "2",
+                                *TINY_RUN, "--num-examples", "100000", "--warmup-epochs", "0", "--disp-batches", "1",
+                                "--workspace", str(workspace)], env=venv_env(), stdout=out, stderr=err, text=True,
+                               start_new_session=True)
+    try:
+        wait_until(lambda: steps_logged(workspace) >= 2, "two training steps", process=process)
+        process.send_signal(signal.SIGINT)  # runner alone: what a terminal's Ctrl-C sends it
+        status = process.wait(timeout=HANG_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = (tmp_path / "run.err").read_text()
+    assert status == 130, err[-3000:]
+    assert "runner: stopped by Ctrl-C after saving a checkpoint" in err and "Traceback" not in err
+    assert list(workspace.glob("model-0000-step*.state.json"))
