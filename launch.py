@@ -184,7 +184,7 @@ def peek_extra(extra):
     """The train.py flags runner must know about (mode, explicit data files, workspace), left in `extra` as they
     are."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--mode", "--data-train", "--data-val", "--workspace", "--fuse-bn-relu", "--image-shape",
+    for flag in ("--mode", "--data-train", "--data-val", "--workspace", "--fuse-bn-relu", "--image-shape", "--gpus",
                  *LAYOUT_FLAGS):
         parser.add_argument(flag)
     return parser.parse_known_args(extra)[0]
@@ -254,8 +254,9 @@ def resolve_and_check(args, extra, machine):
         args.data_backend = backends.default(gpu)
     if args.batch_size is None:
         args.batch_size = 192 if gpu else CPU_BATCH_PER_WORKER
-    problem = rules.run_problem(args.dtype, args.data_backend, peek_extra(extra).mode or "train_val",
-                                peek_extra(extra).fuse_bn_relu == "1", gpu, why)
+    peeked = peek_extra(extra)
+    problem = rules.run_problem(args.dtype, args.data_backend, peeked.mode or "train_val",
+                                peeked.fuse_bn_relu == "1", gpu, why, peeked.conv_layout, peeked.gpus)
     if problem:
         raise UsageError(problem)
     slots = host_slots(args)

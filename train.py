@@ -389,12 +389,13 @@ def main(args, command=None, given=()):
     setup_logging(dist.rank)
     cfg = configure(args, given, mx.context.num_gpus())
     fit_cfg = cfg.fit
-    ctxs = contexts(fit_cfg, dist.local_rank, dist.local_size)
-    validate_args(cfg, dist.size * len(ctxs))
     problem = rules.run_problem(fit_cfg.dtype, cfg.data.data_backend, fit_cfg.mode, cfg.model.fuse_bn_relu,
-                                any(ctx.device_type == "gpu" for ctx in ctxs))  # runner's rules, worded once
+                                mx.context.num_gpus() > 0, conv_layout=cfg.model.conv_layout,
+                                gpus=fit_cfg.gpus)  # runner's rules, worded once
     if problem:
         raise UsageError(problem)
+    ctxs = contexts(fit_cfg, dist.local_rank, dist.local_size)
+    validate_args(cfg, dist.size * len(ctxs))
     if fit_cfg.dtype == "int8":
         why = quantize.int8_unavailable(fit_cfg.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:

@@ -247,3 +247,45 @@ def test_runner_exits_130_on_ctrl_c_after_the_workers_saved(tmp_path):
     assert status == 130, err[-3000:]
     assert "runner: stopped by Ctrl-C after saving a checkpoint" in err and "Traceback" not in err
     assert list(workspace.glob("model-0000-step*.state.json"))
+
+
+# --- item 5: refusals in one line, the same from runner and train.py ---------------------------------------------
+
+def train_refusal(*argv):
+    from conftest import TINY_RUN
+    args = train.parse_args(["--kv-store", "local", *TINY_RUN, *argv])
+    with pytest.raises(cli.UsageError) as error:
+        train.main(args)
+    return str(error.value)
+
+
+def runner_refusal(*argv, gpus=0):
+    import launch
+    with pytest.raises(cli.UsageError) as error:
+        launch.plan_launch(["--data-backend", "synthetic", "--dtype", "float32", *argv], launch.Machine(gpus, 2), {})
+    return str(error.value)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--dtype", "float16"], "--dtype float16 needs a GPU and this machine has none"),
+    (["--conv-layout", "NHWC"], "--conv-layout NHWC needs a GPU (cuDNN) and this machine has none"),
+    (["--gpus", "0,1", "--kv-store", "device"], "--gpus 0,1 names GPUs and this machine has none"),
+])
+def test_what_a_cpu_cannot_run_is_refused_alike_by_runner_and_train(argv, expected):
+    import mxnet as mx
+    assert mx.context.num_gpus() == 0  # about a CPU machine
+    by_train = train_refusal(*[a for a in argv if a != "float32"])
+    assert by_train.startswith(expected) and "\n" not in by_train
+    assert runner_refusal(*argv) == by_train
+    runner_refusal_on_gpus = None
+    try:
+        import launch
+        launch.plan_launch(["--data-backend", "synthetic", *argv], launch.Machine(8, 64), {})
+    except cli.UsageError as error:
+        runner_refusal_on_gpus = str(error)
+    assert runner_refusal_on_gpus is None  # each runs on GPUs
+
+
+def test_a_negative_lr_is_refused():
+    assert train_refusal("--lr", "-1") == "--lr must not be negative, got -1"
+    assert runner_refusal("-l", "-1") == "-l must not be negative, got -1.0"
