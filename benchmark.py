@@ -232,10 +232,12 @@ def run_one(command, timeout):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # its own process group: a timeout ends all workers
     tail = deque(maxlen=400)
+    interrupted = threading.Event()  # after a Ctrl-C the run's own farewell ("rerun to resume") is not shown
 
     def pump():
         for line in process.stdout:
-            sys.stderr.write(line)
+            if not interrupted.is_set():
+                sys.stderr.write(line)
             tail.append(line)
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -247,7 +249,9 @@ def run_one(command, timeout):
         reader.join(timeout=5)
         return f"timed out after {timeout:g} s"
     except BaseException:  # Ctrl-C or SIGTERM: the run's own session would not get the signal and outlive us
+        interrupted.set()
         end_process_group(process)
+        reader.join(timeout=5)
         raise
     reader.join(timeout=5)
     if code != 0:
@@ -573,8 +577,20 @@ def check_args(args, given):
                   f"iterations an epoch needs (e.g. n={n} bs={bs}); leave it out or raise it")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, or a SIGTERM (``signum``): the sweep ends, the finished runs' results kept."""
+
+    def __init__(self, signum=signal.SIGINT):
+        super().__init__(signum)
+        self.status = 128 + signum
+
+
+def raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
 def main(argv=None):
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up as for Ctrl-C
+    signal.signal(signal.SIGTERM, raise_interrupted)  # clean up as for Ctrl-C
     args, passthrough = get_args_parser().parse_known_args(argv)
     if args.only_inference:
         args.mode = "val"
@@ -655,7 +671,14 @@ def main(argv=None):
             which = f" run {run + 1}/{args.repeat}" if args.repeat > 1 else ""
             print(f"benchmark: [{done + 1}/{len(todo)}] n={n} bs={bs}{which}{eta}", file=sys.stderr, flush=True)
             command, report_path = commands[n, bs, run]
-            reason = run_one(command, args.timeout)
+            try:
+                reason = run_one(command, args.timeout)
+            except KeyboardInterrupt as stop:  # the interrupted run's report (a partial epoch) is not a result
+                report_path.unlink(missing_ok=True)
+                finished = sum(len(c) for c in cells.values())
+                kept = f"; the {finished} finished run(s) are in {output}" if finished else ""
+                print(f"benchmark: interrupted during n={n} bs={bs}{which}{kept}", file=sys.stderr, flush=True)
+                return getattr(stop, "status", 130)
             if reason is None:
                 try:
                     cell, weights, model = read_run(report_path, keys, args)
@@ -693,4 +716,8 @@ def main(argv=None):
 
 if __name__ == "__main__":
     reexec_in_venv()
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as interrupt:  # before or between the runs: nothing of a run to clean up
+        print("benchmark: interrupted", file=sys.stderr)
+        sys.exit(getattr(interrupt, "status", 130))

@@ -289,3 +289,29 @@ def test_what_a_cpu_cannot_run_is_refused_alike_by_runner_and_train(argv, expect
 def test_a_negative_lr_is_refused():
     assert train_refusal("--lr", "-1") == "--lr must not be negative, got -1"
     assert runner_refusal("-l", "-1") == "-l must not be negative, got -1.0"
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_benchmark_is_one_line_and_leaves_no_partial_run(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT, TINY_RUN, venv_env, wait_until
+    out = tmp_path / "sweep.json"
+    err = open(tmp_path / "sweep.err", "w")
+    sweep = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmark.py"), "-n", "1", "-b", "8", "-i", "100000",
+                              "--mode", "train", "-o", str(out), *TINY_RUN, "--disp-batches", "1"], env=venv_env(),
+                             stdout=subprocess.DEVNULL, stderr=err, text=True)
+    try:
+        wait_until(lambda: any(steps_logged(log.parent) >= 2 for log in tmp_path.glob("benchmark-*/run-*/log.jsonl")),
+                   "the sweep's run to train two steps", process=sweep)
+        sweep.send_signal(signal.SIGINT)  # what Ctrl-C sends benchmark.py (its runs have their own session)
+        status = sweep.wait(timeout=HANG_S)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    text = (tmp_path / "sweep.err").read_text()
+    assert status == 130, text[-3000:]
+    assert text.strip().splitlines()[-1] == "benchmark: interrupted during n=1 bs=8"
+    assert "rerun the same command" not in text and "Traceback" not in text
+    assert not list(tmp_path.glob("sweep-*.json"))  # no partial per-run report
