@@ -91,7 +91,8 @@ def get_args_parser():
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
     parser.add_argument("--baseline", default=None,
                         help="an earlier benchmark JSON (e.g. float32) to compute the speed-up against")
-    parser.add_argument("--dry-run", action="store_true", help="print the runner commands, run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print the runner commands, run nothing (configurations runner refuses are named; "
+                             "status 1 when none would run)")
     return parser
 
 
@@ -637,10 +638,17 @@ def main(argv=None):
                 report = report_name(output, n, bs, run, args.repeat)
                 commands[n, bs, run] = (runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}",
                                                        passthrough, flags), report)
-        if args.dry_run:
-            for command, _ in commands.values():
-                print(shlex.join(command))
-            return 0
+        if args.dry_run:  # what the sweep would run, and what it would skip (runner's own checks, as the run)
+            runnable = 0
+            for n, bs in configs:
+                reason, _ = check_upfront(commands[n, bs, 0][0])
+                if reason:
+                    print(f"benchmark: would skip n={n} bs={bs}: {reason}", file=sys.stderr)
+                    continue
+                runnable += 1
+                for run in range(args.repeat):
+                    print(shlex.join(commands[n, bs, run][0]))
+            return 0 if runnable else 1
 
         def record_failure(n, bs, reason):
             result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = {"failed": reason}

@@ -121,8 +121,8 @@ def get_args_parser():
                         help="multi-node: the network interface(s) for Horovod's Gloo, NCCL and MPI traffic "
                              "(default: horovodrun finds the common ones; MPI and NCCL choose their own)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="check runner's arguments, print the environment and the command, do not run it "
-                             "(train.py checks its own flags when the run starts)")
+                        help="check everything the run would check before starting (runner's arguments, train.py's "
+                             "flags, the machine), print the environment and the command, do not run it")
     return parser
 
 
@@ -307,8 +307,6 @@ def use_srun_step(args, environ):
     """Under --launcher slurm, srun has started one runner per worker: take the world's size from it."""
     tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
     if not tasks.isdigit():
-        if args.dry_run:
-            return  # show what each task would run
         raise UsageError("--launcher slurm runs inside an srun step, one runner per worker, e.g. "
                          "`srun -n 8 ./runner --launcher slurm ...` in an sbatch script or a salloc shell")
     if args.ngpus not in (1, int(tasks)):  # 1 is the default: -n was not given
@@ -470,6 +468,7 @@ def main(argv=None, kit_dir=KIT_DIR):
         fail(str(error))
     if machine.note:
         print(f"runner: note: {machine.note}", file=sys.stderr)
+    check_train_flags(train_arguments(command), kit_dir)  # a dry run refuses what the run would
     if args.dry_run:
         for key, value in env.items():
             print(f"{key}={value}")
@@ -478,7 +477,6 @@ def main(argv=None, kit_dir=KIT_DIR):
     launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
     if launched:
         refuse_busy_workspace(peek_extra(extra))
-    check_train_flags(extra, kit_dir)
     os.environ.update(env)  # horovodrun and mpirun pass the environment on to every worker
     os.environ.update(console_env(args))
     if not launched:
@@ -548,8 +546,15 @@ def forward_stop_signals(forward):
     return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
 
+def train_arguments(command):
+    """The arguments train.py gets in ``command`` (runner's own flags turned into train.py's, and the user's)."""
+    at = next(i for i, part in enumerate(command) if os.path.basename(str(part)) == "train.py")
+    return [str(part) for part in command[at + 1:]]
+
+
 def check_train_flags(extra, kit_dir=KIT_DIR):
-    """An unknown or bad train.py flag: train.py's one-line message, once, before any worker starts."""
+    """An unknown or bad train.py flag or hyper-parameter: train.py's one-line message, once, before any worker
+    starts (and in a dry run)."""
     check = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); import train; "
                             "train.check_flags(sys.argv[1:])", str(kit_dir), *extra])
     if check.returncode != 0:

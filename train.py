@@ -114,9 +114,17 @@ def check_config(cfg):
 
 
 def check_flags(argv):
-    """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag (runner calls this
-    before starting any worker)."""
-    parse_args(argv, prog="train.py")
+    """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag or hyper-parameter
+    (runner calls this before starting any worker, and in a dry run). What depends on the machine, the data or
+    a checkpoint is left to the run."""
+    args = parse_args(argv, prog="train.py")
+    if args.mode in ("val", "pred") and args.num_epochs is None:
+        args.num_epochs = 1
+    fill_hyper_parameters(args)
+    try:
+        check_config(config.from_args(args))
+    except UsageError as error:
+        cli.fail("train.py", str(error))
 
 
 def json_values(namespace):

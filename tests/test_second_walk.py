@@ -315,3 +315,46 @@ def test_ctrl_c_in_benchmark_is_one_line_and_leaves_no_partial_run(tmp_path):
     assert text.strip().splitlines()[-1] == "benchmark: interrupted during n=1 bs=8"
     assert "rerun the same command" not in text and "Traceback" not in text
     assert not list(tmp_path.glob("sweep-*.json"))  # no partial per-run report
+
+
+# --- item 6: a dry run refuses what the run would ----------------------------------------------------------------
+
+def run_command(*command, env=None):
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT, venv_env
+    environ = {k: v for k, v in venv_env().items() if not k.startswith("SLURM_")}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, os.path.join(ROOT, command[0]), *command[1:]], env=environ,
+                          capture_output=True, text=True, timeout=HANG_S, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_runner_dry_run_refuses_a_typo_and_a_bad_value_as_the_run_does():
+    typo = run_command("runner", "--dry-run", "--data-backend", "synthetic", "--lr-schedual", "step")
+    assert typo.returncode == 2 and typo.stdout == "", typo.stdout
+    assert typo.stderr.strip().splitlines()[-1].startswith("train.py: error: unrecognized arguments: --lr-schedual")
+    steps = run_command("runner", "--dry-run", "--data-backend", "synthetic", "-e", "10", "--lr-schedule", "step",
+                        "--lr-steps", "5,20")
+    assert steps.returncode == 2 and "--lr-steps [20.0] lie at or beyond the last epoch (10)" in steps.stderr
+    fine = run_command("runner", "--dry-run", "--data-backend", "synthetic", "-e", "30", "--lr-schedule", "step",
+                       "--lr-steps", "5,20")
+    assert fine.returncode == 0 and "--lr-steps 5,20" in fine.stdout, fine.stderr
+
+
+@pytest.mark.slow
+def test_runner_dry_run_with_slurm_outside_srun_is_refused():
+    result = run_command("runner", "--dry-run", "--launcher", "slurm", "--data-backend", "synthetic")
+    assert result.returncode == 2 and result.stdout == ""
+    # (without Horovod's MPI the refusal names that first: either way, not the command)
+    assert "srun" in result.stderr or "MPI" in result.stderr
+
+
+@pytest.mark.slow
+def test_benchmark_dry_run_names_what_the_machine_would_refuse():
+    import mxnet as mx
+    assert mx.context.num_gpus() == 0
+    result = run_command("benchmark.py", "--dry-run", "-n", "1", "-b", "8,16", "--dtype", "float16",
+                         "--data-backend", "synthetic")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "benchmark: would skip n=1 bs=8: runner: error: --dtype float16 needs a GPU" in result.stderr
