@@ -94,13 +94,23 @@ def setup_logging(rank):
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def fill_hyper_parameters(args):
-    """The defaults that depend on other flags: the recipe's epochs for training, and its LR per 256 images
-    scaled to the global batch."""
+def fill_hyper_parameters(args, given=()):
+    """The defaults that depend on other flags: the recipe's epochs for training, its LR per 256 images scaled to
+    the global batch, and its LR steps scaled to the run's length (unless typed). Returns a note for the log on
+    what was scaled, or None."""
     if args.num_epochs is None:
         args.num_epochs = schedules.recipe_epochs(args.recipe)
     if args.lr is None:
         args.lr = schedules.recipe_lr(args.recipe, args.batch_size)
+    recipe_steps = schedules.RECIPES[args.recipe]["lr_steps"]
+    if (args.mode in ("train", "train_val") and args.lr_schedule == "step" and "lr_steps" not in given
+            and recipe_steps and list(args.lr_steps) == list(recipe_steps)
+            and args.num_epochs != schedules.recipe_epochs(args.recipe)):
+        args.lr_steps = schedules.steps_for_length(args.recipe, args.num_epochs)
+        return (f"--lr-steps {','.join(f'{s:g}' for s in args.lr_steps)}: recipe {args.recipe}'s steps "
+                f"{','.join(f'{s:g}' for s in recipe_steps)} of {schedules.recipe_epochs(args.recipe)} epochs, scaled "
+                f"to this run's {args.num_epochs} (give --lr-steps to choose them)")
+    return None
 
 
 def check_config(cfg):
@@ -120,7 +130,7 @@ def check_flags(argv):
     args = parse_args(argv, prog="train.py")
     if args.mode in ("val", "pred") and args.num_epochs is None:
         args.num_epochs = 1
-    fill_hyper_parameters(args)
+    fill_hyper_parameters(args, settings.given_flags(get_args_parser(), argv))
     try:
         check_config(config.from_args(args))
     except UsageError as error:
@@ -372,7 +382,9 @@ def configure(args, given, num_gpus):
     problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
     if problem:
         raise UsageError(problem)
-    fill_hyper_parameters(args)
+    note = fill_hyper_parameters(args, given)
+    if note:
+        logging.info("%s", note)  # rank 0 only logs at INFO
     cfg = config.from_args(args)
     check_config(cfg)
     return cfg

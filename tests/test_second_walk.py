@@ -358,3 +358,22 @@ def test_benchmark_dry_run_names_what_the_machine_would_refuse():
                          "--data-backend", "synthetic")
     assert result.returncode == 1 and result.stdout == ""
     assert "benchmark: would skip n=1 bs=8: runner: error: --dtype float16 needs a GPU" in result.stderr
+
+
+# --- item 9: a recipe's LR steps follow the run's length unless typed -------------------------------------------
+
+@pytest.mark.parametrize("recipe", ["he", "nvidia-2019"])
+def test_a_recipes_steps_are_scaled_to_a_shorter_run_unless_typed(recipe):
+    import settings
+    argv = ["--recipe", recipe, "--num-epochs", "30"]
+    args = train.parse_args(argv)
+    note = train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), argv))
+    assert args.lr_steps == [10, 20, 26.67] and "scaled to this run's 30" in note
+    train.check_config(config.from_args(args))  # no longer refused
+    typed = argv + ["--lr-steps", "30,60,80"]
+    args = train.parse_args(typed)
+    assert train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), typed)) is None
+    with pytest.raises(cli.UsageError, match="lie at or beyond the last epoch"):  # typed: the user's, refused
+        train.check_config(config.from_args(args))
+    args = train.parse_args(["--recipe", recipe])  # the recipe's own length: its own steps
+    assert train.fill_hyper_parameters(args) is None and args.lr_steps == [30, 60, 80]
