@@ -161,7 +161,8 @@ def add_fit_args(parser):
                             "model, classes, image shape, resize and normalisation come from its saved state")
     group.add_argument("--report",
                        help="JSON report (relative: inside --workspace; default report.json, and for --mode val "
-                            "<checkpoint>.score.json beside the checkpoint scored)")
+                            "<checkpoint>.<dtype>.score.json beside the checkpoint scored, e.g. model-0016.float32.score.json; "
+                            "int8: model-0016.int8-naive-10.score.json)")
     group.add_argument("--json-log",
                        help="JSON-lines log (relative: inside --workspace); empty to disable")
     parser.set_defaults(**cli.config_defaults(FitConfig))

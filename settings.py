@@ -143,9 +143,15 @@ def _show(value):
         else str(value)
 
 
-def score_report_beside(params_path):
-    """runs/x/model-0016.params -> runs/x/model-0016.score.json: each checkpoint's score beside it."""
-    return os.path.splitext(params_path)[0] + ".score.json"
+def score_tag(dtype, calib_mode=None, calib_batches=None):
+    """What a score depends on besides the checkpoint: the dtype, and INT8's calibration."""
+    return f"int8-{calib_mode}-{calib_batches}" if dtype == "int8" else dtype
+
+
+def score_report_beside(params_path, tag):
+    """runs/x/model-0016.params -> runs/x/model-0016.float32.score.json (``tag``: score_tag): each checkpoint's
+    score beside it, one per dtype and calibration (an INT8 score does not overwrite the float32 one)."""
+    return f"{os.path.splitext(params_path)[0]}.{tag}.score.json"
 
 
 def complete(args, given, num_gpus):
@@ -169,7 +175,8 @@ def complete(args, given, num_gpus):
         apply_trained_settings(args, state, given, path)
     args.load = path
     if args.report is None and args.mode == "val":
-        args.report = os.path.abspath(score_report_beside(path))
+        args.report = os.path.abspath(score_report_beside(path, score_tag(args.dtype, args.calib_mode,
+                                                                          args.calib_batches)))
     return path
 
 

@@ -377,3 +377,18 @@ def test_a_recipes_steps_are_scaled_to_a_shorter_run_unless_typed(recipe):
         train.check_config(config.from_args(args))
     args = train.parse_args(["--recipe", recipe])  # the recipe's own length: its own steps
     assert train.fill_hyper_parameters(args) is None and args.lr_steps == [30, 60, 80]
+
+
+# --- item 7: a score per dtype and calibration ---------------------------------------------------------------
+
+def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp_path):
+    import settings
+    from test_settings import fake_checkpoint, parse
+    params = fake_checkpoint(tmp_path, 2, num_classes=10, image_shape=[3, 32, 32])
+    reports = set()
+    for flags in ([], ["--dtype", "int8"], ["--dtype", "int8", "--calib-mode", "entropy"]):
+        args, given = parse("--mode", "val", "--data-backend", "synthetic", "--workspace", tmp_path, *flags)
+        settings.complete(args, given, num_gpus=0)
+        reports.add(os.path.basename(args.report))
+    assert reports == {"model-0002.float32.score.json", "model-0002.int8-naive-10.score.json",
+                       "model-0002.int8-entropy-10.score.json"}
