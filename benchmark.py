@@ -192,7 +192,7 @@ def run_settings(train_command):
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag, default in (("--dtype", "float32"), ("--data-backend", "dali-gpu"), ("--input-layout", "NCHW"),
                           ("--conv-layout", "NCHW"), ("--data-train", None), ("--data-val", None),
-                          ("--load", None), ("--kv-store", "horovod")):
+                          ("--load", None), ("--kv-store", "horovod"), ("--image-shape", "3,224,224")):
         parser.add_argument(flag, default=default)
     found = parser.parse_known_args(train_command.split())[0]
     return OrderedDict(dtype=found.dtype, data_backend=found.data_backend,
@@ -200,7 +200,7 @@ def run_settings(train_command):
                        real_data=backends.reads_records(found.data_backend),
                        data=None if not backends.reads_records(found.data_backend) else
                        OrderedDict((k, v) for k, v in (("train", found.data_train), ("val", found.data_val)) if v),
-                       kv_store=found.kv_store, load=found.load)
+                       kv_store=found.kv_store, load=found.load, image_shape=found.image_shape)
 
 
 def last_error(lines):
@@ -387,6 +387,21 @@ def speedup(metrics, baseline, ips_key):
     return result
 
 
+def baseline_problems(result, baseline):
+    """Why a speed-up against ``baseline`` may compare other things than precision: another network, image shape
+    or mode (another dtype is the usual purpose, and named in the table's title), or no configuration in common."""
+    problems = []
+    for key, what in (("model", "network"), ("image_shape", "image shape"), ("mode", "mode")):
+        ours, theirs = result.get(key), baseline.get(key)
+        if ours and theirs and str(ours) != str(theirs):
+            problems.append(f"the baseline's {what} is {theirs}, this sweep's {ours}")
+    common = [(n, bs) for n, row in result["metrics"].items() for bs in row
+              if bs in baseline.get("metrics", {}).get(n, {})]
+    if not common:
+        problems.append("the baseline has none of this sweep's worker counts and batch sizes: no speed-up to show")
+    return problems
+
+
 def markdown_table(title, rows, columns, values, row_name, fmt):
     """Numbers are formatted with ``fmt``; strings are taken as they are; anything else is '-'."""
     lines = [f"### {title}", "", f"| {row_name} | " + " | ".join(str(c) for c in columns) + " |",
@@ -409,6 +424,12 @@ def with_spread(cell, key, fmt, scale=1.0):
     if spread:
         text += f" ({fmt(spread[0] * scale)}-{fmt(spread[1] * scale)})"
     return text
+
+
+def model_title(result):
+    """The network and its input, e.g. 'resnet50_v1.5, 3x224x224'."""
+    shape = result.get("image_shape")
+    return (result.get("model") or "model") + (f", {shape.replace(',', 'x')}" if shape else "")
 
 
 def describe(result):
@@ -444,7 +465,7 @@ def tables(result):
     ngpus, bss, ips_key = result["ngpus"], result["bs"], result["metric_keys"][0]
     metrics = result["metrics"]
     dtype = result.get("dtype") or "default dtype"
-    out = [f"{result.get('model') or 'model'}: {describe(result)}\n"]
+    out = [f"{model_title(result)}: {describe(result)}\n"]
     modes = [key.split(".")[0] for key in result["metric_keys"] if key.endswith("total_ips")]
     for mode in modes:  # train_val: training first, then validation
         ips = {n: {bs: with_spread(cell, f"{mode}.total_ips", lambda v: f"{v:.1f}") for bs, cell in row.items()}
@@ -455,8 +476,12 @@ def tables(result):
         out.append(markdown_table(f"Weak scaling of {ips_key}: ips(n) / ips(1)", ngpus, bss,
                                   result["weak_scaling"], "workers", lambda v: f"{v:.2f}"))
     if result.get("speedup"):
-        out.append(markdown_table(f"Speed-up of {dtype} over the baseline ({ips_key})", ngpus, bss,
-                                  result["speedup"], "workers", lambda v: f"{v:.2f}"))
+        against = result.get("speedup_against") or {}
+        base = ", ".join(str(against[k]) for k in ("model", "image_shape", "dtype", "mode") if against.get(k))
+        out.append(markdown_table(f"Speed-up of {dtype} over the baseline{f' ({base})' if base else ''} "
+                                  f"({ips_key})", ngpus, bss, result["speedup"], "workers", lambda v: f"{v:.2f}"))
+    for problem in result.get("speedup_warnings") or ():
+        out.append(f"Warning about the baseline: {problem}\n")
     for mode in modes:
         out += latency_tables(result, mode)
     failed = [f"- n={f['ngpus']} bs={f['bs']}: {f['reason']}" for f in result["failed"]]
@@ -501,7 +526,7 @@ def plot(result, path):
                     label=f"{n} worker(s)")
     ax.set_xlabel("batch size per worker")
     ax.set_ylabel("images/s")
-    ax.set_title(f"{result['model']} {ips_key}\n{describe(result)}", fontsize=9)
+    ax.set_title(f"{model_title(result)} {ips_key}\n{describe(result)}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -609,7 +634,7 @@ def main(argv=None):
     output.parent.mkdir(parents=True, exist_ok=True)
     keys = metric_keys(args.mode)
     # dtype, layout, data and weights are filled in from what runner resolves and what the runs report.
-    result = OrderedDict(model="", ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
+    result = OrderedDict(model="", image_shape=None, ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
                          layout=None, data_backend=None, real_data=None, data=None, kv_store=None, weights=None,
                          metric_keys=keys, timed_iters=args.benchmark_iters, warmup_iters=WARMUP_ITERS,
                          epochs=args.epochs, warmup_epochs=args.warmup, repeat=args.repeat,
@@ -669,7 +694,7 @@ def main(argv=None):
             if len(runnable) == 1:  # what runner resolved (machine defaults included) is the same for all
                 settings = run_settings(plan["command"])
                 result.update((key, settings[key]) for key in
-                              ("dtype", "layout", "data_backend", "real_data", "data", "kv_store"))
+                              ("dtype", "layout", "data_backend", "real_data", "data", "kv_store", "image_shape"))
         cells, failures, scored = {}, {}, []
         todo = [(n, bs, run) for run in range(args.repeat) for n, bs in runnable]  # interleaved rounds
         start = time.time()
@@ -715,6 +740,10 @@ def main(argv=None):
     result["weights"] = weights_used(args.mode, given.load, scored)
     if baseline is not None:
         result["speedup"] = speedup(result["metrics"], baseline, keys[0])
+        result["speedup_against"] = OrderedDict((k, baseline.get(k)) for k in ("model", "image_shape", "dtype", "mode"))
+        result["speedup_warnings"] = baseline_problems(result, baseline)
+        for problem in result["speedup_warnings"]:
+            print(f"benchmark: warning: --baseline {args.baseline}: {problem}", file=sys.stderr)
     save_json(result, output)
     print(tables(result))
     chart = plot(result, output.with_suffix(".png"))  # None, saying why, when nothing succeeded

@@ -485,7 +485,7 @@ def prepare(cfg, run, net, ctxs, dist):
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
                                         cfg.lr_steps, cfg.lr_factor, cfg.lr_power),
-        report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command))
+        report=Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command))
 
 
 def resume(state, checkpoint_state, run, net, ctxs, dist):

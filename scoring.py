@@ -198,7 +198,7 @@ def score(cfg, run, model, val_iter, ctxs, dist):
         raise ScoringError("--mode val needs validation data (--data-val)")
     net = model.net
     dist.broadcast_parameters(net)
-    report = Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
+    report = Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command)
     report.weights = os.path.abspath(model.weights) if model.weights else "fresh"
     report.info.update(model.info)
     start = time.time()

@@ -392,3 +392,23 @@ def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp
         reports.add(os.path.basename(args.report))
     assert reports == {"model-0002.float32.score.json", "model-0002.int8-naive-10.score.json",
                        "model-0002.int8-entropy-10.score.json"}
+
+
+# --- item 8: the benchmark says which network and input, and warns about a baseline of another kind ------------
+
+def test_a_baseline_of_another_network_or_mode_is_warned_about():
+    import benchmark
+    cell = {"train.total_ips": 10.0}
+    result = {"model": "resnet50_v1.5", "image_shape": "3,224,224", "mode": "train", "dtype": "bfloat16",
+              "metrics": {"1": {"16": cell}}}
+    same = {"model": "resnet50_v1.5", "image_shape": "3,224,224", "mode": "train", "dtype": "float32",
+            "metrics": {"1": {"16": {"train.total_ips": 5.0}}}}
+    assert benchmark.baseline_problems(result, same) == []  # another dtype is what a baseline is for
+    other = dict(same, model="resnet18_v1.5", image_shape="3,32,32", mode="val")
+    problems = benchmark.baseline_problems(result, other)
+    assert problems == ["the baseline's network is resnet18_v1.5, this sweep's resnet50_v1.5",
+                        "the baseline's image shape is 3,32,32, this sweep's 3,224,224",
+                        "the baseline's mode is val, this sweep's train"]
+    disjoint = dict(same, metrics={"2": {"64": {"train.total_ips": 5.0}}})
+    assert "none of this sweep's worker counts and batch sizes" in benchmark.baseline_problems(result, disjoint)[0]
+    assert benchmark.model_title(result) == "resnet50_v1.5, 3x224x224"
