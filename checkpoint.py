@@ -172,3 +172,39 @@ def state_for_params(params_path):
     if params_path.endswith(".params"):
         return read_state(params_path[:-len(".params")] + STATE_SUFFIX)
     return None
+
+
+def why_not_resumable(path):
+    """One line on why --resume ``path`` cannot continue a run: which case, what exists there, what is accepted."""
+    directory = os.path.dirname(path) or "."
+    name = os.path.basename(path)
+    if not os.path.exists(path):
+        case = "no such file"
+    elif os.path.isdir(path):
+        case = "a folder, not a checkpoint file"
+    elif re.search(r"-best\.params$|-ema\.params$", name):
+        case = "a -best or -ema copy holds weights only (no optimizer state or epoch): it can be scored or " \
+               "loaded, not resumed"
+    elif not name.endswith((".params", STATE_SUFFIX)):
+        case = f"not a .params or {STATE_SUFFIX} file"
+    else:
+        state_path = path[:-len(".params")] + STATE_SUFFIX if name.endswith(".params") else path
+        try:
+            with open(state_path) as f:
+                files = json.load(f).get("files", {})
+            missing = [n for n in files.values() if not os.path.isfile(os.path.join(directory, n))]
+            case = f"its files {', '.join(missing)} are missing" if missing else "its state file cannot be read"
+        except FileNotFoundError:
+            case = f"no {os.path.basename(state_path)} beside it (the state file is written last: the save did not " \
+                   "finish, or the file comes from another tool)"
+        except (OSError, ValueError, AttributeError):
+            case = f"{os.path.basename(state_path)} is damaged"
+    prefixes = sorted({m.group(1) for m in (re.match(r"^(.*)-\d{4}(?:-step\d{6})?" + re.escape(STATE_SUFFIX) + "$", f)
+                                            for f in (os.listdir(directory) if os.path.isdir(directory) else []))
+                       if m})
+    complete = [os.path.basename(s["paths"]["params"]) for p in prefixes
+                for s in list_complete(os.path.join(directory, p))]
+    there = f"complete checkpoints in {directory}: {', '.join(complete[-5:])}" if complete else \
+        f"no complete checkpoint in {directory}"
+    return (f"--resume {path}: {case}; {there}; give --resume auto (the latest), none (start afresh) or a "
+            f"<prefix>-NNNN.params / {STATE_SUFFIX} path")

@@ -386,8 +386,7 @@ def resume_state(resume, prefix):
     state = checkpoint.read_state(resume) if resume.endswith(checkpoint.STATE_SUFFIX) else \
         checkpoint.state_for_params(resume)
     if state is None:
-        raise TrainingError(f"--resume {resume}: not a complete checkpoint (need <prefix>-NNNN.params with "
-                            f"its .states and {checkpoint.STATE_SUFFIX} beside it)")
+        raise TrainingError(checkpoint.why_not_resumable(resume))
     return state
 
 

@@ -331,8 +331,9 @@ def check_data_root(args, given):
         needed += ["val.rec", "val.idx"]
     if not needed:
         return
-    if not args.data_root.is_dir():
-        raise UsageError(f"data root {args.data_root} does not exist; {PREPARE_HINT}")
+    problem = cli.data_root_problem(args.data_root)
+    if problem:
+        raise UsageError(problem)
     for name in needed:
         if not (args.data_root / name).is_file():
             raise UsageError(f"{args.data_root / name} is missing; {PREPARE_HINT}")

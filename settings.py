@@ -66,9 +66,9 @@ def fill_data_files(args):
     if backends.reads_records(args.data_backend) and args.mode != "pred" and \
             (args.data_root or not (args.data_train or args.data_val)):
         root = args.data_root or cli.DEFAULT_DATA_ROOT
-        if not os.path.isdir(root):
-            raise ValueError(f"data root {root} does not exist; give --data-root DIR (with train.rec/val.rec) or "
-                             f"--data-train/--data-val; {cli.PREPARE_HINT}")
+        problem = cli.data_root_problem(root)
+        if problem:
+            raise ValueError(problem)
         needed = "val" if args.mode == "val" else "train"
         for split in {"val": ["val"], "train": ["train"]}.get(args.mode, ["train", "val"]):
             rec = os.path.join(root, f"{split}.rec")

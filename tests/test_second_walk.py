@@ -412,3 +412,36 @@ def test_a_baseline_of_another_network_or_mode_is_warned_about():
     disjoint = dict(same, metrics={"2": {"64": {"train.total_ips": 5.0}}})
     assert "none of this sweep's worker counts and batch sizes" in benchmark.baseline_problems(result, disjoint)[0]
     assert benchmark.model_title(result) == "resnet50_v1.5, 3x224x224"
+
+
+# --- item 11: messages that say which case it is --------------------------------------------------------------
+
+def test_a_bad_resume_says_which_case_what_exists_and_what_is_accepted(tmp_path):
+    import checkpoint
+    from test_settings import fake_checkpoint, touch
+    fake_checkpoint(tmp_path, 2)
+    touch(tmp_path / "model-best.params")
+    touch(tmp_path / "model-0001.params")  # no state file beside it
+    accepted = "give --resume auto (the latest), none (start afresh) or a <prefix>-NNNN.params"
+    cases = {"model-0009.params": "no such file",
+             "model-best.params": "a -best or -ema copy holds weights only",
+             "model-0001.params": "no model-0001.state.json beside it"}
+    for name, case in cases.items():
+        message = checkpoint.why_not_resumable(str(tmp_path / name))
+        assert f": {case}" in message and f"complete checkpoints in {tmp_path}: model-0002.params" in message
+        assert accepted in message and "\n" not in message
+    (tmp_path / "model-0002.states").unlink()
+    message = checkpoint.why_not_resumable(str(tmp_path / "model-0002.params"))
+    assert "its files model-0002.states are missing" in message and f"no complete checkpoint in {tmp_path}" in message
+
+
+def test_a_data_root_naming_the_rec_file_says_give_its_folder(tmp_path):
+    import settings
+    rec = tmp_path / "train.rec"
+    rec.write_bytes(b"x")
+    expected = f"--data-root {rec} is a file; give the folder that holds train.rec and val.rec (--data-root {tmp_path})"
+    args = train.parse_args(["--data-root", str(rec)])
+    with pytest.raises(ValueError) as error:
+        settings.complete(args, {"data_root"}, num_gpus=0)
+    assert str(error.value).startswith(expected)
+    assert runner_refusal("--data-backend", "dali-cpu", "--data-root", str(rec)).startswith(expected)
