@@ -123,6 +123,17 @@ class Scorable:
     info: dict = dataclasses.field(default_factory=dict)
 
 
+def no_checkpoint_problem(fit_cfg, data_backend):
+    """Why scoring without a checkpoint is refused (see load_weights), or None; asked before anything is logged."""
+    if checkpoint.to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix) is not None:
+        return None
+    if fit_cfg.mode == "val" and (not backends.reads_records(data_backend) or fit_cfg.no_metrics):
+        return None
+    return (f"no checkpoint to score: give --load PATH.params or train first (nothing matches "
+            f"{workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)}-NNNN.params); "
+            "to time fresh weights, add --no-metrics")
+
+
 def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     """Load --load, else the latest checkpoint in --workspace, into ``net``; returns the path loaded, or None
     for fresh weights.
@@ -133,13 +144,12 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     """
     path = checkpoint.to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix)
     if path is None:
-        if fit_cfg.mode == "val" and (not backends.reads_records(data_backend) or fit_cfg.no_metrics):
-            if dist.is_primary:
-                log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
-            return None
-        raise ScoringError(f"no checkpoint to score: give --load PATH.params or train first (nothing matches "
-                           f"{workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)}-NNNN.params); "
-                           "to time fresh weights, add --no-metrics")
+        problem = no_checkpoint_problem(fit_cfg, data_backend)
+        if problem:
+            raise ScoringError(problem)
+        if dist.is_primary:
+            log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
+        return None
     if not os.path.isfile(path):
         raise ScoringError(f"--load {path} does not exist")
     checkpoint.load_params(net, path, ctxs)  # on every device the network was initialised on

@@ -435,6 +435,10 @@ def main(args, command=None, given=()):
         mx.random.seed(fit_cfg.seed)
         import numpy as np
         np.random.seed(fit_cfg.seed)
+    if fit_cfg.mode in ("val", "pred"):
+        problem = scoring.no_checkpoint_problem(fit_cfg, cfg.data.data_backend)
+        if problem:  # before the header line says what would be scored
+            raise UsageError(problem)
     warn_about(cfg, dist.is_primary)
     if dist.is_primary and fit_cfg.mode != "pred":
         logging.info("%s", header(cfg, dist.size, info.report_path))

@@ -445,3 +445,13 @@ def test_a_data_root_naming_the_rec_file_says_give_its_folder(tmp_path):
         settings.complete(args, {"data_root"}, num_gpus=0)
     assert str(error.value).startswith(expected)
     assert runner_refusal("--data-backend", "dali-cpu", "--data-root", str(rec)).startswith(expected)
+
+
+def test_scoring_without_a_checkpoint_is_refused_before_any_scoring_line(tmp_path, caplog):
+    files = labelled_records(tmp_path, [i % 10 for i in range(20)])
+    args = train.parse_args(["--kv-store", "local", "--mode", "val", "--data-backend", "dali-cpu", "--num-layers",
+                             "18", "--num-classes", "10", "--image-shape", "3,32,32", "--data-val", files["val"][0],
+                             "--workspace", str(tmp_path / "empty")])
+    with caplog.at_level("INFO"), pytest.raises(cli.UsageError, match="no checkpoint to score: give --load"):
+        train.main(args)
+    assert "Scoring" not in caplog.text
