@@ -509,6 +509,21 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
     if dist.is_primary:
         log.info("Resuming from %s: %s", checkpoint_state["state_path"], f"after epoch {state.epoch}"
                  if not state.step else f"epoch {state.epoch + 1}, step {state.step}")
+        changes = changed_on_resume(checkpoint_state.get("args") or {}, run.record.get("args") or {})
+        if changes:
+            log.info("Note: this run continues the checkpoint with other settings: %s", changes)
+
+
+RESUME_SETTINGS = ("batch_size", "image_shape", "num_epochs", "lr", "lr_schedule", "dtype")
+
+
+def changed_on_resume(saved, now):
+    """'--batch-size 64 (was 32), ...' for the settings that shape training and differ from the checkpoint's run."""
+    def show(value):
+        return ",".join(str(v) for v in value) if isinstance(value, list) else f"{value:g}" \
+            if isinstance(value, float) else str(value)
+    return ", ".join(f"--{key.replace('_', '-')} {show(now[key])} (was {show(saved[key])})" for key in RESUME_SETTINGS
+                     if key in saved and key in now and show(saved[key]) != show(now[key]))
 
 
 def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, partials=None, best=False):

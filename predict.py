@@ -93,6 +93,10 @@ def predict(net, image, ctx, dtype, names=None, top=5):
     probs = net(batch).astype("float32").softmax()[0].asnumpy()
     if names is None:
         log.info("No class names (--class-names, or a .lst beside --data-train): printing class indices")
+    elif len(names) != len(probs):
+        log.warning("%d class names (--class-names, or the .lst beside --data-train) for a network of %d classes: "
+                    "the names may not be the classes'; give one name per class, in label order", len(names),
+                    len(probs))
     result = []
     for rank, index in enumerate(np.argsort(-probs)[:top], 1):
         name = names[index] if names and index < len(names) else str(index)

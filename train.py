@@ -217,6 +217,13 @@ def warn_about(cfg, primary):
         return
     if warning:
         logging.warning(warning)
+    if fit_cfg.mode in ("train", "train_val") and backends.reads_records(cfg.data.data_backend) and \
+            cfg.data.data_train:
+        records = len(data.open_record_files(cfg.data)["train"])
+        if fit_cfg.batch_size > records:
+            logging.warning("--batch-size %d (global) is larger than the %d training records: every step repeats "
+                            "records to fill the batch; use --batch-size %d or less", fit_cfg.batch_size, records,
+                            records)
     if fit_cfg.mode in ("train", "train_val") and fit_cfg.warmup_epochs and \
             fit_cfg.warmup_epochs >= fit_cfg.num_epochs:
         logging.warning("--warmup-epochs %g is not shorter than --num-epochs %d: the LR never reaches its peak "

@@ -455,3 +455,29 @@ def test_scoring_without_a_checkpoint_is_refused_before_any_scoring_line(tmp_pat
     with caplog.at_level("INFO"), pytest.raises(cli.UsageError, match="no checkpoint to score: give --load"):
         train.main(args)
     assert "Scoring" not in caplog.text
+
+
+def test_a_batch_larger_than_the_data_and_class_names_of_the_wrong_length_are_warned_about(tmp_path, caplog):
+    import mxnet as mx
+    import predict
+    files = labelled_records(tmp_path, [i % 10 for i in range(20)])
+    with caplog.at_level("WARNING"):
+        train.warn_about(record_config(files, "dali-cpu", 10).replace(fit__batch_size=32), primary=True)
+    assert "--batch-size 32 (global) is larger than the 20 training records" in caplog.text
+    caplog.clear()
+    net = mx.gluon.nn.Dense(4)
+    net.initialize()
+    with caplog.at_level("WARNING"):
+        predict.predict(net, np.ones((1, 3), "float32"), mx.cpu(), "float32", names=["a", "b", "c", "d"])
+        assert "class names" not in caplog.text
+        predict.predict(net, np.ones((1, 3), "float32"), mx.cpu(), "float32", names=["a", "b", "c"])
+    assert "3 class names (--class-names, or the .lst beside --data-train) for a network of 4 classes" in caplog.text
+
+
+def test_resuming_with_other_settings_is_noted():
+    import fit
+    saved = {"batch_size": 32, "image_shape": [3, 32, 32], "num_epochs": 16, "lr": 0.4, "dtype": "float32"}
+    assert fit.changed_on_resume(saved, dict(saved)) == ""
+    now = dict(saved, batch_size=64, image_shape=[3, 64, 64], num_epochs=30)
+    assert fit.changed_on_resume(saved, now) == \
+        "--batch-size 64 (was 32), --image-shape 3,64,64 (was 3,32,32), --num-epochs 30 (was 16)"
