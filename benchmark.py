@@ -33,6 +33,7 @@ from pathlib import Path
 
 import backends
 import cli
+from helptext import HelpFormatter
 import launch
 import rules
 from report import write_json
@@ -72,7 +73,10 @@ def int_list(text):
 
 def get_args_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter,
+                                     epilog="Every other flag goes to runner for each configuration (--dtype, "
+                                            "--data-root, --data-backend, --num-layers, --image-shape, ... : see "
+                                            "./runner --help and python train.py --help).")
     parser.add_argument("--executable", default=str(HERE / "runner"), help="the launcher to sweep")
     parser.add_argument("-o", "--output", default="benchmark.json", help="JSON result (the chart goes beside it)")
     parser.add_argument("-n", "--ngpus", type=int_list, default=[1], help="worker counts, e.g. 1,4,8")

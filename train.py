@@ -189,7 +189,9 @@ def header(cfg, size, report_path):
     fit_cfg, data_cfg = cfg.fit, cfg.data
     model = f"{cfg.model.name} ({cfg.model.num_classes} classes, " \
             f"{'x'.join(str(v) for v in data_cfg.image_shape)})"
-    machine = f"{size} worker(s), batch {fit_cfg.batch_size}, {fit_cfg.dtype}, {data_cfg.data_backend}"
+    per_worker = f" ({fit_cfg.batch_size // size} per worker)" if size > 1 else ""
+    machine = f"{size} worker(s), global batch {fit_cfg.batch_size}{per_worker}, {fit_cfg.dtype}, " \
+              f"{data_cfg.data_backend}"
     if fit_cfg.mode == "val":
         return (f"Scoring {fit_cfg.load or 'freshly initialised weights'}: {model}, resize {data_cfg.data_val_resize}, "
                 f"{machine}; data {data_cfg.data_val or 'synthetic'}; "

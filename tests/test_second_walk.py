@@ -481,3 +481,28 @@ def test_resuming_with_other_settings_is_noted():
     now = dict(saved, batch_size=64, image_shape=[3, 64, 64], num_epochs=30)
     assert fit.changed_on_resume(saved, now) == \
         "--batch-size 64 (was 32), --image-shape 3,64,64 (was 3,32,32), --num-epochs 30 (was 16)"
+
+
+# --- item 12: smaller ones ---------------------------------------------------------------------------------
+
+def test_report_py_says_a_benchmark_json_is_not_a_run_report_and_which_iterations_its_speed_covers(tmp_path,
+                                                                                                  monkeypatch, capsys):
+    import json
+    import report
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"model": "resnet18_v1.5", "ngpus": [1], "bs": [8], "metric_keys": ["x"],
+                                 "metrics": {}}))
+    monkeypatch.setattr("sys.argv", ["report.py", str(sweep)])
+    with pytest.raises(SystemExit) as end:
+        report.main()
+    assert "is a benchmark.py result (a sweep), not a run's report" in str(end.value)
+    run = report.Report("resnet18_v1.5", 1, ["train.py"])
+    run.add_epoch("train", durations=[0.1] * 23, batch_size=8, loss=1.0)
+    assert "the last epoch's 3 timed iteration(s): its first 20 are left out" in run.summary()
+
+
+def test_the_first_line_says_global_batch_and_per_worker():
+    cfg = config.RunConfig().replace(fit__batch_size=64, fit__num_epochs=2, fit__lr=0.1, fit__workspace="ws",
+                                     data__data_backend="synthetic", fit__dtype="float32")
+    assert "2 worker(s), global batch 64 (32 per worker), float32" in train.header(cfg, 2, "report.json")
+    assert "1 worker(s), global batch 64, float32" in train.header(cfg, 1, "report.json")
