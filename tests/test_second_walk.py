@@ -506,3 +506,26 @@ def test_the_first_line_says_global_batch_and_per_worker():
                                      data__data_backend="synthetic", fit__dtype="float32")
     assert "2 worker(s), global batch 64 (32 per worker), float32" in train.header(cfg, 2, "report.json")
     assert "1 worker(s), global batch 64, float32" in train.header(cfg, 1, "report.json")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["check_dataset.py", "plot_report.py"])
+def test_the_tools_hand_over_to_the_kits_python_as_runner_does(tmp_path, tool):
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT
+    bare = shutil.which("python3") or pytest.skip("no system python3")
+    if tool == "check_dataset.py":
+        files = labelled_records(tmp_path, [i % 10 for i in range(20)])
+        argv = [files["train"][0], "--num-classes", "10", "--jobs", "1"]
+    else:
+        report = tmp_path / "report.json"
+        report.write_text(json.dumps({"metrics": {"train.loss": [2.0, 1.0], "val.top1": [0.5, 0.7]}}))
+        argv = [str(report)]
+    env = {"PATH": os.environ["PATH"], "RN50_PYTHON": sys.executable, "HOME": os.environ.get("HOME", "/tmp")}
+    # -S: a Python without the kit's packages (no site-packages at all)
+    result = subprocess.run([bare, "-S", os.path.join(ROOT, "tools", tool), *argv], env=env, capture_output=True,
+                            text=True, timeout=HANG_S)
+    assert result.returncode == 0 and "ModuleNotFoundError" not in result.stderr, result.stderr[-2000:]
