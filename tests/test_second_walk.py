@@ -529,3 +529,23 @@ def test_the_tools_hand_over_to_the_kits_python_as_runner_does(tmp_path, tool):
     result = subprocess.run([bare, "-S", os.path.join(ROOT, "tools", tool), *argv], env=env, capture_output=True,
                             text=True, timeout=HANG_S)
     assert result.returncode == 0 and "ModuleNotFoundError" not in result.stderr, result.stderr[-2000:]
+
+
+def test_export_onnx_exports_model_best(tmp_path):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import shutil
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import export_onnx
+    import models
+    net = built(18, 32)
+    import mxnet as mx
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    prefix = str(tmp_path / "model")
+    models.export(net, prefix, 1)
+    shutil.copyfile(f"{prefix}-0001.params", f"{prefix}-best.params")
+    onnx_file = export_onnx.export_onnx(prefix, "best", (3, 32, 32))
+    assert onnx_file == f"{prefix}-best.onnx"
+    assert export_onnx.compare_with_onnxruntime(prefix, "best", onnx_file, (3, 32, 32)) < 1e-4
