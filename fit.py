@@ -680,7 +680,7 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes):
     json_log.write("params", **run.record, resumed_from=resumed and resumed["state_path"])
     end_epoch = cfg.num_epochs if cfg.run_epochs < 0 else min(cfg.num_epochs, state.epoch + cfg.run_epochs)
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
-                progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch,
+                progress=Progress(dist.is_primary, cfg.disp_batches, num_epochs=cfg.num_epochs), json_log=json_log, end_epoch=end_epoch,
                 num_classes=num_classes)
     if state.epoch >= end_epoch and dist.is_primary:
         log.info("All %d epochs are done already; --num-epochs N continues, --resume none starts afresh",

@@ -549,3 +549,11 @@ def test_export_onnx_exports_model_best(tmp_path):
     onnx_file = export_onnx.export_onnx(prefix, "best", (3, 32, 32))
     assert onnx_file == f"{prefix}-best.onnx"
     assert export_onnx.compare_with_onnxruntime(prefix, "best", onnx_file, (3, 32, 32)) < 1e-4
+
+
+def test_the_progress_line_says_which_epoch_of_how_many_and_that_its_eta_is_the_runs(caplog):
+    import io
+    from progress import Progress
+    with caplog.at_level("INFO", logger="rn50"):
+        Progress(True, 1, stream=io.StringIO(), num_epochs=16).update(8, 3, 10, 12.5, 1.25, 0.1, 3725)
+    assert "Epoch[8/16] Batch[3/10] 12.5 img/s loss 1.2500 lr 0.10000 run ETA 1:02:05" in caplog.text
