@@ -557,3 +557,15 @@ def test_the_progress_line_says_which_epoch_of_how_many_and_that_its_eta_is_the_
     with caplog.at_level("INFO", logger="rn50"):
         Progress(True, 1, stream=io.StringIO(), num_epochs=16).update(8, 3, 10, 12.5, 1.25, 0.1, 3725)
     assert "Epoch[8/16] Batch[3/10] 12.5 img/s loss 1.2500 lr 0.10000 run ETA 1:02:05" in caplog.text
+
+
+def test_the_int8_calibration_line_agrees_with_itself_and_shows_a_date(tmp_path):
+    import quantize
+    rec = tmp_path / "train.rec"
+    rec.write_bytes(b"x" * 10)
+    source = quantize.calibration_source("dali-cpu", str(rec))
+    assert " UTC)" in source and "modified 20" in source
+    calibration = dict(quantize.describe_calibration("naive", 10, 64, source), records=160, graph="g")
+    line = quantize.summary(calibration)
+    assert "on 160 training records (fewer than the 10 batches of 64 asked for: the data has 160)" in line
+    assert "on 640 training records (10 batches of 64)" in quantize.summary(dict(calibration, records=640))
