@@ -377,6 +377,9 @@ def check_memory(cfg, net, ctxs, dist):
         if fit_cfg.memory_check == "refuse":
             raise UsageError(problem)
         logging.warning("%s", problem.replace(" (--memory-check warn to try anyway)", ""))
+    if refused and dist.is_primary:
+        raise UsageError("another worker's machine has too little memory for this batch (its estimate: see "
+                         "memory.py); lower --batch-size, or --memory-check warn to try anyway")
     if refused:
         sys.exit(2)  # rank 0 says why
 
