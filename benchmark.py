@@ -34,6 +34,7 @@ from pathlib import Path
 import backends
 import cli
 import devices
+from helptext import HelpFormatter
 import launch
 import rules
 from report import write_json
@@ -73,7 +74,10 @@ def int_list(text):
 
 def get_args_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter,
+                                     epilog="Every other flag goes to runner for each configuration (--dtype, "
+                                            "--data-root, --data-backend, --num-layers, --image-shape, ... : see "
+                                            "./runner --help and python train.py --help).")
     parser.add_argument("--executable", default=str(HERE / "runner"), help="the launcher to sweep")
     parser.add_argument("-o", "--output", default="benchmark.json", help="JSON result (the chart goes beside it)")
     parser.add_argument("-n", "--ngpus", type=int_list, default=[1], help="worker counts, e.g. 1,4,8")
@@ -92,7 +96,8 @@ def get_args_parser():
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
     parser.add_argument("--baseline", default=None,
                         help="an earlier benchmark JSON (e.g. float32) to compute the speed-up against")
-    parser.add_argument("--dry-run", action="store_true", help="print the runner commands, run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print the runner commands, run nothing (configurations runner refuses are named; "
+                             "status 1 when none would run)")
     return parser
 
 
@@ -192,7 +197,7 @@ def run_settings(train_command):
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag, default in (("--dtype", "float32"), ("--data-backend", "dali-gpu"), ("--input-layout", "NCHW"),
                           ("--conv-layout", "NCHW"), ("--data-train", None), ("--data-val", None),
-                          ("--load", None), ("--kv-store", "horovod")):
+                          ("--load", None), ("--kv-store", "horovod"), ("--image-shape", "3,224,224")):
         parser.add_argument(flag, default=default)
     found = parser.parse_known_args(train_command.split())[0]
     # a float16 run (GPUs) gets train.py's NHWC defaults where no layout flag is typed (devices.py)
@@ -205,7 +210,7 @@ def run_settings(train_command):
                        real_data=backends.reads_records(found.data_backend),
                        data=None if not backends.reads_records(found.data_backend) else
                        OrderedDict((k, v) for k, v in (("train", found.data_train), ("val", found.data_val)) if v),
-                       kv_store=found.kv_store, load=found.load)
+                       kv_store=found.kv_store, load=found.load, image_shape=found.image_shape)
 
 
 def last_error(lines):
@@ -238,10 +243,12 @@ def run_one(command, timeout):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # its own process group: a timeout ends all workers
     tail = deque(maxlen=400)
+    interrupted = threading.Event()  # after a Ctrl-C the run's own farewell ("rerun to resume") is not shown
 
     def pump():
         for line in process.stdout:
-            sys.stderr.write(line)
+            if not interrupted.is_set():
+                sys.stderr.write(line)
             tail.append(line)
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -253,7 +260,9 @@ def run_one(command, timeout):
         reader.join(timeout=5)
         return f"timed out after {timeout:g} s"
     except BaseException:  # Ctrl-C or SIGTERM: the run's own session would not get the signal and outlive us
+        interrupted.set()
         end_process_group(process)
+        reader.join(timeout=5)
         raise
     reader.join(timeout=5)
     if code != 0:
@@ -388,6 +397,21 @@ def speedup(metrics, baseline, ips_key):
     return result
 
 
+def baseline_problems(result, baseline):
+    """Why a speed-up against ``baseline`` may compare other things than precision: another network, image shape
+    or mode (another dtype is the usual purpose, and named in the table's title), or no configuration in common."""
+    problems = []
+    for key, what in (("model", "network"), ("image_shape", "image shape"), ("mode", "mode")):
+        ours, theirs = result.get(key), baseline.get(key)
+        if ours and theirs and str(ours) != str(theirs):
+            problems.append(f"the baseline's {what} is {theirs}, this sweep's {ours}")
+    common = [(n, bs) for n, row in result["metrics"].items() for bs in row
+              if bs in baseline.get("metrics", {}).get(n, {})]
+    if not common:
+        problems.append("the baseline has none of this sweep's worker counts and batch sizes: no speed-up to show")
+    return problems
+
+
 def markdown_table(title, rows, columns, values, row_name, fmt):
     """Numbers are formatted with ``fmt``; strings are taken as they are; anything else is '-'."""
     lines = [f"### {title}", "", f"| {row_name} | " + " | ".join(str(c) for c in columns) + " |",
@@ -410,6 +434,12 @@ def with_spread(cell, key, fmt, scale=1.0):
     if spread:
         text += f" ({fmt(spread[0] * scale)}-{fmt(spread[1] * scale)})"
     return text
+
+
+def model_title(result):
+    """The network and its input, e.g. 'resnet50_v1.5, 3x224x224'."""
+    shape = result.get("image_shape")
+    return (result.get("model") or "model") + (f", {shape.replace(',', 'x')}" if shape else "")
 
 
 def describe(result):
@@ -445,7 +475,7 @@ def tables(result):
     ngpus, bss, ips_key = result["ngpus"], result["bs"], result["metric_keys"][0]
     metrics = result["metrics"]
     dtype = result.get("dtype") or "default dtype"
-    out = [f"{result.get('model') or 'model'}: {describe(result)}\n"]
+    out = [f"{model_title(result)}: {describe(result)}\n"]
     modes = [key.split(".")[0] for key in result["metric_keys"] if key.endswith("total_ips")]
     for mode in modes:  # train_val: training first, then validation
         ips = {n: {bs: with_spread(cell, f"{mode}.total_ips", lambda v: f"{v:.1f}") for bs, cell in row.items()}
@@ -456,8 +486,12 @@ def tables(result):
         out.append(markdown_table(f"Weak scaling of {ips_key}: ips(n) / ips(1)", ngpus, bss,
                                   result["weak_scaling"], "workers", lambda v: f"{v:.2f}"))
     if result.get("speedup"):
-        out.append(markdown_table(f"Speed-up of {dtype} over the baseline ({ips_key})", ngpus, bss,
-                                  result["speedup"], "workers", lambda v: f"{v:.2f}"))
+        against = result.get("speedup_against") or {}
+        base = ", ".join(str(against[k]) for k in ("model", "image_shape", "dtype", "mode") if against.get(k))
+        out.append(markdown_table(f"Speed-up of {dtype} over the baseline{f' ({base})' if base else ''} "
+                                  f"({ips_key})", ngpus, bss, result["speedup"], "workers", lambda v: f"{v:.2f}"))
+    for problem in result.get("speedup_warnings") or ():
+        out.append(f"Warning about the baseline: {problem}\n")
     for mode in modes:
         out += latency_tables(result, mode)
     failed = [f"- n={f['ngpus']} bs={f['bs']}: {f['reason']}" for f in result["failed"]]
@@ -502,7 +536,7 @@ def plot(result, path):
                     label=f"{n} worker(s)")
     ax.set_xlabel("batch size per worker")
     ax.set_ylabel("images/s")
-    ax.set_title(f"{result['model']} {ips_key}\n{describe(result)}", fontsize=9)
+    ax.set_title(f"{model_title(result)} {ips_key}\n{describe(result)}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -579,8 +613,20 @@ def check_args(args, given):
                   f"iterations an epoch needs (e.g. n={n} bs={bs}); leave it out or raise it")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, or a SIGTERM (``signum``): the sweep ends, the finished runs' results kept."""
+
+    def __init__(self, signum=signal.SIGINT):
+        super().__init__(signum)
+        self.status = 128 + signum
+
+
+def raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
 def main(argv=None):
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up as for Ctrl-C
+    signal.signal(signal.SIGTERM, raise_interrupted)  # clean up as for Ctrl-C
     args, passthrough = get_args_parser().parse_known_args(argv)
     if args.only_inference:
         args.mode = "val"
@@ -598,7 +644,7 @@ def main(argv=None):
     output.parent.mkdir(parents=True, exist_ok=True)
     keys = metric_keys(args.mode)
     # dtype, layout, data and weights are filled in from what runner resolves and what the runs report.
-    result = OrderedDict(model="", ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
+    result = OrderedDict(model="", image_shape=None, ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
                          layout=None, data_backend=None, real_data=None, data=None, kv_store=None, weights=None,
                          metric_keys=keys, timed_iters=args.benchmark_iters, warmup_iters=WARMUP_ITERS,
                          epochs=args.epochs, warmup_epochs=args.warmup, repeat=args.repeat,
@@ -627,10 +673,17 @@ def main(argv=None):
                 report = report_name(output, n, bs, run, args.repeat)
                 commands[n, bs, run] = (runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}",
                                                        passthrough, flags), report)
-        if args.dry_run:
-            for command, _ in commands.values():
-                print(shlex.join(command))
-            return 0
+        if args.dry_run:  # what the sweep would run, and what it would skip (runner's own checks, as the run)
+            runnable = 0
+            for n, bs in configs:
+                reason, _ = check_upfront(commands[n, bs, 0][0])
+                if reason:
+                    print(f"benchmark: would skip n={n} bs={bs}: {reason}", file=sys.stderr)
+                    continue
+                runnable += 1
+                for run in range(args.repeat):
+                    print(shlex.join(commands[n, bs, run][0]))
+            return 0 if runnable else 1
 
         def record_failure(n, bs, reason):
             result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = {"failed": reason}
@@ -651,7 +704,7 @@ def main(argv=None):
             if len(runnable) == 1:  # what runner resolved (machine defaults included) is the same for all
                 settings = run_settings(plan["command"])
                 result.update((key, settings[key]) for key in
-                              ("dtype", "layout", "data_backend", "real_data", "data", "kv_store"))
+                              ("dtype", "layout", "data_backend", "real_data", "data", "kv_store", "image_shape"))
         cells, failures, scored = {}, {}, []
         todo = [(n, bs, run) for run in range(args.repeat) for n, bs in runnable]  # interleaved rounds
         start = time.time()
@@ -661,7 +714,14 @@ def main(argv=None):
             which = f" run {run + 1}/{args.repeat}" if args.repeat > 1 else ""
             print(f"benchmark: [{done + 1}/{len(todo)}] n={n} bs={bs}{which}{eta}", file=sys.stderr, flush=True)
             command, report_path = commands[n, bs, run]
-            reason = run_one(command, args.timeout)
+            try:
+                reason = run_one(command, args.timeout)
+            except KeyboardInterrupt as stop:  # the interrupted run's report (a partial epoch) is not a result
+                report_path.unlink(missing_ok=True)
+                finished = sum(len(c) for c in cells.values())
+                kept = f"; the {finished} finished run(s) are in {output}" if finished else ""
+                print(f"benchmark: interrupted during n={n} bs={bs}{which}{kept}", file=sys.stderr, flush=True)
+                return getattr(stop, "status", 130)
             if reason is None:
                 try:
                     cell, weights, model = read_run(report_path, keys, args)
@@ -690,6 +750,10 @@ def main(argv=None):
     result["weights"] = weights_used(args.mode, given.load, scored)
     if baseline is not None:
         result["speedup"] = speedup(result["metrics"], baseline, keys[0])
+        result["speedup_against"] = OrderedDict((k, baseline.get(k)) for k in ("model", "image_shape", "dtype", "mode"))
+        result["speedup_warnings"] = baseline_problems(result, baseline)
+        for problem in result["speedup_warnings"]:
+            print(f"benchmark: warning: --baseline {args.baseline}: {problem}", file=sys.stderr)
     save_json(result, output)
     print(tables(result))
     chart = plot(result, output.with_suffix(".png"))  # None, saying why, when nothing succeeded
@@ -699,4 +763,8 @@ def main(argv=None):
 
 if __name__ == "__main__":
     reexec_in_venv()
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as interrupt:  # before or between the runs: nothing of a run to clean up
+        print("benchmark: interrupted", file=sys.stderr)
+        sys.exit(getattr(interrupt, "status", 130))

@@ -5,7 +5,8 @@ For each checkpoint, with tag NNNN (epochs completed) or NNNN-stepSSSSSS (stoppe
   <prefix>-<tag>.states                         optimizer state (momentum, fp32 master weights)
   <prefix>-<tag>-ema.params                     EMA weights, when --ema-decay is set
   <prefix>-<tag>.state.json                     epoch, step, loss scale, best top-1, metric history, seeds
-  <prefix>-best.params                          the parameters with the best validation top-1
+  <prefix>-best.params                          the parameters with the best validation top-1: the weights
+                                                that were scored (the EMA weights with --ema-decay)
 Every file goes to a temporary name, is flushed to disk, then renamed. The state file is written last and
 names the others, so a checkpoint counts as complete only when its state file exists: a run killed at any
 moment leaves either a complete checkpoint or none under the final names (plus stray .tmp files).
@@ -65,7 +66,9 @@ def tag_for(epoch, step=0):
 
 
 def save(prefix, net, trainer, state, ema=None, best=False):
-    """Write one checkpoint (rank 0 only); ``state`` is a JSON-able dict with at least epoch and step."""
+    """Write one checkpoint (rank 0 only); ``state`` is a JSON-able dict with at least epoch and step. ``best``:
+    True copies the parameters to <prefix>-best.params; a function is called with an ``export()`` that writes
+    the network's current weights there (the caller puts the scored weights in place around it)."""
     directory, name = os.path.split(prefix)
     tag = tag_for(state["epoch"], state["step"])
     tmp_prefix = os.path.join(directory, f".tmp-{name}")
@@ -79,15 +82,24 @@ def save(prefix, net, trainer, state, ema=None, best=False):
         mx.nd.save(f"{tmp_prefix}-ema.params", ema)
         _commit(f"{tmp_prefix}-ema.params", f"{prefix}-{tag}-ema.params")
         files["ema"] = f"{name}-{tag}-ema.params"
-    if best:
+    if best is True:
         shutil.copyfile(f"{prefix}-{tag}.params", f"{tmp_prefix}-best.params")
         _commit(f"{tmp_prefix}-best.params", f"{prefix}-best.params")
+    elif best:  # the weights that were scored are not the live ones (EMA): best(export) writes them
+        best(lambda: _export_as(net, tmp_prefix, f"{prefix}-best.params"))
     state = dict(state, files=files)
     with open(f"{tmp_prefix}{STATE_SUFFIX}", "w") as f:
         json.dump(state, f, indent=1)
     _commit(f"{tmp_prefix}{STATE_SUFFIX}", f"{prefix}-{tag}{STATE_SUFFIX}")
     _fsync_dir(directory)
     return f"{prefix}-{tag}.params"
+
+
+def _export_as(net, tmp_prefix, final):
+    """``net``'s current weights, exported (arg:/aux: names) to ``final`` atomically."""
+    net.export(f"{tmp_prefix}-best", epoch=0)
+    os.remove(f"{tmp_prefix}-best-symbol.json")
+    _commit(f"{tmp_prefix}-best-0000.params", final)
 
 
 def read_state(path):
@@ -160,3 +172,39 @@ def state_for_params(params_path):
     if params_path.endswith(".params"):
         return read_state(params_path[:-len(".params")] + STATE_SUFFIX)
     return None
+
+
+def why_not_resumable(path):
+    """One line on why --resume ``path`` cannot continue a run: which case, what exists there, what is accepted."""
+    directory = os.path.dirname(path) or "."
+    name = os.path.basename(path)
+    if not os.path.exists(path):
+        case = "no such file"
+    elif os.path.isdir(path):
+        case = "a folder, not a checkpoint file"
+    elif re.search(r"-best\.params$|-ema\.params$", name):
+        case = "a -best or -ema copy holds weights only (no optimizer state or epoch): it can be scored or " \
+               "loaded, not resumed"
+    elif not name.endswith((".params", STATE_SUFFIX)):
+        case = f"not a .params or {STATE_SUFFIX} file"
+    else:
+        state_path = path[:-len(".params")] + STATE_SUFFIX if name.endswith(".params") else path
+        try:
+            with open(state_path) as f:
+                files = json.load(f).get("files", {})
+            missing = [n for n in files.values() if not os.path.isfile(os.path.join(directory, n))]
+            case = f"its files {', '.join(missing)} are missing" if missing else "its state file cannot be read"
+        except FileNotFoundError:
+            case = f"no {os.path.basename(state_path)} beside it (the state file is written last: the save did not " \
+                   "finish, or the file comes from another tool)"
+        except (OSError, ValueError, AttributeError):
+            case = f"{os.path.basename(state_path)} is damaged"
+    prefixes = sorted({m.group(1) for m in (re.match(r"^(.*)-\d{4}(?:-step\d{6})?" + re.escape(STATE_SUFFIX) + "$", f)
+                                            for f in (os.listdir(directory) if os.path.isdir(directory) else []))
+                       if m})
+    complete = [os.path.basename(s["paths"]["params"]) for p in prefixes
+                for s in list_complete(os.path.join(directory, p))]
+    there = f"complete checkpoints in {directory}: {', '.join(complete[-5:])}" if complete else \
+        f"no complete checkpoint in {directory}"
+    return (f"--resume {path}: {case}; {there}; give --resume auto (the latest), none (start afresh) or a "
+            f"<prefix>-NNNN.params / {STATE_SUFFIX} path")

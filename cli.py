@@ -16,6 +16,19 @@ KV_STORES = ["horovod", "device", "local"]
 DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"
 PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
                 "or run `make demo` to build the demo set")
+def data_root_problem(root):
+    """Why ``root`` cannot be a --data-root (a folder with train.rec/val.rec), or None; runner and train.py alike."""
+    root = str(root)
+    if os.path.isfile(root):
+        folder = os.path.dirname(os.path.abspath(root))
+        return (f"--data-root {root} is a file; give the folder that holds train.rec and val.rec (--data-root "
+                f"{folder}), or name the files with --data-train/--data-val")
+    if not os.path.isdir(root):
+        return (f"data root {root} does not exist; give --data-root DIR (with train.rec/val.rec) or "
+                f"--data-train/--data-val; {PREPARE_HINT}")
+    return None
+
+
 PYTHON_VARIABLE = "RN50_PYTHON"  # the Python runner and benchmark.py run under, when set
 
 

@@ -629,6 +629,18 @@ def open_record_files(cfg):
     return files
 
 
+def record_labels(cfg):
+    """The distinct class labels of a DataConfig's record files, read from the record headers by the index
+    check (cached: the pipelines reuse the opened files); empty for a backend that makes its own data."""
+    if not backends.reads_records(cfg.data_backend):
+        return set()
+    labels = set()
+    for records_file in open_record_files(cfg).values():
+        values = records_file.labels[np.isfinite(records_file.labels)]  # NaN: extra labels, not a class
+        labels.update(np.unique(values).astype(np.int64).tolist())
+    return labels
+
+
 def check_mxnet_shards(train_records, num_workers):
     """ImageRecordIter gives each worker a contiguous part of the file (dmlc-core's IndexedRecordIOSplitter,
     shuffled within the part only): on a file stored in label order each worker would see a few classes and

@@ -48,7 +48,7 @@ class FitConfig:
     gpus: str = None
     cpu_contexts: int = 1
     dtype: str = None  # settings.machine_defaults: float16 with a GPU, float32 without
-    batch_size: int = 192
+    batch_size: int = 192  # with a GPU; without one settings.CPU_BATCH_SIZE when not given
     grad_accum_steps: int = 1
     num_epochs: int = None
     run_epochs: int = -1
@@ -73,6 +73,7 @@ class FitConfig:
     loss: str = "ce"
     bce_target_thresh: float = 0.0
     ema_decay: float = 0.0
+    memory_check: str = "refuse"
     loss_scale: str = None
     max_bad_steps: int = 50
     horovod_num_groups: int = 0
@@ -114,8 +115,8 @@ def add_fit_args(parser):
                             "weights and loss scaling; bfloat16: CPU; int8: scoring on the CPU, the checkpoint "
                             "quantized by oneDNN, see --calib-mode)")
     group.add_argument("--batch-size", type=int,
-                       help="global batch size of one forward/backward pass (all workers); the optimizer's batch "
-                            "is this x --grad-accum-steps")
+                       help="global batch size of one forward/backward pass (all workers; without a GPU the "
+                            "default is 32); the optimizer's batch is this x --grad-accum-steps")
     group.add_argument("--grad-accum-steps", type=int,
                        help="gradient accumulation (timm's name): sum the gradients of K batches locally, allreduce "
                             "and update once, for an effective global batch of K x --batch-size; the LR, its "
@@ -167,6 +168,10 @@ def add_fit_args(parser):
     group.add_argument("--ema-decay", type=float,
                        help="keep an exponential moving average of the weights (e.g. 0.9999); 0 = off. "
                             "Validation uses the EMA weights; they are saved beside each checkpoint")
+    group.add_argument("--memory-check", choices=["refuse", "warn", "off"],
+                       help="before training, estimate the memory the batch needs per device (activations by "
+                            "layer, batch, dtype) against the machine's: refuse (naming a batch that fits), warn, "
+                            "or off")
     group.add_argument("--loss-scale",
                        help="'dynamic' or a fixed number (default: dynamic for float16, 1 otherwise)")
     group.add_argument("--max-bad-steps", type=int,
@@ -194,7 +199,8 @@ def add_fit_args(parser):
                             "model, classes, image shape, resize and normalisation come from its saved state")
     group.add_argument("--report",
                        help="JSON report (relative: inside --workspace; default report.json, and for --mode val "
-                            "<checkpoint>.score.json beside the checkpoint scored)")
+                            "<checkpoint>.<dtype>.score.json beside the checkpoint scored, e.g. model-0016.float32.score.json; "
+                            "int8: model-0016.int8-naive-10.score.json)")
     group.add_argument("--json-log",
                        help="JSON-lines log (relative: inside --workspace); empty to disable")
     group.add_argument("--eval-every", type=int,
@@ -216,6 +222,8 @@ def check(cfg):
     """Raise ValueError for inconsistent hyper-parameters of a FitConfig."""
     if cfg.num_epochs <= 0:
         raise ValueError(f"--num-epochs must be positive, got {cfg.num_epochs}")
+    if cfg.lr is not None and not cfg.lr >= 0:  # NaN too
+        raise ValueError(f"--lr must not be negative, got {cfg.lr:g}")
     if cfg.lr_schedule == "step":
         late = [s for s in cfg.lr_steps if s >= cfg.num_epochs]
         if late:
@@ -361,18 +369,29 @@ def mean_loss(losses):
 
 
 _early_stop_signals = []  # stop signals that came before the loop's StopFlag existed (start-up)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C on a terminal
+stop_signals_received = []  # every stop signal of this process, in order (train.py's exit status: 130 for SIGINT)
+
+
+def _note_stop(signum, queue):
+    """A stop request; a second Ctrl-C does not wait for the step boundary (KeyboardInterrupt, as by default)."""
+    if signum == signal.SIGINT and signal.SIGINT in stop_signals_received:
+        raise KeyboardInterrupt
+    stop_signals_received.append(signum)
+    queue.append(signum)
 
 
 def catch_stop_signals(pending=()):
-    """From now on a SIGTERM/SIGUSR1 is not fatal: it asks the loop (once it runs) to save and stop. ``pending``:
-    such signals kept before this call."""
+    """From now on a SIGTERM/SIGUSR1/SIGINT is not fatal: it asks the loop (once it runs) to save and stop.
+    ``pending``: such signals kept before this call."""
     _early_stop_signals.extend(pending)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: _early_stop_signals.append(signum))
+    stop_signals_received.extend(pending)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: _note_stop(signum, _early_stop_signals))
 
 
 class StopFlag:
-    """SIGTERM/SIGUSR1 ask for a checkpoint at the next step boundary.
+    """SIGTERM/SIGUSR1/SIGINT ask for a checkpoint at the next step boundary (a second SIGINT: at once, unsaved).
 
     ``vote`` is the one small allreduce per step: it tells whether every rank's loss is finite, and carries
     the stop request along, so all ranks stop at the same step.
@@ -383,10 +402,11 @@ class StopFlag:
         self.requested = bool(_early_stop_signals)
         self.agreed = False
         self.votes = 0
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame):
+        _note_stop(signum, [])
         self.requested = True
 
     def vote(self, loss_ok):
@@ -422,6 +442,14 @@ class EMA:
             live = p.data().astype("float32").copy()
             p.set_data(self.shadow[name].astype(p.dtype))
             self.shadow[name] = live
+
+    def exported(self, export):
+        """Run ``export()`` with the averages in the network (the live weights are put back after)."""
+        self.swap()
+        try:
+            export()
+        finally:
+            self.swap()
 
     def running_stats(self):
         return [value for name, value in sorted(self.shadow.items())
@@ -509,8 +537,7 @@ def resume_state(resume, prefix):
     state = checkpoint.read_state(resume) if resume.endswith(checkpoint.STATE_SUFFIX) else \
         checkpoint.state_for_params(resume)
     if state is None:
-        raise TrainingError(f"--resume {resume}: not a complete checkpoint (need <prefix>-NNNN.params with "
-                            f"its .states and {checkpoint.STATE_SUFFIX} beside it)")
+        raise TrainingError(checkpoint.why_not_resumable(resume))
     return state
 
 
@@ -613,7 +640,7 @@ def prepare(cfg, run, net, ctxs, dist):
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
                                         cfg.lr_steps, cfg.lr_factor, cfg.lr_power, cfg.lr_end),
-        report=Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info))
+        report=Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info))
 
 
 def resume(state, checkpoint_state, run, net, ctxs, dist):
@@ -647,6 +674,21 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
     if dist.is_primary:
         log.info("Resuming from %s: %s", checkpoint_state["state_path"], f"after epoch {state.epoch}"
                  if not state.step else f"epoch {state.epoch + 1}, step {state.step}")
+        changes = changed_on_resume(checkpoint_state.get("args") or {}, run.record.get("args") or {})
+        if changes:
+            log.info("Note: this run continues the checkpoint with other settings: %s", changes)
+
+
+RESUME_SETTINGS = ("batch_size", "image_shape", "num_epochs", "lr", "lr_schedule", "dtype")
+
+
+def changed_on_resume(saved, now):
+    """'--batch-size 64 (was 32), ...' for the settings that shape training and differ from the checkpoint's run."""
+    def show(value):
+        return ",".join(str(v) for v in value) if isinstance(value, list) else f"{value:g}" \
+            if isinstance(value, float) else str(value)
+    return ", ".join(f"--{key.replace('_', '-')} {show(now[key])} (was {show(saved[key])})" for key in RESUME_SETTINGS
+                     if key in saved and key in now and show(saved[key]) != show(now[key]))
 
 
 def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, partials=None, best=False):
@@ -657,6 +699,9 @@ def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, parti
              "total_duration": state.elapsed(), "train_seconds": state.train_seconds, "target": state.target,
              "partial": partials and sum_partial(partials),
              "partial_ranks": partials, "per_class": state.report.per_class, **run.record}
+    if best and state.ema is not None:
+        best = state.ema.exported  # validation scored the EMA weights: those are the best, not the live ones
+        saved["best_weights"] = "ema"
     path = checkpoint.save(prefix, net, state.trainer, saved, state.ema.saveable() if state.ema else None, best)
     log.info("Saved checkpoint %s", path)
     checkpoint.prune(prefix, keep_last)
@@ -843,7 +888,8 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     json_log.write("params", **run.record, resumed_from=resumed and resumed["state_path"])
     end_epoch = cfg.num_epochs if cfg.run_epochs < 0 else min(cfg.num_epochs, state.epoch + cfg.run_epochs)
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net),
-                progress=Progress(dist.is_primary, cfg.disp_batches), json_log=json_log, end_epoch=end_epoch,
+                progress=Progress(dist.is_primary, cfg.disp_batches, num_epochs=cfg.num_epochs),
+                json_log=json_log, end_epoch=end_epoch,
                 num_classes=num_classes, loss_fn=make_loss(cfg))
     if state.target is not None:
         end_epoch = state.epoch  # reached in an earlier run: nothing left to do

@@ -31,6 +31,8 @@ import world
 
 KIT_DIR = Path(__file__).resolve().parent  # where train.py is, unless runner says otherwise
 DEFAULT_DATA_ROOT = Path(cli.DEFAULT_DATA_ROOT)
+INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
+CPU_BATCH_PER_WORKER = 32  # -b without a GPU: a batch a CPU holds (ResNet-50 at 224 px in about 5 GiB)
 
 # Variables of the original runner, each checked against the sources of upstream MXNet 1.9.1 and Horovod 0.28.1:
 # kept only where the library reads it AND the value differs from its default. Left out: MXNET_EXEC_ENABLE_ADDTO,
@@ -85,7 +87,8 @@ def get_args_parser():
                                      formatter_class=HelpFormatter, epilog=TRAIN_FLAGS_EPILOG)
     parser.add_argument("-n", "--ngpus", type=int, default=1,
                         help="number of workers in all: GPUs, or processes on a machine without GPUs")
-    parser.add_argument("-b", "--batch-size", type=int, default=192, help="batch size per worker")
+    parser.add_argument("-b", "--batch-size", type=int, default=None,
+                        help="batch size per worker (default: 192 with GPUs, 32 per worker without)")
     parser.add_argument("-e", "--num-epochs", type=int, default=None,
                         help="number of epochs (default: the recipe's, 90), or of scoring passes with --mode val "
                              "(default: 1)")
@@ -110,8 +113,8 @@ def get_args_parser():
                         help="multi-node: the network interface(s) for Horovod's Gloo, NCCL and MPI traffic "
                              "(default: horovodrun finds the common ones; MPI and NCCL choose their own)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="check runner's arguments, print the environment and the command, do not run it "
-                             "(train.py checks its own flags when the run starts)")
+                        help="check everything the run would check before starting (runner's arguments, train.py's "
+                             "flags, the machine), print the environment and the command, do not run it")
     return parser
 
 
@@ -230,7 +233,7 @@ def resolve_and_check(args, extra, machine):
     """Fill the machine-dependent defaults and refuse what cannot run here, before anything is started."""
     if args.ngpus < 1:
         raise UsageError(f"-n must be at least 1, got {args.ngpus}")
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"-b must be at least 1, got {args.batch_size}")
     if args.lr is not None and args.lr < 0:
         raise UsageError(f"-l must not be negative, got {args.lr}")
@@ -241,8 +244,11 @@ def resolve_and_check(args, extra, machine):
         args.dtype = "float16" if gpu else "float32"
     if args.data_backend is None:
         args.data_backend = backends.default(gpu)
-    problem = rules.run_problem(args.dtype, args.data_backend, peek_extra(extra).mode or "train_val",
-                                peek_extra(extra).fuse_bn_relu == "1", gpu, why)
+    if args.batch_size is None:
+        args.batch_size = 192 if gpu else CPU_BATCH_PER_WORKER
+    peeked = peek_extra(extra)
+    problem = rules.run_problem(args.dtype, args.data_backend, peeked.mode or "train_val",
+                                peeked.fuse_bn_relu == "1", gpu, why, peeked.conv_layout, peeked.gpus)
     if problem:
         raise UsageError(problem)
     slots = host_slots(args)
@@ -293,8 +299,6 @@ def use_srun_step(args, environ):
     """Under --launcher slurm, srun has started one runner per worker: take the world's size from it."""
     tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
     if not tasks.isdigit():
-        if args.dry_run:
-            return  # show what each task would run
         raise UsageError("--launcher slurm runs inside an srun step, one runner per worker, e.g. "
                          "`srun -n 8 ./runner --launcher slurm ...` in an sbatch script or a salloc shell")
     if args.ngpus not in (1, int(tasks)):  # 1 is the default: -n was not given
@@ -319,8 +323,9 @@ def check_data_root(args, given):
         needed += ["val.rec", "val.idx"]
     if not needed:
         return
-    if not args.data_root.is_dir():
-        raise UsageError(f"data root {args.data_root} does not exist; {PREPARE_HINT}")
+    problem = cli.data_root_problem(args.data_root)
+    if problem:
+        raise UsageError(problem)
     for name in needed:
         if not (args.data_root / name).is_file():
             raise UsageError(f"{args.data_root / name} is missing; {PREPARE_HINT}")
@@ -449,6 +454,7 @@ def main(argv=None, kit_dir=KIT_DIR):
         fail(str(error))
     if machine.note:
         print(f"runner: note: {machine.note}", file=sys.stderr)
+    check_train_flags(train_arguments(command), kit_dir)  # a dry run refuses what the run would
     if args.dry_run:
         for key, value in env.items():
             print(f"{key}={value}")
@@ -457,7 +463,6 @@ def main(argv=None, kit_dir=KIT_DIR):
     launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
     if launched:
         refuse_busy_workspace(peek_extra(extra))
-    check_train_flags(extra, kit_dir)
     os.environ.update(env)  # horovodrun and mpirun pass the environment on to every worker
     os.environ.update(console_env(args))
     if not launched:
@@ -489,11 +494,16 @@ def refuse_busy_workspace(given):
 def conclude(status, failure, outcome):
     """runner's exit status. The workers' own account wins over the launcher's status: on a signal sent to every
     process of the job, the launcher's shells die of it and report a failure while the workers saved and ended
-    cleanly."""
+    cleanly. A stop by SIGTERM/SIGUSR1 is 0 (requeue scripts go by run.lock); an interactive Ctrl-C is 130, as
+    for any command a shell sees interrupted."""
     if outcome == "stopped":
-        print("runner: stopped by signal after saving a checkpoint; rerun the same command to resume",
+        cause = "Ctrl-C" if status == INTERRUPTED else "signal"
+        print(f"runner: stopped by {cause} after saving a checkpoint; rerun the same command to resume",
               file=sys.stderr)
-        return 0
+        return INTERRUPTED if status == INTERRUPTED else 0
+    if status == INTERRUPTED:
+        print("runner: interrupted (Ctrl-C) before the workers had saved a checkpoint", file=sys.stderr)
+        return INTERRUPTED
     if outcome == "done" or status == 0:
         return 0
     print(f"runner: error: {failure}", file=sys.stderr)
@@ -522,8 +532,15 @@ def forward_stop_signals(forward):
     return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
 
+def train_arguments(command):
+    """The arguments train.py gets in ``command`` (runner's own flags turned into train.py's, and the user's)."""
+    at = next(i for i, part in enumerate(command) if os.path.basename(str(part)) == "train.py")
+    return [str(part) for part in command[at + 1:]]
+
+
 def check_train_flags(extra, kit_dir=KIT_DIR):
-    """An unknown or bad train.py flag: train.py's one-line message, once, before any worker starts."""
+    """An unknown or bad train.py flag or hyper-parameter: train.py's one-line message, once, before any worker
+    starts (and in a dry run)."""
     check = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); import train; "
                             "train.check_flags(sys.argv[1:])", str(kit_dir), *extra])
     if check.returncode != 0:
@@ -554,8 +571,14 @@ def run_horovodrun(arguments):
     from horovod.runner.launch import run_commandline
     shutdown = threading.Event()  # Horovod terminates the workers when this is set
 
+    def interrupt(signum, frame):  # Ctrl-C: the workers save and stop as for SIGTERM; a second one: at once
+        if stop.interrupted:
+            shutdown.set()
+        stop.interrupted = True
+        stop.request()
+
     def register_shutdown_event():
-        signal.signal(signal.SIGINT, lambda signum, frame: shutdown.set())
+        signal.signal(signal.SIGINT, interrupt)
         return shutdown
 
     stop = StopRelay()
@@ -572,11 +595,11 @@ def run_horovodrun(arguments):
         return int(codes[0]), (f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
                                f"{stop.note()}; its message is above")
     except KeyboardInterrupt:
-        return 130, "interrupted"
+        return INTERRUPTED, "interrupted"
     finally:
         stop.done.set()
         restore()
-    return 0, ""
+    return (INTERRUPTED, "interrupted") if stop.interrupted else (0, "")
 
 
 class StopRelay:
@@ -587,6 +610,7 @@ class StopRelay:
         self.requested = threading.Event()
         self.done = threading.Event()
         self.signalled = set()
+        self.interrupted = False  # a Ctrl-C (SIGINT) asked for the stop: runner ends with status 130
 
     def request(self):
         if not self.requested.is_set():
@@ -615,9 +639,9 @@ def run_mpirun(command):
     restore = forward_stop_signals(lambda signum: process.send_signal(signal.SIGUSR1))
     try:
         status = process.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # mpirun got the Ctrl-C too (same terminal) and forwards it to the workers
         process.wait()
-        return 130, "interrupted"
+        return INTERRUPTED, "interrupted"
     finally:
         restore()
     return status, f"mpirun exited with status {status}; the workers' messages are above"

@@ -158,6 +158,10 @@ def predict(net, image, ctx, dtype, names=None, top=5):
     if names is None:
         log.info("No class names (none saved with the checkpoint, no --class-names, no classes.txt or .lst beside "
                  "--data-train): printing class indices")
+    elif len(names) != len(probs):
+        log.warning("%d class names (--class-names, or the .lst beside --data-train) for a network of %d classes: "
+                    "the names may not be the classes'; give one name per class, in label order", len(names),
+                    len(probs))
     result = []
     for rank, index in enumerate(np.argsort(-probs)[:top], 1):
         name = names[index] if names and index < len(names) else str(index)

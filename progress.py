@@ -15,8 +15,9 @@ def format_seconds(seconds):
 class Progress:
     """One bar per epoch with images/s, loss, LR and ETA; plain log lines every ``every`` steps when not a TTY."""
 
-    def __init__(self, enabled, every, stream=None, width=24):
+    def __init__(self, enabled, every, stream=None, width=24, num_epochs=None):
         self.enabled = enabled
+        self.num_epochs = num_epochs  # shown as Epoch[8/16]
         self.every = max(every, 1) if every else 0
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
@@ -25,14 +26,16 @@ class Progress:
     def update(self, epoch, step, steps, speed, loss, lr, eta_seconds):
         if not self.enabled:
             return
-        text = (f"{speed:.1f} img/s loss {loss:.4f} lr {lr:.5f} ETA {format_seconds(eta_seconds)}")
+        # the ETA is of the whole run (this run's remaining epochs), not of the epoch: labelled so
+        text = (f"{speed:.1f} img/s loss {loss:.4f} lr {lr:.5f} run ETA {format_seconds(eta_seconds)}")
+        which = f"{epoch}/{self.num_epochs}" if self.num_epochs else f"{epoch}"
         if self.tty:
             done = int(self.width * step / max(steps, 1))
             bar = "#" * done + "." * (self.width - done)
-            self.stream.write(f"\rEpoch[{epoch}] [{bar}] {step}/{steps} {text}")
+            self.stream.write(f"\rEpoch[{which}] [{bar}] {step}/{steps} {text}")
             self.stream.flush()
         elif self.every and (step % self.every == 0 or step == steps):
-            log.info("Epoch[%d] Batch[%d/%d] %s", epoch, step, steps, text)
+            log.info("Epoch[%s] Batch[%d/%d] %s", which, step, steps, text)
 
     def end_epoch(self):
         if self.enabled and self.tty:

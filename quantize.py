@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import warnings
 
 import mxnet as mx
@@ -108,7 +109,8 @@ def calibration_source(backend, data_train):
     if not data_train:
         return None
     stat = os.stat(data_train)
-    return f"{os.path.abspath(data_train)} ({stat.st_size} bytes, modified {int(stat.st_mtime)})"
+    modified = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stat.st_mtime))
+    return f"{os.path.abspath(data_train)} ({stat.st_size} bytes, modified {modified})"
 
 
 def calibration_iter(batches, max_batches):
@@ -193,7 +195,11 @@ def int8_net(net, checkpoint_path, data_shape, calibration, calib_batches_fn, is
 
 def summary(calibration):
     """One line for the log: how the INT8 graph was calibrated."""
-    how = (f"{calibration['mode']} calibration on {calibration['records']} training records "
-           f"({calibration['batches']} batches of {calibration['batch_size']}) from {calibration['data']}")
+    asked = calibration['batches'] * calibration['batch_size']
+    counts = f"{calibration['batches']} batches of {calibration['batch_size']}" if calibration['records'] >= asked \
+        else (f"fewer than the {calibration['batches']} batches of {calibration['batch_size']} asked for: the data "
+              f"has {calibration['records']}")
+    how = f"{calibration['mode']} calibration on {calibration['records']} training records ({counts}) from " \
+          f"{calibration['data']}"
     where = "reused from " if calibration.get("reused") else ("saved to " if calibration.get("graph") else "")
     return f"INT8 graph (oneDNN): {how}; {where}{calibration.get('graph') or 'not saved (no checkpoint)'}"

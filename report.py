@@ -120,7 +120,10 @@ class Report:
             ips = metrics.get(f"{mode}.total_ips")
             if ips:
                 last = "pass" if scoring else "epoch"
-                lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s (last {last})")
+                timed = metrics.get(f"{mode}.timed_iters")
+                which = (f"the last {last}'s {int(timed[-1])} timed iteration(s): its first {WARMUP_ITERATIONS} are "
+                         "left out when it has more; the log's epoch line times them all") if timed else f"last {last}"
+                lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s ({which})")
         return "\n".join(lines)
 
 
@@ -228,6 +231,12 @@ def main():
     parser.add_argument("report", help="report.json written by train.py")
     path = parser.parse_args().report
     try:
+        with open(path) as f:
+            raw = json.load(f)
+        if isinstance(raw, dict) and "metric_keys" in raw and "bs" in raw:
+            raise SystemExit(f"report.py: error: {path} is a benchmark.py result (a sweep), not a run's report: "
+                             "benchmark.py printed its tables when it ran; report.py summarises one run's report, "
+                             "e.g. the sweep's per-run <out>-<n>,<bs>.json")
         report = Report.load(path)
     except (OSError, ValueError, KeyError) as problem:
         raise SystemExit(f"report.py: error: {path} is not a readable report ({problem})")

@@ -72,8 +72,26 @@ def augment_problem(data_backend, auto_augment="none", color_jitter=(0.0,)):
     return None
 
 
-def run_problem(dtype, data_backend, mode, fuse_bn_relu, gpu, why=""):
+def layout_problem(conv_layout, gpu, why=""):
+    """MXNet 1.9.1's CPU build (oneDNN) has no NHWC strided convolution: the first one fails with "could not
+    create a descriptor for a dilated convolution forward propagation primitive"."""
+    if conv_layout == "NHWC" and not gpu:
+        return (f"--conv-layout NHWC needs a GPU (cuDNN) and this machine has none{why}: MXNet's CPU build has no "
+                "NHWC strided convolution; leave --conv-layout out (NCHW) on the CPU")
+    return None
+
+
+def devices_problem(gpus, gpu, why=""):
+    """--gpus names GPUs for --kv-store device/local: without any, the run would train on one CPU context."""
+    if gpus and not gpu:
+        return (f"--gpus {gpus} names GPUs and this machine has none{why}; leave --gpus out on the CPU (use -n N "
+                "worker processes, or --kv-store device --cpu-contexts N)")
+    return None
+
+
+def run_problem(dtype, data_backend, mode, fuse_bn_relu, gpu, why="", conv_layout=None, gpus=None):
     """The first rule a run breaks on a machine with (``gpu``) or without GPUs, or None. The CPU's own features
     (bfloat16_problem) are checked where the worker runs: runner may be planning for other hosts."""
     return (dtype_problem(dtype, mode, gpu, why) or backend_problem(data_backend, gpu, why)
-            or fusion_problem(fuse_bn_relu, gpu))
+            or fusion_problem(fuse_bn_relu, gpu) or layout_problem(conv_layout, gpu, why)
+            or devices_problem(gpus, gpu, why))

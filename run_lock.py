@@ -2,7 +2,8 @@
 
 The process that writes the checkpoints (rank 0) holds an advisory lock (flock) on <workspace>/run.lock for its
 whole life. The file records who holds it (pid, host, start time) and, at the end, how the run ended: "stopped"
-(by a signal, after saving a checkpoint) or "done". Why flock: the kernel drops the lock when its holder exits,
+(by a signal, after saving a checkpoint), "done" or "failed" (an error ended it); a holder killed outright
+cannot write, and run_state reads its "running" as "crashed" (the lock is free). Why flock: the kernel drops the lock when its holder exits,
 however it dies (SIGKILL, the OOM killer), so a dead run's lock is taken over without any clean-up, and workers
 left running by a launcher killed outright keep the workspace until they are gone. On NFS, Linux maps flock to
 the server's byte-range locks, so runs on different nodes exclude each other; a file system without locks
@@ -10,6 +11,7 @@ the server's byte-range locks, so runs on different nodes exclude each other; a 
 
 Only the standard library: runner imports this without MXNet.
 """
+import atexit
 import errno
 import json
 import os
@@ -73,6 +75,16 @@ def holder(workspace):
         os.close(fd)  # closing drops the probe's lock at once
 
 
+def run_state(workspace):
+    """The lock file's record with the run's state as it is now: a record still saying "running" whose holder is
+    gone (killed, crashed, or a machine that went down: the kernel dropped its lock) reads "crashed". {} when
+    there is no lock file."""
+    record = read_record(lock_path(workspace))
+    if record.get("state") == "running" and holder(workspace) is None:
+        record = dict(record, state="crashed", note="its holder ended without recording how (killed or crashed)")
+    return record
+
+
 class WorkspaceLock:
     """Held from ``acquire`` until the process exits (or ``release``)."""
 
@@ -103,12 +115,19 @@ class WorkspaceLock:
                     return False
                 raise
         self.fd = fd
+        self.previous = read_record(self.path)  # the run before, if any ("running" here: it crashed)
         self.record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "state": "running"}
         self._write()
+        atexit.register(self._ended_without_finish)
         return True
 
+    def _ended_without_finish(self):
+        """At exit (an exception, sys.exit, Ctrl-C before the end): a run that did not finish says so."""
+        if self.fd is not None and self.record.get("state") == "running":
+            self.finish("failed")
+
     def finish(self, state):
-        """Record how the run ended ("stopped" or "done"), in the lock file and for runner."""
+        """Record how the run ended ("stopped", "done" or "failed"), in the lock file and for runner."""
         self.record = dict(self.record, state=state, ended=time.time())
         if self.fd is not None:
             self._write()
@@ -135,3 +154,11 @@ class WorkspaceLock:
 def read_outcome(path):
     """The state rank 0 recorded in runner's outcome file: "stopped", "done", or None (nothing recorded)."""
     return read_record(path).get("state") if path else None
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) != 2:
+        sys.exit("usage: python run_lock.py WORKSPACE   (prints how the run there ended, or that it runs)")
+    state = run_state(sys.argv[1])
+    print(json.dumps(state) if state else f"no run has held {sys.argv[1]}")

@@ -114,6 +114,12 @@ def recipe_epochs(name):
     return RECIPES[name]["num_epochs"]
 
 
+def steps_for_length(name, num_epochs):
+    """A recipe's --lr-steps for a run of ``num_epochs`` instead of its own length: the same fractions of the run
+    (30/60/80 of 90 epochs are 10/20/26.67 of 30), rounded to hundredths of an epoch."""
+    return [round(s * num_epochs / recipe_epochs(name), 2) for s in RECIPES[name]["lr_steps"]]
+
+
 # After the warmup, the LR of each schedule as a small function of the progress through the remaining epochs (0 to
 # 1), the epoch, and the schedule's own parameters.
 def cosine(base_lr, progress, epoch, final_lr=0.0, **_):

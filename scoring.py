@@ -153,6 +153,17 @@ class Scorable:
     info: dict = dataclasses.field(default_factory=dict)
 
 
+def no_checkpoint_problem(fit_cfg, data_backend):
+    """Why scoring without a checkpoint is refused (see load_weights), or None; asked before anything is logged."""
+    if checkpoint.to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix) is not None:
+        return None
+    if fit_cfg.mode == "val" and (not backends.reads_records(data_backend) or fit_cfg.no_metrics):
+        return None
+    return (f"no checkpoint to score: give --load PATH.params or train first (nothing matches "
+            f"{workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)}-NNNN.params); "
+            "to time fresh weights, add --no-metrics")
+
+
 def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     """Load --load, else the latest checkpoint in --workspace, into ``net``; returns the path loaded, or None
     for fresh weights.
@@ -163,13 +174,12 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     """
     path = checkpoint.to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix)
     if path is None:
-        if fit_cfg.mode == "val" and (not backends.reads_records(data_backend) or fit_cfg.no_metrics):
-            if dist.is_primary:
-                log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
-            return None
-        raise ScoringError(f"no checkpoint to score: give --load PATH.params or train first (nothing matches "
-                           f"{workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)}-NNNN.params); "
-                           "to time fresh weights, add --no-metrics")
+        problem = no_checkpoint_problem(fit_cfg, data_backend)
+        if problem:
+            raise ScoringError(problem)
+        if dist.is_primary:
+            log.info("No checkpoint found: scoring freshly initialised weights (a speed benchmark)")
+        return None
     if not os.path.isfile(path):
         raise ScoringError(f"--load {path} does not exist")
     checkpoint.load_params(net, path, ctxs)  # on every device the network was initialised on
@@ -228,7 +238,7 @@ def score(cfg, run, model, val_iter, ctxs, dist):
         raise ScoringError("--mode val needs validation data (--data-val)")
     net = model.net
     dist.broadcast_parameters(net)
-    report = Report(model=run.arch, ngpus=dist.size * len(ctxs), cmd=run.command)
+    report = Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command)
     report.weights = os.path.abspath(model.weights) if model.weights else "fresh"
     report.info.update(model.info)
     names = predict.class_names(cfg.predict.class_names, cfg.data.data_val or cfg.data.data_train, model.weights,

@@ -40,8 +40,14 @@ def flag_name(dest):
     return "--" + dest.replace("_", "-")
 
 
-def machine_defaults(args, num_gpus):
-    """runner's choices: float16 and dali-gpu with GPUs, float32 and dali-cpu without."""
+CPU_BATCH_SIZE = 32  # the global batch without a GPU when none is given: ResNet-50 at 224 px in about 5 GiB
+
+
+def machine_defaults(args, num_gpus, given=()):
+    """runner's choices: float16 and dali-gpu with GPUs, float32 and dali-cpu without; and without a GPU a batch
+    a CPU can hold (CPU_BATCH_SIZE, unless --batch-size is given: the parser's 192 is the GPUs')."""
+    if not num_gpus and "batch_size" not in given:
+        args.batch_size = CPU_BATCH_SIZE
     if args.dtype is None:
         args.dtype = "float16" if num_gpus else "float32"
     if args.data_backend is None:
@@ -61,9 +67,9 @@ def fill_data_files(args):
     if backends.reads_records(args.data_backend) and args.mode != "pred" and \
             (args.data_root or not (args.data_train or args.data_val)):
         root = args.data_root or cli.DEFAULT_DATA_ROOT
-        if not os.path.isdir(root):
-            raise ValueError(f"data root {root} does not exist; give --data-root DIR (with train.rec/val.rec) or "
-                             f"--data-train/--data-val; {cli.PREPARE_HINT}")
+        problem = cli.data_root_problem(root)
+        if problem:
+            raise ValueError(problem)
         needed = "val" if args.mode == "val" else "train"
         for split in {"val": ["val"], "train": ["train"]}.get(args.mode, ["train", "val"]):
             rec = os.path.join(root, f"{split}.rec")
@@ -138,15 +144,21 @@ def _show(value):
         else str(value)
 
 
-def score_report_beside(params_path):
-    """runs/x/model-0016.params -> runs/x/model-0016.score.json: each checkpoint's score beside it."""
-    return os.path.splitext(params_path)[0] + ".score.json"
+def score_tag(dtype, calib_mode=None, calib_batches=None):
+    """What a score depends on besides the checkpoint: the dtype, and INT8's calibration."""
+    return f"int8-{calib_mode}-{calib_batches}" if dtype == "int8" else dtype
+
+
+def score_report_beside(params_path, tag):
+    """runs/x/model-0016.params -> runs/x/model-0016.float32.score.json (``tag``: score_tag): each checkpoint's
+    score beside it, one per dtype and calibration (an INT8 score does not overwrite the float32 one)."""
+    return f"{os.path.splitext(params_path)[0]}.{tag}.score.json"
 
 
 def complete(args, given, num_gpus):
     """Fill every default that depends on the machine, the data root, the model or the scored checkpoint.
     Returns the checkpoint path scored or predicted with (or None). Raises ValueError for bad input."""
-    machine_defaults(args, num_gpus)
+    machine_defaults(args, num_gpus, given)
     fill_data_files(args)
     if args.workspace is None:
         args.workspace = default_workspace(models.model_name_from_args(args))
@@ -166,13 +178,16 @@ def complete(args, given, num_gpus):
         devices.apply_float16_gpu_defaults(args, given, num_gpus)  # the 4th channel over the checkpoint's shape
     args.load = path
     if args.report is None and args.mode == "val":
-        args.report = os.path.abspath(score_report_beside(path))
+        args.report = os.path.abspath(score_report_beside(path, score_tag(args.dtype, args.calib_mode,
+                                                                          args.calib_batches)))
     return path
 
 
-def class_count_problem(data_train, data_val, num_classes):
-    """(error, warning) about --num-classes against the labels in the .lst files beside the record files."""
-    labels = set()
+def class_count_problem(data_train, data_val, num_classes, record_labels=()):
+    """(error, warning) about --num-classes against the labels of the data: ``record_labels`` (read from the
+    record headers by the start-up index check, every backend that reads records) and those of the .lst files
+    beside the record files (im2rec's lists; many record files have none)."""
+    labels = {int(label) for label in record_labels}
     for rec in (data_train, data_val):
         lst = os.path.splitext(rec)[0] + ".lst" if rec else ""
         if lst and os.path.isfile(lst):
@@ -183,6 +198,9 @@ def class_count_problem(data_train, data_val, num_classes):
                         labels.add(int(float(parts[1])))
     if not labels:
         return None, None
+    if min(labels) < 0:
+        return (f"the data has a negative label ({min(labels)}); labels must be classes 0 to N-1: check the "
+                "records with tools/check_dataset.py"), None
     classes = max(labels) + 1
     if classes > num_classes:
         return (f"the data has labels up to {classes - 1} but --num-classes is {num_classes}; "

@@ -12,10 +12,21 @@ import sys
 
 # Started as a worker: a stop request (SIGTERM, SIGUSR1) while the modules below load is kept, not fatal. Training
 # honours it at its first step (hold_workspace); the other modes put the default back and die of it.
+# A Ctrl-C (SIGINT) before training can save (start-up, scoring, prediction) ends the process at once with one
+# line and status 130; once training holds its workspace it saves at the next step, as SIGTERM does.
 EARLY_STOPS = []
+
+
+def interrupted_at_once(signum=None, frame=None):
+    sys.stdout.flush()
+    print("train.py: interrupted (Ctrl-C); nothing was saved since the last checkpoint", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
 if __name__ == "__main__":
     for _sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(_sig, lambda signum, frame: EARLY_STOPS.append(signum))
+    signal.signal(signal.SIGINT, interrupted_at_once)
 if "int8" in sys.argv[1:]:
     # quantize.INT8_ENV: MXNet reads its oneDNN fusion switches once, as it loads, so they are set before the import.
     os.environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")
@@ -36,6 +47,7 @@ import devices
 from distributed import Distributed
 import fit
 from helptext import HelpFormatter
+import memory
 import models
 import predict
 import pretrained
@@ -85,14 +97,25 @@ def setup_logging(rank):
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def fill_hyper_parameters(args):
-    """The defaults that depend on other flags: the recipe's epochs for training, and its LR for the effective
-    global batch (--batch-size x --grad-accum-steps); returns how the LR was found (None: given)."""
+def fill_hyper_parameters(args, given=()):
+    """The defaults that depend on other flags: the recipe's epochs for training, its LR for the effective global
+    batch (--batch-size x --grad-accum-steps), and its LR steps scaled to the run's length (unless typed). Returns
+    notes for the log on how the LR was found and what was scaled."""
+    notes = []
     if args.num_epochs is None:
         args.num_epochs = schedules.recipe_epochs(args.recipe)
     if args.lr is None:
         args.lr, how = schedules.recipe_lr_source(args.recipe, args.batch_size * max(args.grad_accum_steps, 1))
-        return how
+        notes.append(how)
+    recipe_steps = schedules.RECIPES[args.recipe]["lr_steps"]
+    if (args.mode in ("train", "train_val") and args.lr_schedule == "step" and "lr_steps" not in given
+            and recipe_steps and list(args.lr_steps) == list(recipe_steps)
+            and args.num_epochs != schedules.recipe_epochs(args.recipe)):
+        args.lr_steps = schedules.steps_for_length(args.recipe, args.num_epochs)
+        notes.append(f"--lr-steps {','.join(f'{s:g}' for s in args.lr_steps)}: recipe {args.recipe}'s steps "
+                     f"{','.join(f'{s:g}' for s in recipe_steps)} of {schedules.recipe_epochs(args.recipe)} epochs, "
+                     f"scaled to this run's {args.num_epochs} (give --lr-steps to choose them)")
+    return [note for note in notes if note]
     return None
 
 
@@ -108,9 +131,17 @@ def check_config(cfg):
 
 
 def check_flags(argv):
-    """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag (runner calls this
-    before starting any worker)."""
-    parse_args(argv, prog="train.py")
+    """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag or hyper-parameter
+    (runner calls this before starting any worker, and in a dry run). What depends on the machine, the data or
+    a checkpoint is left to the run."""
+    args = parse_args(argv, prog="train.py")
+    if args.mode in ("val", "pred") and args.num_epochs is None:
+        args.num_epochs = 1
+    fill_hyper_parameters(args, settings.given_flags(get_args_parser(), argv))
+    try:
+        check_config(config.from_args(args))
+    except UsageError as error:
+        cli.fail("train.py", str(error))
 
 
 def json_values(namespace):
@@ -172,8 +203,9 @@ def header(cfg, size, report_path):
     fit_cfg, data_cfg = cfg.fit, cfg.data
     model = f"{cfg.model.name} ({cfg.model.num_classes} classes, " \
             f"{'x'.join(str(v) for v in data_cfg.image_shape)})"
-    batch = f"batch {fit_cfg.batch_size}" if fit_cfg.grad_accum_steps == 1 else \
-        f"batch {fit_cfg.batch_size} x {fit_cfg.grad_accum_steps} accumulated = " \
+    per_worker = f" ({fit_cfg.batch_size // size} per worker)" if size > 1 else ""
+    batch = f"global batch {fit_cfg.batch_size}{per_worker}" if fit_cfg.grad_accum_steps == 1 else \
+        f"global batch {fit_cfg.batch_size}{per_worker} x {fit_cfg.grad_accum_steps} accumulated = " \
         f"{fit_cfg.batch_size * fit_cfg.grad_accum_steps}"
     machine = f"{size} worker(s), {batch}, {fit_cfg.dtype}, {data_cfg.data_backend}"
     if fit_cfg.mode == "val":
@@ -189,14 +221,27 @@ def header(cfg, size, report_path):
 def warn_about(cfg, primary):
     """Refuse labels beyond --num-classes (every rank); rank 0 warns once about likely mistakes that still run."""
     fit_cfg = cfg.fit
-    error, warning = settings.class_count_problem(cfg.data.data_train, cfg.data.data_val, cfg.model.num_classes) \
-        if fit_cfg.mode != "pred" else (None, None)
+    error, warning = None, None
+    if fit_cfg.mode != "pred":
+        try:
+            labels = data.record_labels(cfg.data)  # the index check reads every record header, label included
+        except data.DataError as bad:
+            raise UsageError(str(bad))
+        error, warning = settings.class_count_problem(cfg.data.data_train, cfg.data.data_val,
+                                                      cfg.model.num_classes, labels)
     if error:
         raise UsageError(error)
     if not primary:
         return
     if warning:
         logging.warning(warning)
+    if fit_cfg.mode in ("train", "train_val") and backends.reads_records(cfg.data.data_backend) and \
+            cfg.data.data_train:
+        records = len(data.open_record_files(cfg.data)["train"])
+        if fit_cfg.batch_size > records:
+            logging.warning("--batch-size %d (global) is larger than the %d training records: every step repeats "
+                            "records to fill the batch; use --batch-size %d or less", fit_cfg.batch_size, records,
+                            records)
     if fit_cfg.mode in ("train", "train_val") and fit_cfg.warmup_epochs and \
             fit_cfg.warmup_epochs >= fit_cfg.num_epochs:
         logging.warning("--warmup-epochs %g is not shorter than --num-epochs %d: the LR never reaches its peak "
@@ -382,6 +427,35 @@ def write_confusion_png(report, report_file):
     return path
 
 
+def check_memory(cfg, net, ctxs, dist):
+    """Training only: the estimated memory of this batch per device against the device's (a GPU's memory, or the
+    memory available on this machine shared by its workers); refused or warned in one line with a batch that
+    fits. Every rank learns the answer (their snapshots of free memory differ)."""
+    fit_cfg = cfg.fit
+    if fit_cfg.mode not in ("train", "train_val") or fit_cfg.memory_check == "off" or cfg.data.test_io:
+        return
+    gpu = ctxs[0].device_type == "gpu"
+    if gpu:
+        budget, where = memory.gpu_budget(ctxs[0]), f"GPU {ctxs[0].device_id}"
+    else:
+        budget = memory.cpu_budget(dist.local_size)
+        budget = budget and budget // len(ctxs)
+        where = "this machine" + (f" per worker ({dist.local_size} here)" if dist.local_size > 1 else "")
+    shape = scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
+    problem, _ = memory.check(net, shape, fit_cfg.dtype, fit_cfg.batch_size, dist.size * len(ctxs),
+                              dist.local_size, budget, where)
+    refused = dist.sum([1.0 if problem and fit_cfg.memory_check == "refuse" else 0.0], "memory.check")[0]
+    if problem and dist.is_primary:
+        if fit_cfg.memory_check == "refuse":
+            raise UsageError(problem)
+        logging.warning("%s", problem.replace(" (--memory-check warn to try anyway)", ""))
+    if refused and dist.is_primary:
+        raise UsageError("another worker's machine has too little memory for this batch (its estimate: see "
+                         "memory.py); lower --batch-size, or --memory-check warn to try anyway")
+    if refused:
+        sys.exit(2)  # rank 0 says why
+
+
 def configure(args, given, num_gpus):
     """The RunConfig of parsed flags: the defaults that depend on the machine, the data, a checkpoint and the
     recipe filled in, then every value checked. The Namespace stops here."""
@@ -392,9 +466,9 @@ def configure(args, given, num_gpus):
     problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
     if problem:
         raise UsageError(problem)
-    how = fill_hyper_parameters(args)
-    if how and args.mode in ("train", "train_val"):
-        logging.info("%s", how)
+    for note in fill_hyper_parameters(args, given):
+        if args.mode in ("train", "train_val"):
+            logging.info("%s", note)  # rank 0 only logs at INFO
     cfg = config.from_args(args)
     check_config(cfg)
     return cfg
@@ -419,12 +493,13 @@ def main(args, command=None, given=()):
     setup_logging(dist.rank)
     cfg = configure(args, given, mx.context.num_gpus())
     fit_cfg = cfg.fit
-    ctxs = contexts(fit_cfg, dist.local_rank, dist.local_size)
-    validate_args(cfg, dist.size * len(ctxs))
     problem = rules.run_problem(fit_cfg.dtype, cfg.data.data_backend, fit_cfg.mode, cfg.model.fuse_bn_relu,
-                                any(ctx.device_type == "gpu" for ctx in ctxs))  # runner's rules, worded once
+                                mx.context.num_gpus() > 0, conv_layout=cfg.model.conv_layout,
+                                gpus=fit_cfg.gpus)  # runner's rules, worded once
     if problem:
         raise UsageError(problem)
+    ctxs = contexts(fit_cfg, dist.local_rank, dist.local_size)
+    validate_args(cfg, dist.size * len(ctxs))
     if fit_cfg.dtype == "int8":
         why = quantize.int8_unavailable(fit_cfg.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:
@@ -444,11 +519,16 @@ def main(args, command=None, given=()):
         mx.random.seed(fit_cfg.seed)
         import numpy as np
         np.random.seed(fit_cfg.seed)
+    if fit_cfg.mode in ("val", "pred"):
+        problem = scoring.no_checkpoint_problem(fit_cfg, cfg.data.data_backend)
+        if problem:  # before the header line says what would be scored
+            raise UsageError(problem)
     warn_about(cfg, dist.is_primary)
     if dist.is_primary and fit_cfg.mode != "pred":
         logging.info("%s", header(cfg, dist.size, info.report_path))
 
     net = build_network(cfg, ctxs)
+    check_memory(cfg, net, ctxs, dist)
     stopped = False
     try:
         if fit_cfg.mode == "pred":
@@ -472,7 +552,7 @@ def main(args, command=None, given=()):
             report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
                                       cfg.model.num_classes, cfg.finetune)
             if stopped and dist.is_primary:
-                print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
+                print(f"Stopped by {stop_cause()} after saving a checkpoint; rerun the same command to resume")
     except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, data.DataError,
             predict.PredictionError, pretrained.PretrainedError) as error:
         raise UsageError(str(error))
@@ -493,16 +573,29 @@ def main(args, command=None, given=()):
     return Outcome(net=net, report=report, stopped=stopped)
 
 
+def stop_cause():
+    return "Ctrl-C (SIGINT)" if signal.SIGINT in fit.stop_signals_received else "signal"
+
+
+INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
+
+
 def run(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     given = settings.given_flags(get_args_parser(), argv)  # flags typed, whatever their value
     try:
-        main(args, [sys.argv[0]] + argv, given)
+        outcome = main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
         cli.fail("train.py", str(error))
     except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
         cli.fail("train.py", devices.describe_mxnet_error(error, mxnet.context.num_gpus()))
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's checkpoint was awaited
+        print("train.py: interrupted (Ctrl-C twice): stopped without saving; rerun the same command to resume "
+              "from the last checkpoint", file=sys.stderr)
+        sys.exit(INTERRUPTED)
+    if outcome.stopped and signal.SIGINT in fit.stop_signals_received:
+        sys.exit(INTERRUPTED)  # saved, as for SIGTERM, but the shell learns it was interrupted
 
 
 if __name__ == "__main__":

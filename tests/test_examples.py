@@ -12,8 +12,9 @@ pytestmark = pytest.mark.slow  # launches processes or trains end to end
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "examples", "*.sh")))
 NAMES = [os.path.basename(s) for s in SCRIPTS]
 # Extra arguments that make any script runnable here as a dry run: the later flag wins, so these also
-# prove the arguments reach the command (float16 and -n 8 would be refused on a CPU machine).
-OVERRIDES = ["-n", "1", "--dtype", "float32", "--data-backend", "synthetic", "--dry-run", "--marker-flag", "42"]
+# prove the arguments reach the command (float16 and -n 8 would be refused on a CPU machine; the marker is a
+# real train.py flag with an unusual value: a dry run refuses unknown flags, as the run does).
+OVERRIDES = ["-n", "1", "--dtype", "float32", "--data-backend", "synthetic", "--dry-run", "--disp-batches", "42"]
 
 
 def test_all_scripts_exist():
@@ -43,7 +44,7 @@ def test_training_scripts_forward_arguments(script):
     result = run(script, *OVERRIDES)
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip().splitlines()[-1]
-    assert command.split()[-2:] == ["--marker-flag", "42"]
+    assert command.split()[-2:] == ["--disp-batches", "42"]
     name = os.path.basename(script)
     per_worker = 208 if "FP16" in name else 96 if "FP32_" in name else 32
     assert words_after(command, "--batch-size") == [str(per_worker)]  # -n 1: global = per worker
@@ -59,7 +60,7 @@ def test_benchmark_scripts_forward_arguments(script, tmp_path):
              "INFER_BENCHMARK_FP16.sh": [1, 2, 4, 64, 128, 192, 208], "INFER_BENCHMARK_FP32.sh": [1, 2, 4, 32, 64, 96]}
     assert [int(words_after(line, "-b")[0]) for line in lines] == sizes[name]
     for line in lines:
-        assert line.split()[-2:] == ["--marker-flag", "42"]
+        assert line.split()[-2:] == ["--disp-batches", "42"]
         assert words_after(line, "--mode") == (["val"] if "INFER" in name else ["train"])
 
 
@@ -71,7 +72,7 @@ def test_score_scripts_find_the_checkpoint_and_forward(precision, tmp_path):
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip().splitlines()[-1]
     assert words_after(command, "--load") == [str(tmp_path / "model-0003.params")]
-    assert words_after(command, "--mode") == ["val"] and command.split()[-2:] == ["--marker-flag", "42"]
+    assert words_after(command, "--mode") == ["val"] and command.split()[-2:] == ["--disp-batches", "42"]
     missing = run(script, str(tmp_path / "model"), "4")
     assert missing.returncode == 2 and "model-0004.params" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1

@@ -69,7 +69,7 @@ def args(tmp_path):
 
 @pytest.fixture()
 def keep_signal_handlers():
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)

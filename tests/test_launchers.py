@@ -268,17 +268,20 @@ def test_runner_mpi_and_slurm_need_horovod_with_mpi():
             assert "apt-get install openmpi-bin libopenmpi-dev" in result.stderr
 
 
-def run_runner(launch, *args):
+def run_runner(launch, *args, slurm_env=None):
     command = [*launch, sys.executable, os.path.join(ROOT, "runner"), *args, "--data-backend", "synthetic",
                "--dtype", "float32"]
     env = {key: value for key, value in venv_env().items() if not key.startswith("SLURM_")}
+    env.update(slurm_env or {})
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S, stdin=subprocess.DEVNULL)
 
 
 def test_slurm_launcher_has_no_prefix():
-    """srun has started the workers: each runner runs train.py itself (--dry-run shows it outside srun too)."""
+    """srun has started the workers: each runner runs train.py itself (a dry run, as the run, needs srun's step:
+    its variables stand for it here)."""
     need_mpi()
-    result = run_runner([], "-n", "4", "-b", "8", "--launcher", "slurm", "--dry-run")
+    result = run_runner([], "-n", "4", "-b", "8", "--launcher", "slurm", "--dry-run",
+                        slurm_env={"SLURM_STEP_NUM_TASKS": "4", "SLURM_MPI_TYPE": "pmix"})
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip().splitlines()[-1].split()
     assert command[0] == sys.executable and command[1] == os.path.join(ROOT, "train.py")

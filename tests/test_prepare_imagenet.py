@@ -88,3 +88,28 @@ def test_missing_validation_class_is_refused(tmp_path):
     assert result.returncode == 1
     assert "error: the class folders" in result.stderr and "n01443537" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_flat_validation_folder_is_named_with_the_way_to_sort_it(tmp_path):
+    make_tree(tmp_path / "raw", {"train": 2})
+    (tmp_path / "raw" / "val").mkdir()
+    for i in range(3):  # as ILSVRC2012_img_val.tar unpacks: no class folders
+        cv2.imwrite(str(tmp_path / "raw" / "val" / f"ILSVRC2012_val_{i:08d}.JPEG"), np.zeros((8, 8, 3), np.uint8))
+    result = prepare(tmp_path / "raw", tmp_path / "out")
+    assert result.returncode == 1 and "holds 3 images directly, not in class folders" in result.stderr
+    assert "valprep.sh" in result.stderr and "differ" not in result.stderr
+
+
+def test_a_rerun_after_images_were_added_packs_them(tmp_path):
+    make_tree(tmp_path / "raw", {"train": 2, "val": 1})
+    first = prepare(tmp_path / "raw", tmp_path / "out")
+    assert first.returncode == 0 and "train.rec (6 records), val.rec (3 records)" in first.stdout, first.stderr
+    assert "n01440764" not in first.stdout  # im2rec's class listing goes to its log file
+    name = next(iter(CLASSES))
+    cv2.imwrite(str(tmp_path / "raw" / "train" / name / "added.JPEG"), np.zeros((8, 8, 3), np.uint8))
+    again = prepare(tmp_path / "raw", tmp_path / "out")
+    assert again.returncode == 0, again.stderr
+    assert "[train] " + str(tmp_path / "raw" / "train") + " changed" in again.stdout
+    assert "train.rec (7 records), val.rec (3 records)" in again.stdout
+    unchanged = prepare(tmp_path / "raw", tmp_path / "out")
+    assert "changed" not in unchanged.stdout and "packing" not in unchanged.stdout

@@ -64,9 +64,11 @@ def test_batch_and_lr_scaling_and_horovodrun_prefix():
 
 
 def test_unknown_flags_pass_through_after_runner_flags():
+    # (train.py's flags, checked by its parser before a dry run too: an unknown one is refused, see
+    # test_second_walk.py)
     _, command = dry_run("-n", "1", "--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18",
-                         "--some-future-flag", "7", "-e", "3")
-    assert command[-4:] == ["--num-layers", "18", "--some-future-flag", "7"]
+                         "--disp-batches", "7", "-e", "3")
+    assert command[-4:] == ["--num-layers", "18", "--disp-batches", "7"]
     assert value_after(command, "--num-epochs") == "3"
 
 
@@ -135,9 +137,11 @@ def test_bad_numbers_are_one_line():
 
 
 def test_a_failing_worker_ends_in_its_own_message_and_one_runner_line(tmp_path):
-    result = run_runner("-n", "2", "-b", "2", "-e", "1", "--data-backend", "synthetic", "--dtype", "float32",
-                        "--lr-schedule", "step", "--lr-steps", "3", "--workspace", str(tmp_path))
+    # A data file only the workers look at (runner checks flags and --data-root, not the files given one by one).
+    missing = tmp_path / "missing.rec"
+    result = run_runner("-n", "2", "-b", "2", "-e", "1", "--data-backend", "dali-cpu", "--dtype", "float32",
+                        "--data-train", str(missing), "--data-train-idx", str(missing), "--workspace", str(tmp_path))
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert "--lr-steps [3.0] lie at or beyond" in result.stderr  # train.py's own one-line message reaches the user
+    assert f"--data-train {missing} does not exist" in result.stderr  # train.py's own one-line message
     assert result.stderr.strip().splitlines()[-1].startswith("runner: error: worker ")

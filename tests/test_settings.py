@@ -67,7 +67,7 @@ def test_scoring_takes_the_latest_checkpoint_and_its_settings(tmp_path):
     assert settings.complete(args, given, num_gpus=0) == str(latest)
     assert (args.num_classes, args.image_shape, args.data_val_resize, args.num_layers) == (10, [3, 32, 32], 32, 18)
     assert args.num_epochs == 1 and args.dtype == "float32"
-    assert args.report == os.path.abspath(str(latest).replace(".params", ".score.json"))
+    assert args.report == os.path.abspath(str(latest).replace(".params", ".float32.score.json"))
     # a 4-channel input loads a 3-channel stem; another size or class count contradicts the checkpoint
     args, given = parse("--mode", "val", "--data-backend", "synthetic", "--workspace", tmp_path,
                         "--image-shape", "4,32,32")

@@ -154,7 +154,7 @@ def digest(folder):
     (["--lr-schedule", "step", "--lr-steps", "1,5"], "beyond the last epoch"),
     (["--mode", "pred"], "--mode pred needs an image"),
     (["--num-layers", "34"], "another architecture"),
-    (["--resume", "nothing-here.params"], "not a complete checkpoint"),
+    (["--resume", "nothing-here.params"], "--resume nothing-here.params: no such file; "),
     (["--mode", "val", "--load", "{ws}/model-0003.params", "--num-layers", "34"], "another architecture"),
 ])
 def test_bad_input_is_one_line_and_overwrites_nothing(full_run, digits_data, extra, message):

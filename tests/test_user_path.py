@@ -102,7 +102,7 @@ def test_scoring_takes_model_classes_shape_and_resize_from_the_checkpoint(traine
     cwd, ws = trained
     result = ok(run([sys.executable, TRAIN, "--mode", "val", "--load", str(ws / "model-best.params"),
                      "--data-root", str(digits_data), "--dali-validation-threads", "1"], cwd=cwd))
-    scored = report(ws / "model-best.score.json")  # beside the checkpoint, not in the current directory
+    scored = report(ws / "model-best.float32.score.json")  # beside the checkpoint, not in the current directory
     assert not (cwd / "score.json").exists()
     trained_top1 = report(ws / "report.json")["metrics"]["val.top1"]
     # The best checkpoint scored with the checkpoint's own settings gives what training measured for it.
@@ -136,8 +136,8 @@ def test_score_script_with_only_the_data_root(trained, digits_data):
     cwd, ws = trained
     result = ok(run([os.path.join(ROOT, "examples", "SCORE_FP32.sh"), str(ws / "model"), "2", "--data-root",
                      str(digits_data), "--dali-validation-threads", "1"], cwd=cwd))
-    assert (ws / "model-0002.score.json").is_file(), result.stderr[-2000:]
-    assert report(ws / "model-0002.score.json")["metrics"]["val.top1"] == \
+    assert (ws / "model-0002.float32.score.json").is_file(), result.stderr[-2000:]
+    assert report(ws / "model-0002.float32.score.json")["metrics"]["val.top1"] == \
         [pytest.approx(report(ws / "report.json")["metrics"]["val.top1"][-1], abs=1e-9)]
 
 

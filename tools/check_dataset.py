@@ -22,10 +22,15 @@ import struct
 import sys
 import time
 
-import cv2
-import numpy as np
+KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, KIT_DIR)
+if __name__ == "__main__":  # under a Python without the kit's packages (OpenCV, numpy): the kit's, as runner does
+    import cli
+    cli.rerun_under_chosen_python(os.path.abspath(__file__), "check_dataset.py", KIT_DIR)
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+
 # RecordIO reading and writing (the format of dmlc-core's RecordIOWriter, which MXNet and DALI read)
 from records import (IR_HEADER, MAGIC, MAGIC_BYTES, RecordFileError as RecordError, describe_label_order,  # noqa
                      encode_record, label_runs, read_index, read_record)

@@ -17,14 +17,27 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def tag(epoch):
+    """A checkpoint's tag: NNNN for an epoch number, or "best" (<prefix>-best.params, the best validation top-1)."""
+    return "best" if str(epoch) == "best" else f"{int(epoch):04d}"
+
+
 def export_onnx(prefix, epoch, image_shape, onnx_file=None):
-    """Write the ONNX file for a checkpoint; the symbol must compute in float32 (float16 files: re-export)."""
+    """Write the ONNX file for a checkpoint (``epoch``: a number or "best"); the symbol must compute in float32
+    (float16 files: re-export)."""
     import mxnet as mx
-    onnx_file = onnx_file or f"{prefix}-{epoch:04d}.onnx"
+    import tempfile
+    onnx_file = onnx_file or f"{prefix}-{tag(epoch)}.onnx"
     tmp = onnx_file + ".tmp"
-    mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params",
-                         in_shapes=[(1,) + tuple(image_shape)], in_types=[np.float32], onnx_file_path=tmp,
-                         dynamic=True, dynamic_input_shapes=[(None,) + tuple(image_shape)])
+    with tempfile.TemporaryDirectory() as scratch:
+        symbol, params = f"{prefix}-symbol.json", f"{prefix}-{tag(epoch)}.params"
+        if not tag(epoch).isdigit():  # MXNet's exporter reads the files' prefix and epoch number from the names
+            os.symlink(os.path.abspath(symbol), os.path.join(scratch, "model-symbol.json"))
+            os.symlink(os.path.abspath(params), os.path.join(scratch, "model-0000.params"))
+            symbol, params = os.path.join(scratch, "model-symbol.json"), os.path.join(scratch, "model-0000.params")
+        mx.onnx.export_model(symbol, params,
+                             in_shapes=[(1,) + tuple(image_shape)], in_types=[np.float32], onnx_file_path=tmp,
+                             dynamic=True, dynamic_input_shapes=[(None,) + tuple(image_shape)])
     _drop_initializer_inputs(tmp)
     os.replace(tmp, onnx_file)
     return onnx_file
@@ -45,9 +58,12 @@ def compare_with_onnxruntime(prefix, epoch, onnx_file, image_shape, batch_size=2
     """Largest |MXNet - onnxruntime| logit difference over the largest |logit|, on one random batch."""
     import mxnet as mx
     import onnxruntime
-    import models
     data = np.random.RandomState(seed).uniform(-2, 2, size=(batch_size,) + tuple(image_shape)).astype(np.float32)
-    net = models.load_checkpoint(prefix, epoch)
+    import warnings
+    with warnings.catch_warnings():  # "Cannot decide type for data": the input's type is only known at run time
+        warnings.simplefilter("ignore", UserWarning)
+        net = mx.gluon.SymbolBlock.imports(f"{prefix}-symbol.json", ["data"], f"{prefix}-{tag(epoch)}.params",
+                                           ctx=mx.cpu())
     expected = net(mx.nd.array(data)).asnumpy().astype(np.float64)
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
@@ -60,7 +76,11 @@ def trained_image_shape(prefix, epoch):
     """C,H,W recorded in the checkpoint's state file by train.py, or None (another kit's checkpoint)."""
     import json
     try:
-        with open(f"{prefix}-{epoch:04d}.state.json") as f:
+        if tag(epoch) == "best":  # its state is the run's latest
+            import settings
+            state = settings.trained_settings(f"{prefix}-best.params") or {}
+            return ",".join(str(v) for v in state["args"]["image_shape"])
+        with open(f"{prefix}-{tag(epoch)}.state.json") as f:
             return ",".join(str(v) for v in json.load(f)["args"]["image_shape"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -70,18 +90,20 @@ def main(argv=None):
     from helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("prefix", help="checkpoint prefix: <prefix>-symbol.json and <prefix>-NNNN.params")
-    parser.add_argument("epoch", type=int, help="checkpoint epoch (the NNNN)")
+    parser.add_argument("epoch", help="checkpoint epoch (the NNNN), or best (<prefix>-best.params)")
     parser.add_argument("--image-shape", default=None,
                         help="C,H,W of the network input (default: the checkpoint's, else 3,224,224)")
-    parser.add_argument("--output", default=None, help="ONNX file (default <prefix>-NNNN.onnx)")
+    parser.add_argument("--output", default=None, help="ONNX file (default <prefix>-NNNN.onnx, <prefix>-best.onnx)")
     parser.add_argument("--rtol", type=float, default=1e-4, help="largest accepted relative logit difference")
     args = parser.parse_args(argv)
+    if args.epoch != "best" and not args.epoch.isdigit():
+        parser.error(f"epoch must be a number (the NNNN of <prefix>-NNNN.params) or best, got {args.epoch!r}")
     args.image_shape = args.image_shape or trained_image_shape(args.prefix, args.epoch) or "3,224,224"
     try:
         image_shape = tuple(int(v) for v in args.image_shape.split(","))
     except ValueError:
         parser.error(f"--image-shape must be C,H,W integers, got {args.image_shape!r}")
-    for path in (f"{args.prefix}-symbol.json", f"{args.prefix}-{args.epoch:04d}.params"):
+    for path in (f"{args.prefix}-symbol.json", f"{args.prefix}-{tag(args.epoch)}.params"):
         if not os.path.isfile(path):
             parser.error(f"no checkpoint file {path}; give the prefix and epoch that train.py saved")
     try:

@@ -12,6 +12,12 @@ import json
 import os
 import sys
 
+KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__":  # under a Python without matplotlib: the kit's, as runner does
+    sys.path.insert(0, KIT_DIR)
+    import cli
+    cli.rerun_under_chosen_python(os.path.abspath(__file__), "plot_report.py", KIT_DIR)
+
 CURVES = [("top1", "top-1 accuracy"), ("top5", "top-5 accuracy"), ("loss", "loss"), ("lr", "learning rate")]
 
 
