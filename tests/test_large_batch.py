@@ -345,7 +345,7 @@ def test_mlperf_lr_from_mlcommons_points():
 
 def test_mlperf_recipe_sets_the_issue_table_and_its_lr_follows_the_effective_batch():
     args = train.parse_args(["--recipe", "mlperf", "--batch-size", "816", "--grad-accum-steps", "2"])
-    how = train.fill_hyper_parameters(args)
+    how = " ".join(train.fill_hyper_parameters(args))
     cfg = config.from_args(args)
     f, d = cfg.fit, cfg.data
     assert (f.optimizer, f.lars_eta, f.lars_eps, f.mom, f.wd) == ("lars", 0.001, 0.0, 0.9, 5e-5)
@@ -355,7 +355,7 @@ def test_mlperf_recipe_sets_the_issue_table_and_its_lr_follows_the_effective_bat
     assert (f.eval_every, f.eval_offset, d.random_mirror) == (4, 2, 1)
     assert f.lr == 7.4 and "1632" in how  # 816 x 2 accumulated = the 1,632 point
     given = train.parse_args(["--recipe", "mlperf", "--lr", "3", "--optimizer", "sgd"])
-    assert train.fill_hyper_parameters(given) is None and (given.lr, given.optimizer) == (3.0, "sgd")
+    assert train.fill_hyper_parameters(given) == [] and (given.lr, given.optimizer) == (3.0, "sgd")
 
 
 def test_the_loss_scaler_and_ema_count_optimizer_steps_and_a_bad_micro_batch_skips_its_step(

@@ -8,6 +8,7 @@ from conftest import write_record_file
 import backends
 import cli
 import config
+import schedules
 import train
 
 
@@ -280,7 +281,8 @@ def test_what_a_cpu_cannot_run_is_refused_alike_by_runner_and_train(argv, expect
     runner_refusal_on_gpus = None
     try:
         import launch
-        launch.plan_launch(["--data-backend", "synthetic", *argv], launch.Machine(8, 64), {})
+        workers = ["-n", "2"] if "--gpus" in argv else []  # -n agrees with --gpus (devices.select_gpus)
+        launch.plan_launch(["--data-backend", "synthetic", *workers, *argv], launch.Machine(8, 64), {})
     except cli.UsageError as error:
         runner_refusal_on_gpus = str(error)
     assert runner_refusal_on_gpus is None  # each runs on GPUs
@@ -362,21 +364,26 @@ def test_benchmark_dry_run_names_what_the_machine_would_refuse():
 
 # --- item 9: a recipe's LR steps follow the run's length unless typed -------------------------------------------
 
+def notes_lr(recipe):
+    """fill_hyper_parameters' note on the recipe's LR for the default batch (no --lr typed)."""
+    return schedules.recipe_lr_source(recipe, 192)[1]
+
+
 @pytest.mark.parametrize("recipe", ["he", "nvidia-2019"])
 def test_a_recipes_steps_are_scaled_to_a_shorter_run_unless_typed(recipe):
     import settings
     argv = ["--recipe", recipe, "--num-epochs", "30"]
     args = train.parse_args(argv)
-    note = train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), argv))
+    note = " ".join(train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), argv)))
     assert args.lr_steps == [10, 20, 26.67] and "scaled to this run's 30" in note
     train.check_config(config.from_args(args))  # no longer refused
     typed = argv + ["--lr-steps", "30,60,80"]
     args = train.parse_args(typed)
-    assert train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), typed)) is None
+    assert train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), typed)) == [notes_lr(recipe)]
     with pytest.raises(cli.UsageError, match="lie at or beyond the last epoch"):  # typed: the user's, refused
         train.check_config(config.from_args(args))
     args = train.parse_args(["--recipe", recipe])  # the recipe's own length: its own steps
-    assert train.fill_hyper_parameters(args) is None and args.lr_steps == [30, 60, 80]
+    assert train.fill_hyper_parameters(args) == [notes_lr(recipe)] and args.lr_steps == [30, 60, 80]
 
 
 # --- item 7: a score per dtype and calibration ---------------------------------------------------------------
