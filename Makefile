@@ -42,7 +42,7 @@ demo: setup
 	@echo; $(BIN)/python report.py $(DEMO_RUN)/report.json
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
