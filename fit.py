@@ -581,19 +581,20 @@ def load_params(net, path, ctxs):
     except ValueError as error:
         raise TrainingError(f"{error}: it was saved from another architecture; check --arch/--num-layers/"
                             "--num-classes")
+    except mx.base.MXNetError as error:  # faults: a truncated or foreign file
+        raise TrainingError(f"{path} is damaged or not a parameter file (MXNet: {str(error).strip().splitlines()[0]})")
 
 
-def resume_state(resume, prefix):
+def resume_state(resume, prefix, warn=None):
     """The checkpoint state --resume asks to continue from (``prefix``: the workspace's checkpoint prefix), or
-    None to start afresh."""
+    None to start afresh. ``warn`` hears of damaged checkpoints skipped."""
     if resume == "none":
         return None
     if resume == "auto":
-        return checkpoint.find_latest(prefix)
-    state = checkpoint.read_state(resume) if resume.endswith(checkpoint.STATE_SUFFIX) else \
-        checkpoint.state_for_params(resume)
+        return checkpoint.resume_point(prefix, warn)
+    state, why = checkpoint.named(resume)  # faults: verified, or why not
     if state is None:
-        raise TrainingError(f"--resume {resume}: not a complete checkpoint (need <prefix>-NNNN.params with "
+        raise TrainingError(f"--resume {resume}: not a complete checkpoint ({why}; need <prefix>-NNNN.params with "
                             f"its .states and {checkpoint.STATE_SUFFIX} beside it)")
     return state
 
@@ -856,7 +857,7 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist):
     stopped_by_signal)."""
     prefix = workspace_path(cfg.workspace, cfg.model_prefix)
     state = prepare(cfg, run, net, ctxs, dist)
-    resumed = resume_state(cfg.resume, prefix)
+    resumed = resume_state(cfg.resume, prefix, log.warning if dist.is_primary else None)
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:
@@ -925,7 +926,8 @@ def load_for_scoring(cfg, net, ctxs, dist):
         return net.loaded_from
     path = cfg.load
     if path is None:
-        state = checkpoint.find_latest(workspace_path(cfg.workspace, cfg.model_prefix))
+        state = checkpoint.find_latest(workspace_path(cfg.workspace, cfg.model_prefix),
+                                       log.warning if dist.is_primary else None)
         path = state and state["paths"]["params"]
     if path is None:
         if cfg.mode == "val" and (cfg.data_backend == "synthetic" or cfg.no_metrics):
@@ -937,6 +939,7 @@ def load_for_scoring(cfg, net, ctxs, dist):
                             "to time fresh weights, add --no-metrics")
     if not os.path.isfile(path):
         raise TrainingError(f"--load {path} does not exist")
+    checkpoint.check_loadable(path)  # faults: refuse a file its state file says is damaged
     load_params(net, path, ctxs)  # on every device the network was initialised on
     if dist.is_primary:
         log.info("Loaded %s", path)

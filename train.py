@@ -27,6 +27,7 @@ except ImportError:
     sys.exit("train.py: error: MXNet is not installed for this Python; run `make setup`, then use "
              ".venv/bin/python (or `source .venv/bin/activate`)")
 
+import checkpoint
 import cli
 from cli import OneLineParser, UsageError
 import data
@@ -407,7 +408,7 @@ def main(args, command=None, given=()):
             report, stopped = fit.fit(fit.fit_config(args), run, net, make_train_iter, val_iter, ctxs, dist)
             if stopped and dist.is_primary:
                 print("Stopped by signal after saving a checkpoint; rerun the same command to resume")
-    except (fit.TrainingError, data.DataError, predict.PredictionError) as error:
+    except (fit.TrainingError, data.DataError, predict.PredictionError, checkpoint.CheckpointError) as error:
         raise UsageError(str(error))
     dist.finish()
     if lock is not None and dist.is_primary:  # every rank has finished cleanly: tell runner how
