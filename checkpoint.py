@@ -278,15 +278,23 @@ def named(path):
 
 
 def check_loadable(params_path):
-    """Refuse a named parameter file that is damaged, as far as its state file beside it (if any) can tell."""
-    state_path = params_path[:-len(".params")] + STATE_SUFFIX if params_path.endswith(".params") else None
-    if state_path and params_path.endswith("-ema.params"):
-        state_path = params_path[:-len("-ema.params")] + STATE_SUFFIX
-    if not state_path or not os.path.exists(state_path):
-        return
-    state, why = inspect(state_path, verify=True)
-    if state is None and os.path.abspath(params_path) in why:
-        raise CheckpointError(why)
+    """Refuse (CheckpointError) a named parameter file that is damaged: checked against its state file when
+    one is beside it, else by reading it (a truncated or foreign file does not load)."""
+    name = params_path[:-len(".params")] if params_path.endswith(".params") else None
+    if name and name.endswith("-ema"):
+        name = name[:-len("-ema")]
+    state_path = name + STATE_SUFFIX if name and re.search(TAG + "$", name) else None
+    if state_path and os.path.exists(state_path):
+        state, why = inspect(state_path, verify=True)
+        if state is None and os.path.abspath(params_path) in os.path.abspath(why.split(" is ")[0]):
+            raise CheckpointError(why)
+        if state is not None:
+            return
+    try:
+        mx.nd.load(params_path)
+    except mx.base.MXNetError as error:
+        raise CheckpointError(f"{params_path} is damaged or not a parameter file (MXNet: "
+                              f"{str(error).strip().splitlines()[0]})") from None
 
 
 def files_of(state):

@@ -31,6 +31,7 @@ import checkpoint
 import cli
 from cli import OneLineParser, UsageError
 import data
+import faults
 import fit
 from helptext import HelpFormatter
 import models
@@ -39,6 +40,7 @@ import quantize
 import run_lock
 import schedules
 import settings
+import watchdog
 import world
 
 
@@ -52,6 +54,7 @@ def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
     data.add_data_aug_args(parser)
     quantize.add_quantize_args(parser)
     predict.add_pred_args(parser)
+    watchdog.add_watchdog_args(parser)  # faults: --stall-timeout
     parser.set_defaults(**schedules.recipe_defaults(recipe))
     return parser
 
@@ -96,7 +99,12 @@ def fill_hyper_parameters(args):
 def check_flags(argv):
     """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag (runner calls this
     before starting any worker)."""
-    parse_args(argv, prog="train.py")
+    args = parse_args(argv, prog="train.py")
+    if args.load and os.path.isfile(args.load):  # faults: a damaged --load file, refused before the workers start
+        try:
+            checkpoint.check_loadable(args.load)
+        except checkpoint.CheckpointError as error:
+            cli.fail("train.py", str(error))
 
 
 def json_values(namespace):
@@ -333,6 +341,9 @@ def main(args, command=None, given=()):
         hvd.init()  # one process per worker; works alone too (size 1)
         world.check_joined(hvd.size(), hvd.rank(), hvd.local_rank(), hvd.mpi_built())  # the launcher's world?
     dist = fit.Distributed(hvd)
+    if __name__ == "__main__":  # faults: a worker's record for runner, and a watchdog on a stalled run
+        faults.install(dist.rank)
+        watchdog.start(args.stall_timeout, dist.rank)
     attach_console(dist.rank)
     setup_logging(dist.rank)
     try:
@@ -428,6 +439,7 @@ def run(argv=None):
     try:
         main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
+        faults.record_failure(str(error))  # faults: for runner's one line
         cli.fail("train.py", str(error))
 
 
