@@ -73,6 +73,13 @@ def tag_for(epoch, step=0):
     return f"{epoch:04d}" if step == 0 else f"{epoch:04d}-step{step:06d}"
 
 
+def mxnet_message(error):
+    """The line of an MXNetError that says what failed (its text may start with the C++ traceback)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("MXNetError:")]
+    return (said[0] if said else lines[-1] if lines else "MXNetError").replace("MXNetError: ", "MXNet: ", 1)
+
+
 def _export(net, tmp_prefix):
     """net.export to ``tmp_prefix``; returns the parameter file. MXNet's file writer reports a failed write as
     "FileStream.Write incomplete" without the cause, and drops an error at close (leaving a short file): so the
@@ -293,8 +300,8 @@ def check_loadable(params_path):
     try:
         mx.nd.load(params_path)
     except mx.base.MXNetError as error:
-        raise CheckpointError(f"{params_path} is damaged or not a parameter file (MXNet: "
-                              f"{str(error).strip().splitlines()[0]})") from None
+        raise CheckpointError(f"{params_path} is damaged or not a parameter file ({mxnet_message(error)})") \
+            from None
 
 
 def files_of(state):

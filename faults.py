@@ -38,8 +38,9 @@ def is_teardown(text):
 def first_line(error):
     """``ValueError: message``: the exception's type and the first line of its message (MXNet's errors carry
     their C++ stack trace below it)."""
-    text = str(error).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith("Traceback"):  # MXNet's C++ stack first, its message last
+        lines = [line for line in lines if line.startswith(("MXNetError:", "Check failed"))] or lines[-1:]
     message = lines[0] if lines else ""
     name = type(error).__name__
     return message if message.startswith(name + ":") else f"{name}: {message}" if message else name
@@ -75,6 +76,17 @@ def record_failure(line, kind="error", **extra):
         return
     _record.update(failure=line, kind=kind, failed=time.time(), **extra)
     _write()
+
+
+def fail(prog, message, status=2):
+    """``prog: error: message`` (cli.fail's line), recorded; a worker among several then ends at once, as its
+    exit would wait in Horovod's and MXNet's shutdown for ranks that wait for it."""
+    record_failure(message)
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    if _path is not None or "HOROVOD_RANK" in os.environ:
+        sys.stdout.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def heartbeat(**fields):
@@ -166,7 +178,7 @@ def summarize(directory, first_failed=None):
         if fault["kind"] == "stall":
             return f"{fault['failure']}; every worker has ended; {RESUME}"
         return (f"{who(fault)} failed: {fault['failure']} (its message is above); every worker has ended; fix the "
-                f"cause, then {RESUME}")
+                f"cause, then rerun (the same command resumes from the last complete checkpoint)")
     if first_failed is not None:
         rank, status = first_failed
         name = signal_name(status)

@@ -582,7 +582,7 @@ def load_params(net, path, ctxs):
         raise TrainingError(f"{error}: it was saved from another architecture; check --arch/--num-layers/"
                             "--num-classes")
     except mx.base.MXNetError as error:  # faults: a truncated or foreign file
-        raise TrainingError(f"{path} is damaged or not a parameter file (MXNet: {str(error).strip().splitlines()[0]})")
+        raise TrainingError(f"{path} is damaged or not a parameter file ({checkpoint.mxnet_message(error)})")
 
 
 def resume_state(resume, prefix, warn=None):

@@ -439,8 +439,7 @@ def run(argv=None):
     try:
         main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
-        faults.record_failure(str(error))  # faults: for runner's one line
-        cli.fail("train.py", str(error))
+        faults.fail("train.py", str(error))  # faults: cli.fail's line, recorded for runner
 
 
 if __name__ == "__main__":

@@ -152,7 +152,8 @@ def test_damaged_checkpoints_are_skipped_with_a_warning_and_refused_for_load(dig
             why = "is damaged or not a parameter file"
         result = run(runner_command(digits_data, workspace, extra=["--mode", "val", "--load", str(damaged)]))
         assert result.returncode == 2, result.stderr[-3000:]
-        assert result.stderr.strip().splitlines() == [f"train.py: error: {damaged} {why}"]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"train.py: error: {damaged} {why}"), result.stderr[-3000:]
 
     # --resume auto: back to the newest whole checkpoint, each bad file named once (by rank 0)
     command = runner_command(digits_data, workspace, epochs=5, examples=examples, extra=["--keep-last", "0"])
@@ -292,7 +293,7 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, digits_data,
         assert "was killed by SIGKILL (exit status 137)" in line
     else:
         assert f"failed: RuntimeError: injected fault at step {STEPS + 3}" in line
-    assert "rerun the same command to resume" in line
+    assert "the same command resumes" in line or "rerun the same command to resume" in line
     # the other rank's end is one line ("train.py: rank 0: stopped, as the collectives failed ..."), not a Python
     # traceback (Horovod's C++ teardown may still print its own error, or abort)
     assert "[0]<stderr>:Traceback" not in open(tmp_path / "dead.err").read()

@@ -140,4 +140,5 @@ def test_a_failing_worker_ends_in_its_own_message_and_one_runner_line(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "--lr-steps [3.0] lie at or beyond" in result.stderr  # train.py's own one-line message reaches the user
-    assert result.stderr.strip().splitlines()[-1].startswith("runner: error: worker ")
+    last = result.stderr.strip().splitlines()[-1]  # the first failure a worker recorded (faults.py), with its rank
+    assert last.startswith("runner: error: rank ") and " failed: --lr-steps [3.0] lie at or beyond" in last, last
