@@ -193,5 +193,7 @@ def summarize(directory, first_failed=None):
                 f"machine lost) and the others' collectives timed out; every worker has ended; {RESUME}")
     if first_failed is not None:
         rank, status = first_failed
-        return f"{who(records.get(rank, {'rank': rank}))} exited with status {status}; its message is above"
+        lost = " (ssh's status when the connection to its host is lost)" if status == 255 else ""
+        return (f"{who(records.get(rank, {'rank': rank}))} exited with status {status}{lost}; its message is above; "
+                f"{RESUME}")
     return None
