@@ -306,19 +306,25 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, digits_data,
 # --- 1. a rank that stalls -----------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stalled", [1, 0])
-def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, digits_data, tmp_path):
-    """SIGSTOP of one worker inside epoch 2: the other waits in its next allreduce; its watchdog ends it after
-    --stall-timeout, naming the stopped rank (rank 0 also holds the workspace lock)."""
+@pytest.mark.parametrize("stalled, how", [(1, "SIGSTOP"), (0, "SIGSTOP"), (1, "hang")])
+def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digits_data, tmp_path):
+    """Inside epoch 2 one worker stops (SIGSTOP: frozen, as a lost machine) or hangs alive (sleeps in its step,
+    as on a hung file system): the other waits in its next allreduce, and the watchdogs end the run after
+    --stall-timeout, naming the stalled rank (rank 0 also holds the workspace lock)."""
     workspace = tmp_path / "ws"
     command = runner_command(digits_data, workspace, extra=["--stall-timeout", str(STALL_TIMEOUT)])
-    process = start(command, tmp_path / "stall")
+    env = None
+    if how == "hang":
+        env = environment(PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_KIND="hang",
+                          RN50_INJECT_RANK=str(stalled), RN50_INJECT_STEP=str(STEPS + 3))
+    process = start(command, tmp_path / "stall", env=env)
     try:
         victim = wait_for(lambda: worker(process, 1 - stalled) and worker(process, stalled), "the workers to start",
                           300, process)
         members = run_processes(process)
         wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
-        victim.suspend()
+        if how == "SIGSTOP":
+            victim.suspend()
         ended = time.monotonic()
         process.wait(timeout=120)  # hang guard
         ended = time.monotonic() - ended
@@ -328,11 +334,15 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, digits_dat
                 member.kill()
     line = last_line(tmp_path / "stall")
     assert line.startswith(f"runner: error: rank {stalled} (host "), line
-    assert f", pid {victim.pid}) stalled: no sign of life for " in line
-    assert f"seen by rank {1 - stalled} after " in line and f"(--stall-timeout {STALL_TIMEOUT})" in line
+    if how == "SIGSTOP":
+        assert f", pid {victim.pid}) stalled: no sign of life for " in line
+        assert f"seen by rank {1 - stalled} after " in line
+    else:
+        assert f", pid {victim.pid}) stalled: stuck in fit.py:" in line and " train_one_epoch" in line
+    assert f"without progress (--stall-timeout {STALL_TIMEOUT})" in line
     assert "rerun the same command to resume" in line
     assert_ended_cleanly(process, members, workspace)
-    print(f"rank {stalled} stopped: the run ended {ended:.1f} s after")
+    print(f"rank {stalled} {how}: the run ended {ended:.1f} s after")
     assert_intact(workspace, "0001")
     assert_resumes(command, workspace, "0001")
 

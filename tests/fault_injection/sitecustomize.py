@@ -1,6 +1,7 @@
 """Test-only fault injection (tests/test_faults.py puts this folder on PYTHONPATH): in the worker whose
-HOROVOD_RANK is RN50_INJECT_RANK, fit.train_step raises RuntimeError at call RN50_INJECT_STEP. Every other
-process (runner, the launcher, the other ranks) is untouched."""
+HOROVOD_RANK is RN50_INJECT_RANK, fit.train_step raises RuntimeError at call RN50_INJECT_STEP, or with
+RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive but stuck: a hung file system, a GPU fault). Every
+other process (runner, the launcher, the other ranks) is untouched."""
 import os
 import sys
 
@@ -26,6 +27,9 @@ else:
                 def train_step(*args, **kwargs):
                     calls[0] += 1
                     if calls[0] == int(os.environ.get("RN50_INJECT_STEP", "1")):
+                        if os.environ.get("RN50_INJECT_KIND") == "hang":
+                            import time
+                            time.sleep(3600)
                         raise RuntimeError(f"injected fault at step {calls[0]}")
                     return real_step(*args, **kwargs)
                 module.train_step = train_step
