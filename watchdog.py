@@ -81,7 +81,7 @@ class Watchdog(threading.Thread):
         seen = f"after {idle:.0f} s without progress (--stall-timeout {self.timeout:g})"
         silent = faults.silent_ranks(exclude=self.rank)
         stuck = [r for r in faults.read_all(faults.directory()).values()
-                 if r["rank"] != self.rank and not r.get("waiting", True) and "failure" not in r]
+                 if r["rank"] != self.rank and not r.get("waiting", True) and r.get("kind") in (None, "stall")]
         if not waiting:
             culprit, line = me, f"{faults.who(me)} stalled: stuck in {place} {seen}"
         elif silent:
