@@ -347,6 +347,63 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digit
     assert_resumes(command, workspace, "0001")
 
 
+# --- 5. a slow leak over a long run ----------------------------------------------------------------------------
+
+LONG_EPOCHS = 100
+
+
+def epochs_done(workspace):
+    log = workspace / "log.jsonl"
+    return sum(1 for line in open(log) if '"type": "epoch"' in line) if log.exists() else 0
+
+
+@pytest.mark.slow
+def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
+    """100 short epochs, 2 workers: the training pipeline rebuilt each epoch (--seed), validation, a checkpoint
+    saved (and verified) and the oldest removed each epoch, the log appended. Each worker's resident memory and
+    open file descriptors after the last epochs stay within a few percent of those after epoch 5."""
+    workspace = tmp_path / "ws"
+    command = [sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "-b", "8", "-e", str(LONG_EPOCHS),
+               "-l", "0.1", "--dtype", "float32", "--data-backend", "dali-cpu", "--data-root", str(digits_data),
+               "--dali-threads", "1", "--dali-validation-threads", "1", "--num-layers", "18", "--num-classes", "10",
+               "--image-shape", "3,32,32", "--data-val-resize", "32", "--warmup-epochs", "0", "--num-examples", "32",
+               "--seed", "3", "--benchmark-iters", "2", "--workspace", str(workspace)]
+    process = start(command, tmp_path / "long")
+    samples = {}  # epoch: [(rss, fds) of rank 0, of rank 1]
+    try:
+        workers = wait_for(lambda: [worker(process, r) for r in (0, 1)] if worker(process, 0) and
+                           worker(process, 1) else None, "the workers to start", 300, process)
+        seen = 0
+        deadline = time.monotonic() + 1800  # hang guard
+        while process.poll() is None and time.monotonic() < deadline:
+            done = epochs_done(workspace)
+            if done > seen:
+                seen = done
+                try:
+                    samples[done] = [(w.memory_info().rss, w.num_fds()) for w in workers]
+                except psutil.NoSuchProcess:  # the last epoch: the workers are ending
+                    pass
+            time.sleep(0.2)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            for member in run_processes(process):
+                member.kill()
+    assert process.returncode == 0, open(tmp_path / "long.err").read()[-3000:]
+    assert epochs_done(workspace) == LONG_EPOCHS
+    late = [e for e in samples if e >= LONG_EPOCHS - 5]
+    assert 5 in samples and late, sorted(samples)
+    for rank in (0, 1):
+        rss5, fds5 = samples[5][rank]
+        rss_end = max(samples[e][rank][0] for e in late)
+        fds_end = max(samples[e][rank][1] for e in late)
+        print(f"rank {rank}: after epoch 5 {rss5 / 2**20:.0f} MiB, {fds5} fds; epochs {min(late)}-{max(late)}: "
+              f"{rss_end / 2**20:.0f} MiB, {fds_end} fds")
+        assert rss_end <= rss5 * 1.05, f"rank {rank}: resident memory grew from {rss5} to {rss_end} bytes"
+        assert fds_end <= fds5 + 2, f"rank {rank}: open file descriptors grew from {fds5} to {fds_end}"
+    assert len(list(workspace.glob("*.state.json"))) == 3  # --keep-last
+
+
 # --- runner's reading of the workers' records (no processes) -------------------------------------------------
 
 def test_runner_names_the_first_real_fault_not_the_teardown(tmp_path):
