@@ -52,7 +52,9 @@ def install(rank, environ=os.environ):
     recorded (its traceback printed as usual)."""
     global _record, _path
     folder = environ.get(FAULTS_ENV)
-    _record = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    host = environ.get("HOROVOD_HOSTNAME", "")  # the name in runner's -H (horovodrun), else the machine's own
+    host = host if host and host not in ("localhost", "127.0.0.1") else socket.gethostname()
+    _record = {"rank": rank, "host": host, "pid": os.getpid(), "started": time.time()}
     _path = os.path.join(folder, f"rank-{rank}.json") if folder and os.path.isdir(folder) else None
     _write()
     sys.excepthook = _excepthook
@@ -82,9 +84,12 @@ def fail(prog, message, status=2):
     """``prog: error: message`` (cli.fail's line), recorded; a worker among several then ends at once, as its
     exit would wait in Horovod's and MXNet's shutdown for ranks that wait for it."""
     record_failure(message)
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    _say(f"{prog}: error: {message}")
     if _path is not None or "HOROVOD_RANK" in os.environ:
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
         os._exit(status)
     sys.exit(status)
 
@@ -97,23 +102,40 @@ def heartbeat(**fields):
     _write()
 
 
+def _say(line):
+    """A line on stderr, which may be gone with the launcher (an SSH session cut)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def _excepthook(kind, error, traceback):
-    line = first_line(error)
-    if is_teardown(line) and not isinstance(error, KeyboardInterrupt):
-        silent = silent_ranks(exclude=_record["rank"])
-        record_failure(line, "teardown", silent=silent)
-        who = f"rank(s) {', '.join(str(r['rank']) for r in silent)} silent" if silent else "another rank failed"
-        print(f"train.py: rank {_record['rank']}: stopped, as the collectives failed ({who}): {line[:200]}",
-              file=sys.stderr, flush=True)
-        os._exit(TEARDOWN_EXIT)  # no atexit: MXNet's and Horovod's shutdown would only repeat the error
-    record_failure(line, "error")
-    sys.__excepthook__(kind, error, traceback)
-    if _path is not None or "HOROVOD_RANK" in os.environ:  # one of several workers
-        # Horovod's shutdown at exit can wait for ranks that wait for this one: end now (the kernel frees the
-        # workspace lock), so the launcher sees this rank fail first and stops the others at once.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+    worker = _path is not None or "HOROVOD_RANK" in os.environ  # one of several workers
+    try:
+        line = first_line(error)
+        if is_teardown(line) and not isinstance(error, KeyboardInterrupt):
+            silent = silent_ranks(exclude=_record["rank"])
+            record_failure(line, "teardown", silent=silent)
+            who = f"rank(s) {', '.join(str(r['rank']) for r in silent)} silent" if silent else "another rank failed"
+            _say(f"train.py: rank {_record['rank']}: stopped, as the collectives failed ({who}): {line[:200]}")
+            worker = True  # no atexit: MXNet's and Horovod's shutdown would only repeat the error, or hang
+        else:
+            record_failure(line, "error")
+            sys.__excepthook__(kind, error, traceback)
+    except BaseException:  # noqa: B036  the hook must reach its end (a broken stderr, an interrupt)
+        pass
+    finally:
+        if worker:
+            # Horovod's and MXNet's shutdown at exit can wait for ranks that wait for this one, or crash and hang
+            # (MXNotifyShutdown): end now (the kernel frees the workspace lock), so the launcher sees this rank
+            # fail and stops the others at once.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(TEARDOWN_EXIT)
 
 
 # --- reading the records (watchdog and runner) -----------------------------------------------------------------
@@ -193,7 +215,8 @@ def summarize(directory, first_failed=None):
                 f"machine lost) and the others' collectives timed out; every worker has ended; {RESUME}")
     if first_failed is not None:
         rank, status = first_failed
-        lost = " (ssh's status when the connection to its host is lost)" if status == 255 else ""
+        lost = (" (ssh's: the connection to its host ended: the host or the network lost, or the worker killed)"
+                if status == 255 else "")
         return (f"{who(records.get(rank, {'rank': rank}))} exited with status {status}{lost}; its message is above; "
                 f"{RESUME}")
     return None

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import cli
@@ -501,6 +502,7 @@ def main(argv=None, kit_dir=KIT_DIR):
         else:
             status, failure = run_mpirun(command)
         reaper.finish()
+        wait_for_workspace(peek_extra(extra).workspace)
         summary = faults.summarize(fault_dir, first_failed) if status != 0 else None
         sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:
@@ -516,6 +518,23 @@ def refuse_busy_workspace(given):
         holder = run_lock.holder(given.workspace)
         if holder is not None:
             fail(run_lock.busy_message(given.workspace, holder))
+
+
+def wait_for_workspace(workspace, patience_s=60.0):
+    """Workers on other hosts are out of the Reaper's reach: wait (bounded) until the one holding the workspace
+    lock has ended, so that the same command can be rerun at once."""
+    if not workspace:
+        return
+    deadline = time.monotonic() + patience_s
+    holder = run_lock.holder(workspace)
+    if holder is not None:
+        print(f"runner: note: waiting for {run_lock.describe(holder)} to end and free {workspace}", file=sys.stderr)
+    while holder is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        holder = run_lock.holder(workspace)
+    if holder is not None:
+        print(f"runner: note: {run_lock.describe(holder)} still holds {workspace}; it ends when its collectives "
+              "fail or --stall-timeout passes, or stop it by hand", file=sys.stderr)
 
 
 def conclude(status, failure, outcome, summary=None):

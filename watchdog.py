@@ -11,13 +11,18 @@ engine's waits) and stands still while the thread waits in a collective or in th
 for --stall-timeout seconds, the worker looks at the others' heartbeats (faults.py) to name the rank that stalled,
 prints one line, records it for runner, and exits with status 124 (no clean-up: the kernel frees its workspace
 lock). Every waiting rank does the same; the launcher then ends the stalled one.
+
+The same thread notices when the worker's launcher is gone (its parent process changed: an SSH session cut, a
+launcher killed outright) and asks for a stop, as SIGTERM does: save at the next step boundary and end.
 """
 import os
+import signal
 import sys
 import threading
 import time
 
 import faults
+import world
 
 DEFAULT_STALL_TIMEOUT = 600.0
 STALL_EXIT = 124
@@ -59,8 +64,12 @@ class Watchdog(threading.Thread):
 
     def run(self):
         cpu, since = time.clock_gettime(self.clock), time.monotonic()
+        launched, parent = world.launched_world(os.environ) is not None, os.getppid()
         while self.main.is_alive():
             time.sleep(self.period)
+            if launched and os.getppid() != parent:
+                parent = os.getppid()
+                self.launcher_gone()
             try:
                 now_cpu = time.clock_gettime(self.clock)
             except OSError:  # the main thread is gone
@@ -74,6 +83,18 @@ class Watchdog(threading.Thread):
             faults.heartbeat(where=place, waiting=waiting, idle=now - since, period=self.period)
             if now - since > self.timeout:
                 self.fire(place, waiting, now - since)
+
+    def launcher_gone(self):
+        """This worker's launcher went away (its SSH session cut, its mpirun or horovodrun killed outright): save
+        and stop as on SIGTERM, rather than train on unseen, holding the workspace. Where the other ranks are gone
+        too, the collectives fail and the worker ends at once."""
+        line = f"rank {self.rank}: the process that started this worker is gone; saving a checkpoint and stopping"
+        faults.heartbeat(launcher_gone=time.time())
+        try:
+            print(f"train.py: {line}", file=sys.stderr, flush=True)
+        except OSError:
+            pass  # the output went with the launcher
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def fire(self, place, waiting, idle):
         me = {"rank": self.rank, "host": faults._record["host"], "pid": os.getpid()} if faults._record else \

@@ -7,6 +7,7 @@ import json
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -347,6 +348,71 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digit
     assert_resumes(command, workspace, "0001")
 
 
+# --- 6. a host lost under SSH ---------------------------------------------------------------------------------
+
+def run_members(workspace):
+    """Every process of a run on this machine, launched here or through sshd: their command names the workspace."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if process.pid != os.getpid() and str(workspace) in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["worker killed", "connection lost"])
+def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
+    """Two "hosts" (hostA, hostB: loopback addresses, a real sshd) under horovodrun: hostB's worker is killed, or
+    hostB's SSH session is cut (the worker lives on, orphaned, as on a network partition). runner names rank 1 on
+    hostB; the orphaned workers save and stop (their launcher is gone), none is left; the rerun resumes."""
+    from test_launchers import need_ssh_hosts
+    need_ssh_hosts()
+    workspace = tmp_path / "ws"
+    command = runner_command(digits_data, workspace, extra=["-H", "hostA:1,hostB:1"])
+    env = venv_env()
+    env.pop("OMP_NUM_THREADS")  # runner sets each worker's share
+    process = start(command, tmp_path / "lost", env=env, stdin=subprocess.DEVNULL)
+
+    def rank1():
+        for member in run_members(workspace):
+            try:
+                if member.environ().get("HOROVOD_RANK") == "1" and member.name().startswith("python"):
+                    return member
+            except psutil.Error:
+                pass
+    try:
+        victim = wait_for(rank1, "rank 1's worker on hostB", 300, process)
+        wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        if how == "worker killed":
+            victim.kill()
+        else:  # the sshd process of hostB's session
+            session = victim.parent()
+            while session is not None and session.name() != "sshd":
+                session = session.parent()
+            session.kill()
+        ended = time.monotonic()
+        process.wait(timeout=180)  # hang guard
+        ended = time.monotonic() - ended
+    finally:
+        if process.poll() is None:
+            for member in run_processes(process) + run_members(workspace):
+                member.kill()
+    line = last_line(tmp_path / "lost")
+    assert process.returncode != 0
+    assert line.startswith(f"runner: error: rank 1 (host hostB, pid {victim.pid}) "), line
+    assert "rerun the same command to resume" in line
+    wait_for(lambda: not run_members(workspace), "no process of the run left on either host", 30)
+    import checkpoint
+    import run_lock
+    assert run_lock.holder(str(workspace)) is None
+    latest = checkpoint.find_latest(str(workspace / "model"))
+    print(f"{how}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
+    assert_intact(workspace, os.path.basename(latest["state_path"])[len("model-"):-len(".state.json")])
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {latest['state_path']}" in result.stderr
+
+
 # --- 5. a slow leak over a long run ----------------------------------------------------------------------------
 
 LONG_EPOCHS = 100
@@ -391,16 +457,18 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
                 member.kill()
     assert process.returncode == 0, open(tmp_path / "long.err").read()[-3000:]
     assert epochs_done(workspace) == LONG_EPOCHS
-    late = [e for e in samples if e >= LONG_EPOCHS - 5]
-    assert 5 in samples and late, sorted(samples)
+    # Resident memory moves with the moment of the sample (rank 0 saves a checkpoint each epoch): medians of ten
+    # epochs, after the first five (MXNet's and DALI's pools fill up) and at the end.
+    early = [samples[e] for e in range(5, 15) if e in samples]
+    late = [samples[e] for e in range(LONG_EPOCHS - 11, LONG_EPOCHS) if e in samples]
+    assert len(early) >= 5 and len(late) >= 5, sorted(samples)
     for rank in (0, 1):
-        rss5, fds5 = samples[5][rank]
-        rss_end = max(samples[e][rank][0] for e in late)
-        fds_end = max(samples[e][rank][1] for e in late)
-        print(f"rank {rank}: after epoch 5 {rss5 / 2**20:.0f} MiB, {fds5} fds; epochs {min(late)}-{max(late)}: "
-              f"{rss_end / 2**20:.0f} MiB, {fds_end} fds")
-        assert rss_end <= rss5 * 1.05, f"rank {rank}: resident memory grew from {rss5} to {rss_end} bytes"
-        assert fds_end <= fds5 + 2, f"rank {rank}: open file descriptors grew from {fds5} to {fds_end}"
+        rss_early, rss_late = (statistics.median(s[rank][0] for s in part) for part in (early, late))
+        fds_early, fds_late = (max(s[rank][1] for s in part) for part in (early, late))
+        print(f"rank {rank}: epochs 5-14 {rss_early / 2**20:.0f} MiB, {fds_early} fds; epochs "
+              f"{LONG_EPOCHS - 11}-{LONG_EPOCHS - 1}: {rss_late / 2**20:.0f} MiB, {fds_late} fds")
+        assert rss_late <= rss_early * 1.05, f"rank {rank}: resident memory grew from {rss_early} to {rss_late}"
+        assert fds_late <= fds_early + 2, f"rank {rank}: open file descriptors grew from {fds_early} to {fds_late}"
     assert len(list(workspace.glob("*.state.json"))) == 3  # --keep-last
 
 
