@@ -19,6 +19,8 @@ import socket
 import sys
 import time
 
+import world
+
 FAULTS_ENV = "RN50_FAULTS"
 # How a collective fails once another rank is gone: Horovod's shutdown, Gloo's and MPI's transport errors.
 TEARDOWN_MARKS = ("Horovod has been shut down", "HorovodInternalError", "HorovodShutdown", "Connection reset by peer",
@@ -85,7 +87,7 @@ def fail(prog, message, status=2):
     exit would wait in Horovod's and MXNet's shutdown for ranks that wait for it."""
     record_failure(message)
     _say(f"{prog}: error: {message}")
-    if _path is not None or "HOROVOD_RANK" in os.environ:
+    if _is_worker():
         try:
             sys.stdout.flush()
         except (OSError, ValueError):
@@ -102,6 +104,11 @@ def heartbeat(**fields):
     _write()
 
 
+def _is_worker():
+    """One of a launcher's workers (horovodrun, mpirun, srun), not a process run by hand."""
+    return _path is not None or world.launched_world(os.environ) is not None
+
+
 def _say(line):
     """A line on stderr, which may be gone with the launcher (an SSH session cut)."""
     try:
@@ -111,7 +118,7 @@ def _say(line):
 
 
 def _excepthook(kind, error, traceback):
-    worker = _path is not None or "HOROVOD_RANK" in os.environ  # one of several workers
+    worker = _is_worker()
     try:
         line = first_line(error)
         if is_teardown(line) and not isinstance(error, KeyboardInterrupt):
