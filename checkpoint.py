@@ -10,18 +10,34 @@ For each checkpoint, with tag NNNN (epochs completed) or NNNN-stepSSSSSS (stoppe
 Every file goes to a temporary name, is flushed to disk, then renamed. The state file is written last and
 names the others, so a checkpoint counts as complete only when its state file exists: a run killed at any
 moment leaves either a complete checkpoint or none under the final names (plus stray .tmp files).
+
+Damage after the fact (a truncated copy, a flipped bit, a lost file): the state file records each file's size
+and SHA-256 and a checksum of its own contents. Listing checkpoints checks the sizes; find_latest (what a resume
+and a scoring run pick) checks the contents too and falls back to the newest checkpoint that is whole, with a
+warning naming each bad file. A save that fails (the disk full) removes what it wrote and raises
+CheckpointError: the earlier checkpoints are untouched.
 """
+import errno
 import glob
+import hashlib
 import json
 import os
 import re
 import shutil
 
 import mxnet as mx
+import numpy as np
 
 import models
 
 STATE_SUFFIX = ".state.json"
+TAG = r"-\d{4}(?:-step\d{6})?"
+# Errors of a full disk, a full quota or the process's file-size limit (RLIMIT_FSIZE: EFBIG, SIGXFSZ ignored).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written (the disk is full) or read (it is damaged): one line for the user."""
 
 
 class CheckpointError(Exception):
@@ -41,6 +57,8 @@ def load_params(net, path, ctxs):
     except ValueError as error:
         raise CheckpointError(f"{error}: it was saved from another architecture; check --arch/--num-layers/"
                               "--num-classes")
+    except mx.base.MXNetError as error:  # faults: a truncated or foreign file
+        raise CheckpointError(f"{path} is damaged or not a parameter file ({mxnet_message(error)})")
 
 
 def _fsync(path):
@@ -61,82 +79,268 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def state_checksum(state):
+    """SHA-256 of a state's contents (without its own "checksum" and the paths read_state adds)."""
+    body = {k: v for k, v in state.items() if k not in ("checksum", "paths", "state_path")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def tag_for(epoch, step=0):
     return f"{epoch:04d}" if step == 0 else f"{epoch:04d}-step{step:06d}"
+
+
+def mxnet_message(error):
+    """The line of an MXNetError that says what failed (its text may start with the C++ traceback)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("MXNetError:")]
+    return (said[0] if said else lines[-1] if lines else "MXNetError").replace("MXNetError: ", "MXNet: ", 1)
+
+
+def _export(net, tmp_prefix):
+    """net.export to ``tmp_prefix``; returns the parameter file. MXNet's file writer reports a failed write as
+    "FileStream.Write incomplete" without the cause, and drops an error at close (leaving a short file): so the
+    file is read back, and on failure a write of the same size from Python finds the cause (OSError)."""
+    path = f"{tmp_prefix}-0000.params"
+    try:
+        net.export(tmp_prefix, epoch=0)
+        mx.nd.load(path)
+        return path
+    except mx.base.MXNetError as error:
+        arrays = [p.list_data()[0] for p in net.collect_params().values()]
+        raise _write_error(path, sum(a.size * np.dtype(a.dtype).itemsize for a in arrays)) or error
+
+
+def _write_error(path, size):
+    """The OSError that writing ``size`` bytes to ``path`` meets now, or None."""
+    block = bytes(1 << 20)
+    try:
+        with open(path, "wb") as f:
+            for start in range(0, size, len(block)):
+                f.write(block[:size - start])
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as error:
+        return error
+    return None
 
 
 def save(prefix, net, trainer, state, ema=None, best=False):
     """Write one checkpoint (rank 0 only); ``state`` is a JSON-able dict with at least epoch and step. ``best``:
     True copies the parameters to <prefix>-best.params; a function is called with an ``export()`` that writes
-    the network's current weights there (the caller puts the scored weights in place around it)."""
+    the network's current weights there (the caller puts the scored weights in place around it).
+
+    Raises CheckpointError when a file cannot be written (the disk full, its quota, a file-size limit): what this
+    save wrote is removed first, so no part of it is taken for a checkpoint later."""
     directory, name = os.path.split(prefix)
     tag = tag_for(state["epoch"], state["step"])
     tmp_prefix = os.path.join(directory, f".tmp-{name}")
     files = {"symbol": f"{name}-symbol.json", "params": f"{name}-{tag}.params", "states": f"{name}-{tag}.states"}
-    net.export(tmp_prefix, epoch=0)
-    _commit(f"{tmp_prefix}-0000.params", f"{prefix}-{tag}.params")
-    _commit(f"{tmp_prefix}-symbol.json", f"{prefix}-symbol.json")
-    trainer.save_states(f"{tmp_prefix}.states")
-    _commit(f"{tmp_prefix}.states", f"{prefix}-{tag}.states")
-    if ema is not None:
-        mx.nd.save(f"{tmp_prefix}-ema.params", ema)
-        _commit(f"{tmp_prefix}-ema.params", f"{prefix}-{tag}-ema.params")
-        files["ema"] = f"{name}-{tag}-ema.params"
-    if best is True:
-        shutil.copyfile(f"{prefix}-{tag}.params", f"{tmp_prefix}-best.params")
-        _commit(f"{tmp_prefix}-best.params", f"{prefix}-best.params")
-    elif best:  # the weights that were scored are not the live ones (EMA): best(export) writes them
-        best(lambda: _export_as(net, tmp_prefix, f"{prefix}-best.params"))
-    state = dict(state, files=files)
-    with open(f"{tmp_prefix}{STATE_SUFFIX}", "w") as f:
-        json.dump(state, f, indent=1)
-    _commit(f"{tmp_prefix}{STATE_SUFFIX}", f"{prefix}-{tag}{STATE_SUFFIX}")
-    _fsync_dir(directory)
+    checks = {}  # kind: size and SHA-256 of each file this checkpoint owns
+    written = []  # those files under their final names, removed if the save fails
+
+    def commit(tmp, final, kind=None):
+        _commit(tmp, final)
+        if kind:
+            written.append(final)
+            checks[kind] = {"size": os.path.getsize(final), "sha256": sha256(final)}
+
+    try:
+        commit(_export(net, tmp_prefix), f"{prefix}-{tag}.params", "params")
+        commit(f"{tmp_prefix}-symbol.json", f"{prefix}-symbol.json")
+        trainer.save_states(f"{tmp_prefix}.states")
+        commit(f"{tmp_prefix}.states", f"{prefix}-{tag}.states", "states")
+        if ema is not None:
+            mx.nd.save(f"{tmp_prefix}-ema.params", ema)
+            mx.nd.load(f"{tmp_prefix}-ema.params")
+            files["ema"] = f"{name}-{tag}-ema.params"
+            commit(f"{tmp_prefix}-ema.params", f"{prefix}-{tag}-ema.params", "ema")
+        if best is True:
+            shutil.copyfile(f"{prefix}-{tag}.params", f"{tmp_prefix}-best.params")
+            commit(f"{tmp_prefix}-best.params", f"{prefix}-best.params")
+        elif best:  # the weights that were scored are not the live ones (EMA): best(export) writes them
+            def export_best():
+                commit(_export(net, tmp_prefix), f"{prefix}-best.params")
+                os.remove(f"{tmp_prefix}-symbol.json")  # the checkpoint's own is in place already
+            best(export_best)
+        state = dict(state, files=files, checks=checks)
+        state["checksum"] = state_checksum(state)
+        with open(f"{tmp_prefix}{STATE_SUFFIX}", "w") as f:
+            json.dump(state, f, indent=1)
+        _commit(f"{tmp_prefix}{STATE_SUFFIX}", f"{prefix}-{tag}{STATE_SUFFIX}")
+        _fsync_dir(directory)
+    except (OSError, mx.base.MXNetError) as error:
+        for path in written + glob.glob(glob.escape(tmp_prefix) + "*"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        raise CheckpointError(save_failure(prefix, tag, error)) from None
     return f"{prefix}-{tag}.params"
 
 
-def _export_as(net, tmp_prefix, final):
-    """``net``'s current weights, exported (arg:/aux: names) to ``final`` atomically."""
-    net.export(f"{tmp_prefix}-best", epoch=0)
-    os.remove(f"{tmp_prefix}-best-symbol.json")
-    _commit(f"{tmp_prefix}-best-0000.params", final)
+def save_failure(prefix, tag, error):
+    """One line: why checkpoint ``tag`` was not saved, where, what is still there, and what to do."""
+    where = os.path.abspath(os.path.dirname(prefix) or ".")
+    previous = find_latest(prefix)
+    kept = f"the last complete checkpoint, {previous['state_path']}, is intact" if previous else \
+        "there is no earlier complete checkpoint"
+    name = f"{os.path.basename(prefix)}-{tag}"
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+        return (f"the disk is full: cannot save checkpoint {name} in {where} ({error.strerror}); {kept}; free "
+                "space there (or give another --workspace) and rerun the same command to resume")
+    detail = (getattr(error, "strerror", None) or str(error)).strip().splitlines()
+    return (f"cannot save checkpoint {name} in {where} ({detail[0] if detail else type(error).__name__}); "
+            f"{kept}; fix that and rerun the same command to resume")
 
 
-def read_state(path):
-    """The state dict of a complete checkpoint, with paths made absolute; None if incomplete or unreadable."""
+def inspect(path, verify=False):
+    """(state, None) for the complete checkpoint whose state file is ``path``, paths made absolute; (None, why)
+    for one that is incomplete or damaged. ``verify``: compare the files' contents with their recorded SHA-256
+    (else only their sizes). Checkpoints saved before sizes and checksums were recorded pass on what they have."""
     try:
         with open(path) as f:
             state = json.load(f)
+    except FileNotFoundError:
+        return None, f"{path} does not exist"
+    except OSError as error:
+        return None, f"{path} cannot be read ({error.strerror})"
+    except ValueError:
+        return None, f"{path} is damaged (not valid JSON)"
+    if not isinstance(state, dict) or "checksum" in state and state["checksum"] != state_checksum(state):
+        return None, f"{path} is damaged (its contents do not match their checksum)"
+    try:
         directory = os.path.dirname(path)
         state["paths"] = {k: os.path.join(directory, v) for k, v in state["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not all(os.path.isfile(p) for p in state["paths"].values()):
-        return None
+        int(state["epoch"]), int(state["step"])
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None, f"{path} is damaged (no epoch, step or file list)"
+    for kind, file in state["paths"].items():
+        if not os.path.isfile(file):
+            return None, f"{file} is missing (named by {os.path.basename(path)})"
+        check = (state.get("checks") or {}).get(kind)
+        if check and os.path.getsize(file) != check["size"]:
+            return None, f"{file} is damaged ({os.path.getsize(file)} bytes, {check['size']} when saved)"
+        if check and verify and sha256(file) != check["sha256"]:
+            return None, f"{file} is damaged (its contents differ from when it was saved)"
     state["state_path"] = path
-    return state
+    return state, None
 
 
-def list_complete(prefix):
-    """The complete checkpoints of ``prefix``, oldest first (by epochs, then steps)."""
-    pattern = re.compile(re.escape(os.path.basename(prefix)) + r"-\d{4}(-step\d{6})?" + re.escape(STATE_SUFFIX) + "$")
-    states = [read_state(p) for p in glob.glob(glob.escape(prefix) + "-*" + STATE_SUFFIX)
-              if pattern.match(os.path.basename(p))]
-    return sorted((s for s in states if s is not None), key=lambda s: (s["epoch"], s["step"]))
+def read_state(path, verify=False):
+    """The state dict of a complete checkpoint, with paths made absolute; None if incomplete or damaged."""
+    return inspect(path, verify)[0]
 
 
-def find_latest(prefix):
-    """The newest complete checkpoint of ``prefix`` (most epochs, then most steps), or None."""
-    states = list_complete(prefix)
-    return states[-1] if states else None
+def _state_files(prefix):
+    pattern = re.compile(re.escape(os.path.basename(prefix)) + TAG + re.escape(STATE_SUFFIX) + "$")
+    return [p for p in glob.glob(glob.escape(prefix) + "-*" + STATE_SUFFIX) if pattern.match(os.path.basename(p))]
 
 
-def to_score(load, workspace, model_prefix):
-    """The parameters --mode val/pred score: --load, else the latest complete checkpoint of the workspace; None
-    when there is none."""
+def _order(tag_path):
+    """(epoch, step) of a checkpoint file's name."""
+    match = re.search(r"-(\d{4})(?:-step(\d{6}))?(?:\.state\.json|\.params)$", tag_path)
+    return (int(match[1]), int(match[2] or 0)) if match else (-1, -1)
+
+
+def list_complete(prefix, problems=None):
+    """The complete checkpoints of ``prefix``, oldest first (by epochs, then steps). ``problems``: a list that
+    gets (epoch, step, why) for each state file that names a missing or damaged file."""
+    states = []
+    for path in _state_files(prefix):
+        state, why = inspect(path)
+        if state is not None:
+            states.append(state)
+        elif problems is not None:
+            problems.append(_order(path) + (why,))
+    return sorted(states, key=lambda s: (s["epoch"], s["step"]))
+
+
+def orphans(prefix):
+    """<prefix>-<tag>.params files without their state file: a save cut short, or a state file lost."""
+    pattern = re.compile(re.escape(os.path.basename(prefix)) + TAG + r"\.params$")
+    return [p for p in glob.glob(glob.escape(prefix) + "-*.params") if pattern.match(os.path.basename(p))
+            and not os.path.exists(p[:-len(".params")] + STATE_SUFFIX)]
+
+
+def find_latest(prefix, warn=None, problems=None):
+    """The newest complete checkpoint of ``prefix`` (most epochs, then most steps) whose files are whole, or None.
+
+    Damaged or incomplete checkpoints newer than the one returned are skipped; ``warn`` (a function of one
+    string, e.g. logging.warning) hears of each, naming the bad file; ``problems`` (a list) gets (epoch, step,
+    why) for each state file skipped."""
+    problems = [] if problems is None else problems
+    states = list_complete(prefix, problems)
+    chosen = None
+    for state in reversed(states):
+        verified, why = inspect(state["state_path"], verify=True)
+        if verified is not None:
+            chosen = verified
+            break
+        problems.append((state["epoch"], state["step"], why))
+    if warn is not None:
+        floor = (chosen["epoch"], chosen["step"]) if chosen else (-1, -1)
+        lost = [_order(p) + (f"{p} has no {os.path.basename(p)[:-len('.params')]}{STATE_SUFFIX} beside it "
+                             "(a save cut short, or the file was lost)",) for p in orphans(prefix)]
+        fallback = f"falling back to {chosen['state_path']}" if chosen else "no whole checkpoint is left"
+        for epoch, step, why in sorted(p for p in problems + lost if p[:2] > floor):
+            warn(f"skipping checkpoint {os.path.basename(prefix)}-{tag_for(epoch, step)}: {why}; {fallback}")
+    return chosen
+
+
+def resume_point(prefix, warn=None):
+    """find_latest for --resume auto, which refuses to start afresh over checkpoints that are all damaged."""
+    problems = []
+    latest = find_latest(prefix, warn, problems)
+    if latest is None and problems:
+        raise CheckpointError(f"every checkpoint of {prefix} is damaged or incomplete ({problems[-1][2]}); "
+                              "restore one, or start afresh with --resume none (the damaged files are moved aside)")
+    return latest
+
+
+def named(path):
+    """(state, None) for the checkpoint a user names by its .params or state file, its files verified; else
+    (None, why)."""
+    if path.endswith(STATE_SUFFIX):
+        return inspect(path, verify=True)
+    if re.search(TAG + r"\.params$", path):
+        return inspect(path[:-len(".params")] + STATE_SUFFIX, verify=True)
+    return None, f"{path} is not a <prefix>-NNNN[-stepSSSSSS].params or {STATE_SUFFIX} file"
+
+
+def check_loadable(params_path):
+    """Refuse (CheckpointError) a named parameter file that is damaged: checked against its state file when
+    one is beside it, else by reading it (a truncated or foreign file does not load)."""
+    name = params_path[:-len(".params")] if params_path.endswith(".params") else None
+    if name and name.endswith("-ema"):
+        name = name[:-len("-ema")]
+    state_path = name + STATE_SUFFIX if name and re.search(TAG + "$", name) else None
+    if state_path and os.path.exists(state_path):
+        state, why = inspect(state_path, verify=True)
+        if state is None and os.path.abspath(params_path) in os.path.abspath(why.split(" is ")[0]):
+            raise CheckpointError(why)
+        if state is not None:
+            return
+    try:
+        mx.nd.load(params_path)
+    except mx.base.MXNetError as error:
+        raise CheckpointError(f"{params_path} is damaged or not a parameter file ({mxnet_message(error)})") \
+            from None
+
+
+def to_score(load, workspace, model_prefix, warn=None):
+    """The parameters --mode val/pred score: --load, else the latest complete checkpoint of the workspace whose
+    files are whole (``warn`` hears of damaged ones skipped); None when there is none."""
     if load:
         return load
-    latest = find_latest(workspace_path(workspace, model_prefix))
+    latest = find_latest(workspace_path(workspace, model_prefix), warn)
     return latest and latest["paths"]["params"]
 
 

@@ -1,6 +1,6 @@
 """train.py's configuration: one frozen, typed config per concern, each beside the code that reads it and the
 flags that set it (models.ModelConfig, data.DataConfig, fit.FitConfig, pretrained.FinetuneConfig,
-quantize.QuantizeConfig, predict.PredictConfig). Every flag of train.py is a field of exactly one of them; their defaults are the flags'
+quantize.QuantizeConfig, predict.PredictConfig, watchdog.WatchdogConfig). Every flag of train.py is a field of exactly one of them; their defaults are the flags'
 defaults. The entry point builds a RunConfig once from the parsed and completed flags and passes it down: no
 argparse Namespace goes past train.py."""
 import dataclasses
@@ -12,9 +12,10 @@ from models import ModelConfig
 from predict import PredictConfig
 from pretrained import FinetuneConfig
 from quantize import QuantizeConfig
+from watchdog import WatchdogConfig
 
 CONFIGS = {"model": ModelConfig, "data": DataConfig, "fit": FitConfig, "finetune": FinetuneConfig,
-           "quantize": QuantizeConfig, "predict": PredictConfig}
+           "quantize": QuantizeConfig, "predict": PredictConfig, "watchdog": WatchdogConfig}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,7 @@ class RunConfig:
     finetune: FinetuneConfig = FinetuneConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     predict: PredictConfig = PredictConfig()
+    watchdog: WatchdogConfig = WatchdogConfig()
 
     def replace(self, **changes):
         """A copy with fields changed, named concern__field (e.g. fit__seed=3): a config is never changed in place."""

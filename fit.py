@@ -527,17 +527,17 @@ def make_loss(cfg):
     return gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
 
-def resume_state(resume, prefix):
+def resume_state(resume, prefix, warn=None):
     """The checkpoint state --resume asks to continue from (``prefix``: the workspace's checkpoint prefix), or
-    None to start afresh."""
+    None to start afresh. ``warn`` hears of damaged checkpoints skipped."""
     if resume == "none":
         return None
     if resume == "auto":
-        return checkpoint.find_latest(prefix)
-    state = checkpoint.read_state(resume) if resume.endswith(checkpoint.STATE_SUFFIX) else \
-        checkpoint.state_for_params(resume)
+        return checkpoint.resume_point(prefix, warn)
+    state, why = checkpoint.named(resume)  # faults: verified, or why not
     if state is None:
-        raise TrainingError(checkpoint.why_not_resumable(resume))
+        raise TrainingError(f"--resume {resume}: {why}" if why and "damaged" in why else
+                            checkpoint.why_not_resumable(resume))
     return state
 
 
@@ -876,7 +876,7 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     describing the run, the backbone's LR as ``finetune`` says; returns (report, stopped_by_signal)."""
     prefix = workspace_path(cfg.workspace, cfg.model_prefix)
     state = prepare(cfg, run, net, ctxs, dist)
-    resumed = resume_state(cfg.resume, prefix)
+    resumed = resume_state(cfg.resume, prefix, log.warning if dist.is_primary else None)
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:

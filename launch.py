@@ -17,12 +17,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import backends
 import cli
 from cli import PREPARE_HINT, UsageError
 import devices
+import faults
 from helptext import HelpFormatter
 import rules
 import run_lock
@@ -405,8 +407,9 @@ def launcher_prefix(args, env=()):
                              "(HOROVOD_WITH_MPI=1), or use --launcher horovod")
         if args.hostfile:
             hosts = ["-hostfile", str(args.hostfile)]
-        # run_lock.OUTCOME_ENV is set just before mpirun starts (main)
-        exported = [x for key in mpirun_exports(env, os.environ) + [run_lock.OUTCOME_ENV] for x in ("-x", key)]
+        # run_lock.OUTCOME_ENV and faults.FAULTS_ENV are set just before mpirun starts (main)
+        exported = [x for key in mpirun_exports(env, os.environ) + [run_lock.OUTCOME_ENV, faults.FAULTS_ENV]
+                    for x in ("-x", key)]
         return [mpirun, "-np", str(args.ngpus), *hosts, "-bind-to", "none", "-map-by", "slot", *exported]
     nics = ["--network-interfaces", args.network_interface] if args.network_interface else []
     return [horovodrun(), "-np", str(args.ngpus), *hosts, *nics, "--gloo"]
@@ -472,14 +475,22 @@ def main(argv=None, kit_dir=KIT_DIR):
     outcome = tempfile.NamedTemporaryFile(prefix="rn50-outcome-", suffix=".json", delete=False)
     outcome.close()
     os.environ[run_lock.OUTCOME_ENV] = outcome.name
+    os.environ[faults.FAULTS_ENV] = fault_dir = tempfile.mkdtemp(prefix="rn50-faults-")  # faults: records
+    reaper = Reaper()  # faults: no worker outlives runner
     try:
+        first_failed = None
         if command[0] == horovodrun_path():
-            status, failure = run_horovodrun(command[1:])
+            status, failure, first_failed = run_horovodrun(command[1:])
         else:
             status, failure = run_mpirun(command)
-        sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name)))
+        reaper.finish()
+        wait_for_workspace(peek_extra(extra).workspace)
+        summary = faults.summarize(fault_dir, first_failed) if status != 0 else None
+        sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:
+        reaper.finish()
         os.unlink(outcome.name)
+        shutil.rmtree(fault_dir, ignore_errors=True)
 
 
 def refuse_busy_workspace(given):
@@ -491,11 +502,29 @@ def refuse_busy_workspace(given):
             fail(run_lock.busy_message(given.workspace, holder))
 
 
-def conclude(status, failure, outcome):
+def wait_for_workspace(workspace, patience_s=60.0):
+    """Workers on other hosts are out of the Reaper's reach: wait (bounded) until the one holding the workspace
+    lock has ended, so that the same command can be rerun at once."""
+    if not workspace:
+        return
+    deadline = time.monotonic() + patience_s
+    holder = run_lock.holder(workspace)
+    if holder is not None:
+        print(f"runner: note: waiting for {run_lock.describe(holder)} to end and free {workspace}", file=sys.stderr)
+    while holder is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        holder = run_lock.holder(workspace)
+    if holder is not None:
+        print(f"runner: note: {run_lock.describe(holder)} still holds {workspace}; it ends when its collectives "
+              "fail or --stall-timeout passes, or stop it by hand", file=sys.stderr)
+
+
+def conclude(status, failure, outcome, summary=None):
     """runner's exit status. The workers' own account wins over the launcher's status: on a signal sent to every
     process of the job, the launcher's shells die of it and report a failure while the workers saved and ended
     cleanly. A stop by SIGTERM/SIGUSR1 is 0 (requeue scripts go by run.lock); an interactive Ctrl-C is 130, as
-    for any command a shell sees interrupted."""
+    for any command a shell sees interrupted. ``summary``: the workers' records' account of a failure
+    (faults.summarize), else ``failure``."""
     if outcome == "stopped":
         cause = "Ctrl-C" if status == INTERRUPTED else "signal"
         print(f"runner: stopped by {cause} after saving a checkpoint; rerun the same command to resume",
@@ -506,18 +535,18 @@ def conclude(status, failure, outcome):
         return INTERRUPTED
     if outcome == "done" or status == 0:
         return 0
-    print(f"runner: error: {failure}", file=sys.stderr)
+    print(f"runner: error: {summary or failure}", file=sys.stderr)
     return status if status > 0 else 1
 
 
-def worker_processes():
+def worker_processes(mark="HOROVOD_RANK"):
     """This run's worker processes on this machine: horovodrun marks them with HOROVOD_RANK (its shells and
-    ssh clients do not have it)."""
+    ssh clients do not have it), mpirun with OMPI_COMM_WORLD_RANK."""
     import psutil  # a dependency of Horovod's launcher
     workers = []
     for process in psutil.Process().children(recursive=True):
         try:
-            if "HOROVOD_RANK" in process.environ() and "HOROVOD_RANK" not in process.parent().environ():
+            if mark in process.environ() and mark not in process.parent().environ():
                 workers.append(process)
         except (psutil.Error, AttributeError):
             pass  # gone, or not ours to inspect
@@ -592,14 +621,15 @@ def run_horovodrun(arguments):
         if not codes:
             raise
         workers = re.findall(r"Process name: (\S+)", str(error))
+        first = (int(workers[0]), int(codes[0])) if workers and workers[0].isdigit() else None  # rank, status
         return int(codes[0]), (f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
-                               f"{stop.note()}; its message is above")
+                               f"{stop.note()}; its message is above"), first
     except KeyboardInterrupt:
-        return INTERRUPTED, "interrupted"
+        return INTERRUPTED, "interrupted", None
     finally:
         stop.done.set()
         restore()
-    return (INTERRUPTED, "interrupted") if stop.interrupted else (0, "")
+    return (INTERRUPTED, "interrupted", None) if stop.interrupted else (0, "", None)
 
 
 class StopRelay:
@@ -630,6 +660,47 @@ class StopRelay:
 
     def note(self):
         return " after a stop signal, before the workers had saved a checkpoint" if self.requested.is_set() else ""
+
+
+class Reaper:
+    """Keeps track of the run's workers on this machine (a thread looks every half second) and, once the launcher
+    is done, ends any it left behind (a worker stopped by SIGSTOP, or stuck in the kernel, outlives horovodrun's
+    teardown) and waits until they are gone: their workspace lock goes with them, so the same command can be
+    rerun at once."""
+
+    def __init__(self):
+        self.seen = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self):
+        while not self.done.is_set():
+            for mark in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
+                for worker in worker_processes(mark):
+                    self.seen.setdefault(worker.pid, worker)
+            self.done.wait(0.5)
+
+    def finish(self, patience_s=10.0):
+        """End the workers still running (SIGKILL, after ``patience_s`` for the launcher's own teardown); returns
+        their pids."""
+        import psutil
+        if self.done.is_set():
+            return []
+        self.done.set()
+        self.thread.join()
+        alive = [p for p in self.seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = psutil.wait_procs(alive, timeout=patience_s)[1] if alive else []
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=patience_s)
+        if alive:
+            print(f"runner: note: ended {len(alive)} worker(s) the launcher left running (pid "
+                  f"{', '.join(str(p.pid) for p in alive)})", file=sys.stderr)
+        return [p.pid for p in alive]
 
 
 def run_mpirun(command):

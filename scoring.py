@@ -172,7 +172,8 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     reported from them: on synthetic data, or with --no-metrics (a speed benchmark: the time a batch takes does
     not depend on the weights; the original kit benchmarked inference so). Elsewhere that is an error.
     """
-    path = checkpoint.to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix)
+    path = checkpoint.to_score(fit_cfg.load, fit_cfg.workspace, fit_cfg.model_prefix,
+                               log.warning if dist.is_primary else None)
     if path is None:
         problem = no_checkpoint_problem(fit_cfg, data_backend)
         if problem:
@@ -182,6 +183,7 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
         return None
     if not os.path.isfile(path):
         raise ScoringError(f"--load {path} does not exist")
+    checkpoint.check_loadable(path)  # faults: a damaged file is refused in one line
     checkpoint.load_params(net, path, ctxs)  # on every device the network was initialised on
     if dist.is_primary:
         log.info("Loaded %s", path)

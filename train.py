@@ -45,6 +45,7 @@ import config
 import data
 import devices
 from distributed import Distributed
+import faults
 import fit
 from helptext import HelpFormatter
 import memory
@@ -57,6 +58,7 @@ import run_lock
 import schedules
 import scoring
 import settings
+import watchdog
 import world
 
 
@@ -71,6 +73,7 @@ def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
     data.add_data_aug_args(parser)
     quantize.add_quantize_args(parser)
     predict.add_pred_args(parser)
+    watchdog.add_watchdog_args(parser)  # faults: --stall-timeout
     parser.set_defaults(**schedules.recipe_defaults(recipe))
     return parser
 
@@ -135,6 +138,11 @@ def check_flags(argv):
     (runner calls this before starting any worker, and in a dry run). What depends on the machine, the data or
     a checkpoint is left to the run."""
     args = parse_args(argv, prog="train.py")
+    if args.load and os.path.isfile(args.load):  # faults: a damaged --load file, refused before the workers start
+        try:
+            checkpoint.check_loadable(args.load)
+        except checkpoint.CheckpointError as error:
+            cli.fail("train.py", str(error))
     if args.mode in ("val", "pred") and args.num_epochs is None:
         args.num_epochs = 1
     fill_hyper_parameters(args, settings.given_flags(get_args_parser(), argv))
@@ -489,6 +497,9 @@ def main(args, command=None, given=()):
         hvd.init()  # one process per worker; works alone too (size 1)
         world.check_joined(hvd.size(), hvd.rank(), hvd.local_rank(), hvd.mpi_built())  # the launcher's world?
     dist = Distributed(hvd)
+    if __name__ == "__main__":  # faults: a worker's record for runner, and a watchdog on a stalled run
+        faults.install(dist.rank)
+        watchdog.start(args.stall_timeout, dist.rank)
     attach_console(dist.rank)
     setup_logging(dist.rank)
     cfg = configure(args, given, mx.context.num_gpus())
@@ -587,9 +598,9 @@ def run(argv=None):
     try:
         outcome = main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:
-        cli.fail("train.py", str(error))
+        faults.fail("train.py", str(error))  # faults: cli.fail's line, recorded for runner
     except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
-        cli.fail("train.py", devices.describe_mxnet_error(error, mxnet.context.num_gpus()))
+        faults.fail("train.py", devices.describe_mxnet_error(error, mxnet.context.num_gpus()))
     except KeyboardInterrupt:  # a second Ctrl-C while the first one's checkpoint was awaited
         print("train.py: interrupted (Ctrl-C twice): stopped without saving; rerun the same command to resume "
               "from the last checkpoint", file=sys.stderr)

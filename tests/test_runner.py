@@ -144,4 +144,5 @@ def test_a_failing_worker_ends_in_its_own_message_and_one_runner_line(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"--data-train {missing} does not exist" in result.stderr  # train.py's own one-line message
-    assert result.stderr.strip().splitlines()[-1].startswith("runner: error: worker ")
+    last = result.stderr.strip().splitlines()[-1]  # the first failure a worker recorded (faults.py), with its rank
+    assert last.startswith("runner: error: rank ") and f"--data-train {missing} does not exist" in last, last

@@ -1,0 +1,229 @@
+"""What went wrong in a run, told in one line: each worker's record of itself, of its failure and of its
+heartbeat, and runner's reading of them.
+
+runner makes a folder and names it in RN50_FAULTS; every worker that can reach it (those on runner's machine, or
+all of them where the folder is on a shared file system) keeps ``rank-R.json`` there: who it is (rank, host,
+pid), where its main thread is (written every few seconds by the watchdog: its heartbeat), and its first
+failure with a kind:
+  "error"     the worker's own failure: an exception (its last line), a one-line error of train.py
+  "stall"     the watchdog saw no progress for --stall-timeout seconds (naming the rank it found stalled)
+  "teardown"  the collectives failed because another rank went away (Horovod shut down, Gloo lost a peer):
+              noise after the real fault, which such a worker prints as one line instead of a traceback
+runner then names the first real fault (see ``summarize``): the earliest error or stall, else the rank the
+launcher saw die of a signal, else a rank its peers found silent. Only the standard library: runner imports this.
+"""
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+import world
+
+FAULTS_ENV = "RN50_FAULTS"
+# How a collective fails once another rank is gone: Horovod's shutdown, Gloo's and MPI's transport errors.
+TEARDOWN_MARKS = ("Horovod has been shut down", "HorovodInternalError", "HorovodShutdown", "Connection reset by peer",
+                  "Connection closed by peer", "Broken pipe", "Timed out waiting", "Read error", "Write error",
+                  "MPI_ERR", "ncclRemoteError", "ncclSystemError")
+TEARDOWN_EXIT = 1
+SILENT_AFTER_S = 2.0  # a heartbeat older than this and than 3 of its periods: the rank is frozen or gone
+
+_record = None  # this worker's record, once install() ran
+_path = None
+
+
+def is_teardown(text):
+    return any(mark in text for mark in TEARDOWN_MARKS)
+
+
+def first_line(error):
+    """``ValueError: message``: the exception's type and the first line of its message (MXNet's errors carry
+    their C++ stack trace below it)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith("Traceback"):  # MXNet's C++ stack first, its message last
+        lines = [line for line in lines if line.startswith(("MXNetError:", "Check failed"))] or lines[-1:]
+    message = lines[0] if lines else ""
+    name = type(error).__name__
+    return message if message.startswith(name + ":") else f"{name}: {message}" if message else name
+
+
+def install(rank, environ=os.environ):
+    """Start this worker's record (when runner named a reachable folder) and catch its uncaught exceptions: a
+    collective failing because another rank went away is one line and exit status 1, anything else is
+    recorded (its traceback printed as usual)."""
+    global _record, _path
+    folder = environ.get(FAULTS_ENV)
+    host = environ.get("HOROVOD_HOSTNAME", "")  # the name in runner's -H (horovodrun), else the machine's own
+    host = host if host and host not in ("localhost", "127.0.0.1") else socket.gethostname()
+    _record = {"rank": rank, "host": host, "pid": os.getpid(), "started": time.time()}
+    _path = os.path.join(folder, f"rank-{rank}.json") if folder and os.path.isdir(folder) else None
+    _write()
+    sys.excepthook = _excepthook
+
+
+def _write():
+    if _path is None:
+        return
+    tmp = f"{_path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(_record, f)
+        os.replace(tmp, _path)
+    except OSError:
+        pass  # the report is a courtesy: never let it fail the run
+
+
+def record_failure(line, kind="error", **extra):
+    """Keep this worker's first failure (later ones are consequences)."""
+    if _record is None or "failure" in _record:
+        return
+    _record.update(failure=line, kind=kind, failed=time.time(), **extra)
+    _write()
+
+
+def fail(prog, message, status=2):
+    """``prog: error: message`` (cli.fail's line), recorded; a worker among several then ends at once, as its
+    exit would wait in Horovod's and MXNet's shutdown for ranks that wait for it."""
+    record_failure(message)
+    _say(f"{prog}: error: {message}")
+    if _is_worker():
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(status)
+    sys.exit(status)
+
+
+def heartbeat(**fields):
+    """The watchdog's periodic note: this worker is alive, and where its main thread is."""
+    if _record is None:
+        return
+    _record.update(alive=time.time(), **fields)
+    _write()
+
+
+def _is_worker():
+    """One of a launcher's workers (horovodrun, mpirun, srun), not a process run by hand."""
+    return _path is not None or world.launched_world(os.environ) is not None
+
+
+def _say(line):
+    """A line on stderr, which may be gone with the launcher (an SSH session cut)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _excepthook(kind, error, traceback):
+    worker = _is_worker()
+    try:
+        line = first_line(error)
+        if is_teardown(line) and not isinstance(error, KeyboardInterrupt):
+            silent = silent_ranks(exclude=_record["rank"])
+            record_failure(line, "teardown", silent=silent)
+            who = f"rank(s) {', '.join(str(r['rank']) for r in silent)} silent" if silent else "another rank failed"
+            _say(f"train.py: rank {_record['rank']}: stopped, as the collectives failed ({who}): {line[:200]}")
+            worker = True  # no atexit: MXNet's and Horovod's shutdown would only repeat the error, or hang
+        else:
+            record_failure(line, "error")
+            sys.__excepthook__(kind, error, traceback)
+    except BaseException:  # noqa: B036  the hook must reach its end (a broken stderr, an interrupt)
+        pass
+    finally:
+        if worker:
+            # Horovod's and MXNet's shutdown at exit can wait for ranks that wait for this one, or crash and hang
+            # (MXNotifyShutdown): end now (the kernel frees the workspace lock), so the launcher sees this rank
+            # fail and stops the others at once.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(TEARDOWN_EXIT)
+
+
+# --- reading the records (watchdog and runner) -----------------------------------------------------------------
+
+def read_all(directory):
+    """Every worker's record in ``directory``, by rank."""
+    records = {}
+    if not directory or not os.path.isdir(directory):
+        return records
+    for name in os.listdir(directory):
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    record = json.load(f)
+                records[int(record["rank"])] = record
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+    return records
+
+
+def directory():
+    """The folder of the records this worker writes into, or None."""
+    return os.path.dirname(_path) if _path else None
+
+
+def silent_ranks(exclude=None, now=None, folder=None):
+    """Records of the ranks whose heartbeat stopped (frozen, stopped, or gone with their machine)."""
+    folder = folder or directory()
+    now = time.time() if now is None else now
+    silent = []
+    for rank, record in sorted(read_all(folder).items()):
+        period = record.get("period", 5.0)
+        if rank != exclude and "alive" in record and "failure" not in record and \
+                now - record["alive"] > max(SILENT_AFTER_S, 3 * period):
+            silent.append(dict(record, silent_for=now - record["alive"]))
+    return silent
+
+
+def who(record):
+    return f"rank {record['rank']} (host {record.get('host', '?')}, pid {record.get('pid', '?')})"
+
+
+def signal_name(status):
+    """SIGKILL for an exit status 137 (128 + 9, the shell's way) or -9 (Python's), else None."""
+    number = -status if status < 0 else status - 128 if status > 128 else None
+    try:
+        return signal.Signals(number).name if number else None
+    except ValueError:
+        return None
+
+
+RESUME = "rerun the same command to resume from the last complete checkpoint"
+
+
+def summarize(directory, first_failed=None):
+    """runner's one line on a failed run, or None when the records say nothing. ``first_failed``: (rank, exit
+    status) of the first worker the launcher saw end badly, when it tells."""
+    records = read_all(directory)
+    faults = sorted((r for r in records.values() if r.get("kind") in ("error", "stall")), key=lambda r: r["failed"])
+    if faults:
+        fault = faults[0]
+        if fault["kind"] == "stall":
+            return f"{fault['failure']}; every worker has ended; {RESUME}"
+        return (f"{who(fault)} failed: {fault['failure']} (its message is above); every worker has ended; fix the "
+                f"cause, then rerun (the same command resumes from the last complete checkpoint)")
+    if first_failed is not None:
+        rank, status = first_failed
+        name = signal_name(status)
+        record = records.get(rank, {"rank": rank})
+        if name and record.get("kind") != "teardown":
+            return (f"{who(record)} was killed by {name} (exit status {status}): by hand, by the OOM killer (see "
+                    f"`dmesg` on its host) or by the batch system; every worker has ended; {RESUME}")
+    silent = [s for r in records.values() if r.get("kind") == "teardown" for s in r.get("silent", [])]
+    if silent:
+        first = min(silent, key=lambda s: s["alive"])
+        return (f"{who(first)} stalled: no heartbeat for {first['silent_for']:.0f} s (stopped, frozen, or its "
+                f"machine lost) and the others' collectives timed out; every worker has ended; {RESUME}")
+    if first_failed is not None:
+        rank, status = first_failed
+        lost = (" (ssh's: the connection to its host ended: the host or the network lost, or the worker killed)"
+                if status == 255 else "")
+        return (f"{who(records.get(rank, {'rank': rank}))} exited with status {status}{lost}; its message is above; "
+                f"{RESUME}")
+    return None

@@ -1,0 +1,500 @@
+"""Faults that are not a polite signal (issue 25), each with real processes: a damaged checkpoint, a full disk
+while saving, a rank that dies (SIGKILL, an exception on one rank), a rank that stalls (SIGSTOP). Each must end
+the same way: in bounded time, with a non-zero status and one line from runner naming the rank, the cause and
+what to do, no process of the run left, the workspace lock free, the last complete checkpoint intact, and the
+same command resuming from it. The waits below are hang guards only: each says what it waited for."""
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import ROOT, venv_env
+
+INJECTION = os.path.join(ROOT, "tests", "fault_injection")  # its sitecustomize raises on one rank, on request
+EXAMPLES = 384
+STEPS = EXAMPLES // 64  # steps per epoch: 2 workers x 32
+STALL_TIMEOUT = 8
+
+
+def runner_command(digits, workspace, epochs=2, examples=EXAMPLES, extra=()):
+    return [sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "-b", "32", "-e", str(epochs), "-l", "0.4",
+            "--dtype", "float32", "--data-backend", "dali-cpu", "--data-root", str(digits),
+            "--dali-threads", "1", "--dali-validation-threads", "1", "--num-layers", "18", "--num-classes", "10",
+            "--image-shape", "3,32,32", "--data-val-resize", "32", "--warmup-epochs", "0",
+            "--num-examples", str(examples), "--random-mirror", "0", "--seed", "3", "--disp-batches", "1",
+            "--workspace", str(workspace), *extra]
+
+
+def environment(**extra):
+    env = venv_env()
+    env.update(extra)
+    return env
+
+
+def run(command, env=None, timeout=600, **kwargs):
+    return subprocess.run(command, env=env or venv_env(), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def start(command, log_prefix, env=None, **kwargs):
+    """The run in the background, its output in files (a full pipe would stall it)."""
+    out, err = open(f"{log_prefix}.out", "w"), open(f"{log_prefix}.err", "w")
+    return subprocess.Popen(command, env=env or venv_env(), stdout=out, stderr=err, text=True,
+                            start_new_session=True, **kwargs)
+
+
+def wait_for(condition, what, timeout, process=None):
+    """Poll ``condition`` until it is true (returns its value); fail naming ``what`` after ``timeout`` seconds,
+    or at once when ``process`` ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the run ended (status {process.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout} s for {what}")
+        time.sleep(0.1)
+
+
+def steps_done(workspace):
+    log = workspace / "log.jsonl"
+    return sum(1 for line in open(log) if '"type": "iter"' in line) if log.exists() else 0
+
+
+def run_processes(process):
+    root = psutil.Process(process.pid)
+    return [root] + root.children(recursive=True)
+
+
+def worker(process, rank):
+    """The training process of ``rank`` (horovodrun marks it, not its shell, with HOROVOD_RANK)."""
+    for member in run_processes(process):
+        try:
+            if member.environ().get("HOROVOD_RANK") == str(rank) and \
+                    member.parent().environ().get("HOROVOD_RANK") is None:
+                return member
+        except psutil.Error:
+            pass
+    return None
+
+
+def is_dead(member):
+    try:
+        return member.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def last_line(log_prefix):
+    lines = open(f"{log_prefix}.err").read().strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def assert_ended_cleanly(process, members, workspace):
+    """After runner's exit: none of the run's processes left (the workers, the launcher's), the lock free."""
+    import run_lock
+    assert process.returncode != 0
+    wait_for(lambda: all(is_dead(m) for m in members), "every process of the run to be gone (runner waited for them)",
+             5)
+    assert run_lock.holder(str(workspace)) is None, "the workspace lock is still held"
+
+
+def assert_intact(workspace, tag):
+    """The newest complete checkpoint is ``tag``, its files whole, and nothing half-written lies about."""
+    import checkpoint
+    problems = []
+    latest = checkpoint.find_latest(str(workspace / "model"), problems=problems)
+    assert latest is not None and latest["state_path"] == str(workspace / f"model-{tag}.state.json"), latest
+    assert problems == [] and checkpoint.orphans(str(workspace / "model")) == []
+    assert not list(workspace.glob(".tmp-*")), sorted(os.listdir(workspace))
+
+
+def assert_resumes(command, workspace, tag):
+    result = run(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {workspace / f'model-{tag}.state.json'}" in result.stderr
+    return result
+
+
+# --- 4. a damaged checkpoint ---------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_damaged_checkpoints_are_skipped_with_a_warning_and_refused_for_load(digits_data, tmp_path):
+    workspace = tmp_path / "ws"
+    examples = 128  # two steps an epoch: four checkpoints quickly
+    first = run(runner_command(digits_data, workspace, epochs=4, examples=examples, extra=["--keep-last", "0"]))
+    assert first.returncode == 0, first.stderr[-3000:]
+    params = {e: workspace / f"model-000{e}.params" for e in range(1, 5)}
+    # 4: truncated parameters; 3: its state file edited (still valid JSON); 2: the parameters of the pair lost;
+    # 5: parameters without a state file (a save cut short)
+    size = params[4].stat().st_size
+    with open(params[4], "r+b") as f:
+        f.truncate(size // 2)
+    state3 = workspace / "model-0003.state.json"
+    state3.write_text(state3.read_text().replace('"epoch": 3', '"epoch": 3, "note": 1', 1))
+    json.loads(state3.read_text())
+    params[2].unlink()
+    (workspace / "model-0005.params").write_bytes(params[1].read_bytes())
+
+    # --load of a damaged file: refused before any worker starts, in one line
+    for damaged, why in ((params[4], f"is damaged ({size // 2} bytes, {size} when saved)"),
+                         (workspace / "model-0005.params", None)):
+        if why is None:  # no state beside it: read and found short
+            with open(damaged, "r+b") as f:
+                f.truncate(1000)
+            why = "is damaged or not a parameter file"
+        result = run(runner_command(digits_data, workspace, extra=["--mode", "val", "--load", str(damaged)]))
+        assert result.returncode == 2, result.stderr[-3000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"train.py: error: {damaged} {why}"), result.stderr[-3000:]
+
+    # --resume auto: back to the newest whole checkpoint, each bad file named once (by rank 0)
+    command = runner_command(digits_data, workspace, epochs=5, examples=examples, extra=["--keep-last", "0"])
+    result = assert_resumes(command, workspace, "0001")
+    warnings = [line for line in result.stderr.splitlines() if "skipping checkpoint" in line]
+    expected = {"0002": f"{params[2]} is missing", "0003": f"{state3} is damaged",
+                "0004": f"{params[4]} is damaged", "0005": f"{workspace / 'model-0005.params'} has no"}
+    assert len(warnings) == len(expected), "\n".join(warnings)
+    for tag, named in expected.items():
+        assert any(f"skipping checkpoint model-{tag}: {named}" in w and "falling back to " in w for w in warnings)
+    assert_intact(workspace, "0005")
+
+
+def save_tiny(prefix, epochs):
+    import mxnet as mx
+    import checkpoint
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(64, in_units=256))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 256)))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    for epoch in epochs:
+        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": 0})
+    return net, trainer
+
+
+def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
+    import checkpoint
+    prefix = tmp_path / "model"
+    save_tiny(prefix, [1, 2])
+    assert checkpoint.find_latest(str(prefix))["epoch"] == 2
+    states = tmp_path / "model-0002.states"
+    data = bytearray(states.read_bytes())
+    data[len(data) // 2] ^= 1  # same size, one bit flipped: only the SHA-256 tells
+    states.write_bytes(bytes(data))
+    assert checkpoint.read_state(str(tmp_path / "model-0002.state.json")) is not None  # sizes agree
+    warnings = []
+    assert checkpoint.find_latest(str(prefix), warnings.append)["epoch"] == 1
+    assert warnings == [f"skipping checkpoint model-0002: {states} is damaged (its contents differ from when it "
+                        f"was saved); falling back to {tmp_path / 'model-0001.state.json'}"]
+    (tmp_path / "model-0001.state.json").write_text("{\"epoch\": 1,")  # cut short
+    with pytest.raises(checkpoint.CheckpointError, match="every checkpoint of .* is damaged or incomplete"):
+        checkpoint.resume_point(str(prefix))
+    assert checkpoint.named(str(tmp_path / "model-0001.params"))[1] == \
+        f"{tmp_path / 'model-0001.state.json'} is damaged (not valid JSON)"
+
+
+def test_a_save_on_a_full_disk_removes_its_part_and_says_so(tmp_path):
+    import checkpoint
+    prefix = tmp_path / "model"
+    net, trainer = save_tiny(prefix, [1])
+    before = sorted(os.listdir(tmp_path))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    try:
+        with pytest.raises(checkpoint.CheckpointError) as caught:
+            checkpoint.save(str(prefix), net, trainer, {"epoch": 2, "step": 0})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(caught.value) == (
+        f"the disk is full: cannot save checkpoint model-0002 in {tmp_path} (File too large); the last complete "
+        f"checkpoint, {tmp_path / 'model-0001.state.json'}, is intact; free space there (or give another "
+        "--workspace) and rerun the same command to resume")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+# --- 3. a full disk while saving -----------------------------------------------------------------------------
+
+def file_size_limit(limit):
+    """For preexec_fn: the run's processes cannot write files beyond ``limit`` bytes (a disk that fills up at
+    the next checkpoint). Python ignores SIGXFSZ, so the write fails with EFBIG instead of killing the worker."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return apply
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_ends_the_run_keeping_the_last_checkpoint(digits_data, tmp_path):
+    workspace = tmp_path / "ws"
+    command = runner_command(digits_data, workspace)
+    first = run(command + ["--run-epochs", "1"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert_intact(workspace, "0001")
+    limit = (workspace / "model-0001.params").stat().st_size // 4  # the logs and reports stay far below it
+
+    process = start(command, tmp_path / "full", preexec_fn=file_size_limit(limit))
+    members = wait_for(lambda: worker(process, 1) and run_processes(process), "the workers to start", 300, process)
+    try:
+        process.wait(timeout=400)  # hang guard
+    finally:
+        if process.poll() is None:
+            for member in run_processes(process):
+                member.kill()
+    line = last_line(tmp_path / "full")
+    assert line.startswith("runner: error: rank 0 (host "), line
+    assert (f"failed: the disk is full: cannot save checkpoint model-0002 in {workspace} (File too large); the "
+            f"last complete checkpoint, {workspace / 'model-0001.state.json'}, is intact") in line
+    assert "rerun the same command" in line
+    assert_ended_cleanly(process, members, workspace)
+    assert_intact(workspace, "0001")
+    assert not list(workspace.glob("model-0002*"))
+    assert_resumes(command, workspace, "0001")
+    assert_intact(workspace, "0002")
+
+
+# --- 2. a rank that dies -------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["SIGKILL", "exception"])
+def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, digits_data, tmp_path):
+    workspace = tmp_path / "ws"
+    command = runner_command(digits_data, workspace)
+    env = None
+    if fault == "exception":  # rank 1 raises in its 3rd step of epoch 2
+        env = environment(PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_RANK="1",
+                          RN50_INJECT_STEP=str(STEPS + 3))
+    process = start(command, tmp_path / "dead", env=env)
+    try:
+        victim = wait_for(lambda: worker(process, 0) and worker(process, 1), "the workers to start", 300, process)
+        members = run_processes(process)
+        wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        if fault == "SIGKILL":
+            victim.kill()
+        ended = time.monotonic()
+        process.wait(timeout=120)  # hang guard
+        ended = time.monotonic() - ended
+    finally:
+        if process.poll() is None:
+            for member in run_processes(process):
+                member.kill()
+    line = last_line(tmp_path / "dead")
+    assert line.startswith("runner: error: rank 1 (host "), line
+    assert f", pid {victim.pid}) " in line
+    if fault == "SIGKILL":
+        assert "was killed by SIGKILL (exit status 137)" in line
+    else:
+        assert f"failed: RuntimeError: injected fault at step {STEPS + 3}" in line
+    assert "the same command resumes" in line or "rerun the same command to resume" in line
+    # the other rank's end is one line ("train.py: rank 0: stopped, as the collectives failed ..."), not a Python
+    # traceback (Horovod's C++ teardown may still print its own error, or abort)
+    assert "[0]<stderr>:Traceback" not in open(tmp_path / "dead.err").read()
+    assert_ended_cleanly(process, members, workspace)
+    print(f"{fault}: the run ended {ended:.1f} s after the fault")
+    assert_intact(workspace, "0001")
+    assert_resumes(command, workspace, "0001")
+
+
+# --- 1. a rank that stalls -----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stalled, how", [(1, "SIGSTOP"), (0, "SIGSTOP"), (1, "hang")])
+def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digits_data, tmp_path):
+    """Inside epoch 2 one worker stops (SIGSTOP: frozen, as a lost machine) or hangs alive (sleeps in its step,
+    as on a hung file system): the other waits in its next allreduce, and the watchdogs end the run after
+    --stall-timeout, naming the stalled rank (rank 0 also holds the workspace lock)."""
+    workspace = tmp_path / "ws"
+    command = runner_command(digits_data, workspace, extra=["--stall-timeout", str(STALL_TIMEOUT)])
+    env = None
+    if how == "hang":
+        env = environment(PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_KIND="hang",
+                          RN50_INJECT_RANK=str(stalled), RN50_INJECT_STEP=str(STEPS + 3))
+    process = start(command, tmp_path / "stall", env=env)
+    try:
+        victim = wait_for(lambda: worker(process, 1 - stalled) and worker(process, stalled), "the workers to start",
+                          300, process)
+        members = run_processes(process)
+        wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        if how == "SIGSTOP":
+            victim.suspend()
+        ended = time.monotonic()
+        process.wait(timeout=120)  # hang guard
+        ended = time.monotonic() - ended
+    finally:
+        if process.poll() is None:
+            for member in run_processes(process):
+                member.kill()
+    line = last_line(tmp_path / "stall")
+    assert line.startswith(f"runner: error: rank {stalled} (host "), line
+    if how == "SIGSTOP":
+        assert f", pid {victim.pid}) stalled: no sign of life for " in line
+        assert f"seen by rank {1 - stalled} after " in line
+    else:
+        assert f", pid {victim.pid}) stalled: stuck in fit.py:" in line and " train_one_epoch" in line
+    assert f"without progress (--stall-timeout {STALL_TIMEOUT})" in line
+    assert "rerun the same command to resume" in line
+    assert_ended_cleanly(process, members, workspace)
+    print(f"rank {stalled} {how}: the run ended {ended:.1f} s after")
+    assert_intact(workspace, "0001")
+    assert_resumes(command, workspace, "0001")
+
+
+# --- 6. a host lost under SSH ---------------------------------------------------------------------------------
+
+def run_members(workspace):
+    """Every process of a run on this machine, launched here or through sshd: their command names the workspace."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if process.pid != os.getpid() and str(workspace) in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["worker killed", "connection lost"])
+def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
+    """Two "hosts" (hostA, hostB: loopback addresses, a real sshd) under horovodrun: hostB's worker is killed, or
+    hostB's SSH session is cut (the worker lives on, orphaned, as on a network partition). runner names rank 1 on
+    hostB; the orphaned workers save and stop (their launcher is gone), none is left; the rerun resumes."""
+    from test_launchers import need_ssh_hosts
+    need_ssh_hosts()
+    workspace = tmp_path / "ws"
+    command = runner_command(digits_data, workspace, extra=["-H", "hostA:1,hostB:1"])
+    env = venv_env()
+    env.pop("OMP_NUM_THREADS")  # runner sets each worker's share
+    process = start(command, tmp_path / "lost", env=env, stdin=subprocess.DEVNULL)
+
+    def rank1():
+        for member in run_members(workspace):
+            try:
+                if member.environ().get("HOROVOD_RANK") == "1" and member.name().startswith("python"):
+                    return member
+            except psutil.Error:
+                pass
+    try:
+        victim = wait_for(rank1, "rank 1's worker on hostB", 300, process)
+        wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        if how == "worker killed":
+            victim.kill()
+        else:  # the sshd process of hostB's session
+            session = victim.parent()
+            while session is not None and session.name() != "sshd":
+                session = session.parent()
+            session.kill()
+        ended = time.monotonic()
+        process.wait(timeout=180)  # hang guard
+        ended = time.monotonic() - ended
+    finally:
+        if process.poll() is None:
+            for member in run_processes(process) + run_members(workspace):
+                member.kill()
+    line = last_line(tmp_path / "lost")
+    assert process.returncode != 0
+    assert line.startswith(f"runner: error: rank 1 (host hostB, pid {victim.pid}) "), line
+    assert "rerun the same command to resume" in line
+    wait_for(lambda: not run_members(workspace), "no process of the run left on either host", 30)
+    import checkpoint
+    import run_lock
+    assert run_lock.holder(str(workspace)) is None
+    latest = checkpoint.find_latest(str(workspace / "model"))
+    print(f"{how}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
+    assert_intact(workspace, os.path.basename(latest["state_path"])[len("model-"):-len(".state.json")])
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {latest['state_path']}" in result.stderr
+
+
+# --- 5. a slow leak over a long run ----------------------------------------------------------------------------
+
+LONG_EPOCHS = 100
+
+
+def epochs_done(workspace):
+    log = workspace / "log.jsonl"
+    return sum(1 for line in open(log) if '"type": "epoch"' in line) if log.exists() else 0
+
+
+@pytest.mark.slow
+def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
+    """100 short epochs, 2 workers: the training pipeline rebuilt each epoch (--seed), validation, a checkpoint
+    saved (and verified) and the oldest removed each epoch, the log appended. Each worker's resident memory and
+    open file descriptors after the last epochs stay within a few percent of those after epoch 5."""
+    workspace = tmp_path / "ws"
+    command = [sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "-b", "8", "-e", str(LONG_EPOCHS),
+               "-l", "0.1", "--dtype", "float32", "--data-backend", "dali-cpu", "--data-root", str(digits_data),
+               "--dali-threads", "1", "--dali-validation-threads", "1", "--num-layers", "18", "--num-classes", "10",
+               "--image-shape", "3,32,32", "--data-val-resize", "32", "--warmup-epochs", "0", "--num-examples", "32",
+               "--seed", "3", "--benchmark-iters", "2", "--workspace", str(workspace)]
+    process = start(command, tmp_path / "long")
+    samples = {}  # epoch: [(rss, fds) of rank 0, of rank 1]
+    try:
+        workers = wait_for(lambda: [worker(process, r) for r in (0, 1)] if worker(process, 0) and
+                           worker(process, 1) else None, "the workers to start", 300, process)
+        seen = 0
+        deadline = time.monotonic() + 1800  # hang guard
+        while process.poll() is None and time.monotonic() < deadline:
+            done = epochs_done(workspace)
+            if done > seen:
+                seen = done
+                try:
+                    samples[done] = [(w.memory_info().rss, w.num_fds()) for w in workers]
+                except psutil.NoSuchProcess:  # the last epoch: the workers are ending
+                    pass
+            time.sleep(0.2)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            for member in run_processes(process):
+                member.kill()
+    assert process.returncode == 0, open(tmp_path / "long.err").read()[-3000:]
+    assert epochs_done(workspace) == LONG_EPOCHS
+    # Resident memory moves with the moment of the sample (rank 0 saves a checkpoint each epoch): medians of ten
+    # epochs, after the first five (MXNet's and DALI's pools fill up) and at the end.
+    early = [samples[e] for e in range(5, 15) if e in samples]
+    late = [samples[e] for e in range(LONG_EPOCHS - 11, LONG_EPOCHS) if e in samples]
+    assert len(early) >= 5 and len(late) >= 5, sorted(samples)
+    for rank in (0, 1):
+        rss_early, rss_late = (statistics.median(s[rank][0] for s in part) for part in (early, late))
+        fds_early, fds_late = (max(s[rank][1] for s in part) for part in (early, late))
+        print(f"rank {rank}: epochs 5-14 {rss_early / 2**20:.0f} MiB, {fds_early} fds; epochs "
+              f"{LONG_EPOCHS - 11}-{LONG_EPOCHS - 1}: {rss_late / 2**20:.0f} MiB, {fds_late} fds")
+        assert rss_late <= rss_early * 1.05, f"rank {rank}: resident memory grew from {rss_early} to {rss_late}"
+        assert fds_late <= fds_early + 2, f"rank {rank}: open file descriptors grew from {fds_early} to {fds_late}"
+    assert len(list(workspace.glob("*.state.json"))) == 3  # --keep-last
+
+
+# --- runner's reading of the workers' records (no processes) -------------------------------------------------
+
+def test_runner_names_the_first_real_fault_not_the_teardown(tmp_path):
+    import faults
+
+    def write(rank, **fields):
+        (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,
+                                                                    **fields)))
+    write(0, kind="teardown", failure="MXNetError: Horovod has been shut down", failed=10.0, alive=9.0)
+    write(1, alive=9.5)
+    # rank 1 died of SIGKILL: no failure of its own; the launcher saw it end first
+    assert faults.summarize(str(tmp_path), (1, 137)).startswith(
+        "rank 1 (host node1, pid 101) was killed by SIGKILL (exit status 137): ")
+    # an error recorded by any rank wins over the launcher's order and over teardown
+    write(1, kind="error", failure="RuntimeError: boom", failed=11.0)
+    assert faults.summarize(str(tmp_path), (0, 1)).startswith(
+        "rank 1 (host node1, pid 101) failed: RuntimeError: boom (its message is above)")
+    # a teardown whose worker saw a silent peer (Gloo's timeout came before the watchdog)
+    write(1, alive=1.0)
+    write(0, kind="teardown", failure="MXNetError: Horovod has been shut down", failed=40.0,
+          silent=[dict(rank=1, host="node1", pid=101, alive=1.0, silent_for=39.0)])
+    assert faults.summarize(str(tmp_path), (0, 1)).startswith(
+        "rank 1 (host node1, pid 101) stalled: no heartbeat for 39 s")
+    assert faults.summarize(str(tmp_path / "none"), None) is None
+    assert faults.signal_name(137) == "SIGKILL" and faults.signal_name(-15) == "SIGTERM"
+    assert faults.signal_name(1) is None
