@@ -37,11 +37,8 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class CheckpointError(Exception):
-    """A checkpoint cannot be written (the disk is full) or read (it is damaged): one line for the user."""
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used (another architecture, a file missing): reported as one line."""
+    """A checkpoint cannot be written (the disk is full), read (it is damaged) or used (another architecture):
+    one line for the user."""
 
 
 def workspace_path(workspace, name):
