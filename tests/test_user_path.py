@@ -173,7 +173,7 @@ def test_help_texts_show_one_default_and_the_recipes():
     text = ok(run([sys.executable, TRAIN, "--help"])).stdout
     flat = " ".join(text.split())
     assert "(default: None)" not in flat and "(default: True)" not in flat and "(default: False)" not in flat
-    assert "momentum (recipe: 0.875 (nvidia), 0.9 (nvidia-2019), 0.9 (he))" in flat
+    assert "momentum (recipe: 0.875 (nvidia), 0.9 (nvidia-2019), 0.9 (he), 0.9 (mlperf)" in flat
     for entry in re.split(r"\n  (?=-)", text):  # one entry per flag
         assert " ".join(entry.split()).count("(default") <= 1, entry
     runner_help = " ".join(ok(run([sys.executable, RUNNER, "--help"])).stdout.split())
