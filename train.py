@@ -600,6 +600,8 @@ def run(argv=None):
     except UsageError as error:
         faults.fail("train.py", str(error))  # faults: cli.fail's line, recorded for runner
     except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
+        if faults.is_teardown(str(error)):
+            raise  # another rank went away: faults' hook records a teardown and names the rank that fell silent
         faults.fail("train.py", devices.describe_mxnet_error(error, mxnet.context.num_gpus()))
     except KeyboardInterrupt:  # a second Ctrl-C while the first one's checkpoint was awaited
         print("train.py: interrupted (Ctrl-C twice): stopped without saving; rerun the same command to resume "
