@@ -81,6 +81,7 @@ def test_checker_names_each_planted_fault(planted):
     assert not {0, 1} & set(warnings)
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_cli_reports_by_record_and_fix_output_passes(planted, tmp_path):
     rec, idx = planted
     result = run_tool(rec, "--num-classes", "10")

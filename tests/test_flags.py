@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import train
 from conftest import HANG_S, ROOT, venv_env
 
@@ -48,11 +50,13 @@ def modules_after(code):
     return set(result.stdout.split())
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_runner_logic_and_benchmark_import_no_mxnet():
     loaded = modules_after("import cli, launch, benchmark")
     assert not {"mxnet", "horovod", "nvidia"} & loaded
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_dali_is_imported_only_for_a_dali_backend():
     build = ("import mxnet as mx, train, data, config\n"
              "args = train.parse_args(['--data-backend', 'synthetic', '--batch-size', '4', '--image-shape', '3,8,8'])\n"

@@ -75,6 +75,7 @@ def test_overflow_caught_in_every_gradient_group_of_every_architecture(name):
     assert precision.grads_finite(params)
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_float16_overflow_of_a_large_value_is_caught():
     """A gradient that overflows float16's range (65504) is inf in float16, and the check sees it."""
     net = float16_network("resnet50_v1.5", [mx.cpu()])
@@ -83,6 +84,7 @@ def test_float16_overflow_of_a_large_value_is_caught():
     assert not precision.grads_finite(trainable(net))
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_batchnorm_statistics_guard_on_two_devices():
     """StatsGuard of ResNet-152 (310 float32 statistics per device) restores a poisoned one on the 2nd device."""
     net = float16_network("resnet152_v1.5", TWO_DEVICES)

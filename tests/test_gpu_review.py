@@ -235,6 +235,7 @@ def test_resume_settings_that_do_not_shape_the_state_are_not_refused():
 
 # --- 5: evaluation queues every device's forward before reading any result ----------------------------------
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_evaluate_queues_every_devices_forward_before_reading(monkeypatch):
     events = []
     ctxs = [mx.cpu(0), mx.cpu(1)]

@@ -243,6 +243,7 @@ def run_fit(tmp_path, name, *extra, epochs=6):
     return report, stopped
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_evaluations_follow_eval_every_and_offset_and_the_last_epoch(tmp_path, keep_signal_handlers):
     report, _ = run_fit(tmp_path, "a", "--eval-every", "2", "--eval-offset", "1", epochs=6)
     assert report.metrics["val.epoch"] == [2, 4, 6]
@@ -250,6 +251,7 @@ def test_evaluations_follow_eval_every_and_offset_and_the_last_epoch(tmp_path, k
     assert report.metrics["val.epoch"] == [3, 7, 8]  # the mlperf recipe's 3, 7, ... and the run's last
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_a_target_run_stops_at_the_first_evaluation_reaching_it(tmp_path, keep_signal_handlers):
     reference, _ = run_fit(tmp_path, "ref", epochs=6)  # the same run without a target: every epoch's top-1
     top1 = reference.metrics["val.top1"]
@@ -280,6 +282,7 @@ def compliance_messages(path):
     return sorted(list(checker.overwritable.values()) + checker.not_overwritable), checker
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_the_mllog_of_a_tiny_run_passes_the_compliance_checker(tmp_path, keep_signal_handlers):
     pytest.importorskip("mlperf_logging")
     run_fit(tmp_path, "run", "--recipe", "mlperf", "--lr", "0.5", "--mllog", "mllog.txt", "--target-top1", "0.99",

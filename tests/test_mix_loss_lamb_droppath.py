@@ -20,6 +20,7 @@ def constant_batch(n, layout, size=(16, 20)):
     return mx.nd.array(np.broadcast_to(values.reshape(-1, 1, 1, 1), shape))
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_cutmix_targets_sum_to_one_and_match_the_pasted_area(layout):
     n, classes = 6, 10
@@ -151,6 +152,7 @@ def test_drop_path_keeps_the_expected_value_in_training_and_is_identity_at_infer
     np.testing.assert_array_equal(block(x, addend).asnumpy(), np.ones((n, 2, 3, 3)))  # inference: identity
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_drop_path_is_absent_from_the_scoring_graph_and_changes_no_prediction():
     kwargs = dict(num_classes=5)
     plain = models.get_model("resnet18_v1.5", **kwargs)

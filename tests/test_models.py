@@ -148,6 +148,7 @@ def test_initialisation_recipe():
     assert plain.features[1]._kwargs["eps"] == 2e-5 and plain.features[1]._kwargs["momentum"] == 0.8
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_original_cli_and_num_classes():
     args = parse(["--arch", "resnextv15", "--num-layers", "101", "--num-groups", "32", "--num-classes", "7"])
     net = models.get_model_from_args(args)

@@ -90,6 +90,7 @@ def resnext50(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------------------
 # each source gives the reference's logits
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 @pytest.mark.parametrize("fixture, kit_name", [("tv18", "resnet18_v1.5"), ("tv50", "resnet50_v1.5")])
 def test_torchvision_safetensors_give_reference_logits(request, fixture, kit_name):
     weights = request.getfixturevalue(fixture)
@@ -173,6 +174,7 @@ def test_gluoncv_resnet18_v1_structural_names(tv18, tmp_path):
     assert_logits(logits(net), tv18.expected)
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_kit_checkpoint_round_trip_and_stride_placement_from_symbol(tv50, tmp_path):
     """A kit export (of a 4-channel network here) loads into a 3-channel one; the -symbol.json beside it tells
     v1 from v1.5."""
@@ -192,6 +194,7 @@ def test_kit_checkpoint_round_trip_and_stride_placement_from_symbol(tv50, tmp_pa
     assert any("stride placement not recorded" in note for note in info.notes)
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_kit_nhwc_parameters_load_into_nchw(tv18, tmp_path):
     """Parameters saved by name from an NHWC network ((O, kH, kW, I) convolutions) load into an NCHW one."""
     net, _ = load("resnet18_v1.5", tv18.path(".safetensors"), 7, layout="NHWC")
@@ -227,6 +230,7 @@ def test_other_stride_placement_or_family_is_refused(tv50):
     assert refusal("resnet101_v1.5", path).endswith("give --num-layers 50 (or --model resnet50_v1.5)")
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_networks_the_kit_does_not_build_are_refused(tv18, tmp_path):
     # timm's resnet18d: a deep stem of three 3x3 convolutions (conv1.0 / conv1.3 / conv1.6)
     deep = {("conv1.0.weight" if k == "conv1.weight" else k): v for k, v in tv18.sd.items()}
@@ -271,6 +275,7 @@ def test_unknown_extension_and_missing_file(tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 # targets: a new head, NHWC, the 4-channel stem, float16
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_new_head_when_classes_differ(tv18):
     net = kit_net("resnet18_v1.5", 4)
     head = {name: p.data().asnumpy().copy() for name, p in net.collect_params().items() if name.startswith("fc1_")}
@@ -293,6 +298,7 @@ def test_four_channel_stem_gives_the_same_logits(tv18, channels):
     assert any("padded from 3 to 4" in note for note in info.notes) == (channels == 4)
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 @pytest.mark.parametrize("input_layout, channels", [("NCHW", 3), ("NHWC", 4)])
 def test_nhwc_targets_hold_the_transposed_weights(tv18, input_layout, channels):
     """MXNet's CPU build runs no NHWC convolution, so the loaded values are checked against the layout NHWC
@@ -326,6 +332,7 @@ def test_every_device_gets_the_weights(tv18):
     assert_logits(net(mx.nd.array(X, ctx=ctxs[1])).asnumpy(), tv18.expected)
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_grouped_convolutions_in_nhwc(resnext50, tmp_path):
     """MXNet's CPU build cannot run grouped NHWC convolutions, so the loaded values are checked instead."""
     path = save_safetensors(resnext50.sd, tmp_path / "rx.safetensors")

@@ -464,6 +464,7 @@ def test_scoring_without_a_checkpoint_is_refused_before_any_scoring_line(tmp_pat
     assert "Scoring" not in caplog.text
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_a_batch_larger_than_the_data_and_class_names_of_the_wrong_length_are_warned_about(tmp_path, caplog):
     import mxnet as mx
     import predict
@@ -538,6 +539,7 @@ def test_the_tools_hand_over_to_the_kits_python_as_runner_does(tmp_path, tool):
     assert result.returncode == 0 and "ModuleNotFoundError" not in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_export_onnx_exports_model_best(tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
