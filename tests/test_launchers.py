@@ -257,9 +257,12 @@ def test_world_check_reads_each_launchers_variables(launcher):
 def test_runner_mpi_and_slurm_need_horovod_with_mpi():
     """--launcher mpi/slurm are refused up front by a Horovod without MPI, and planned with one."""
     for launcher in ("mpi", "slurm"):
+        env = {key: value for key, value in venv_env().items() if not key.startswith("SLURM_")}
+        if launcher == "slurm":  # a dry run refuses what the run would: outside srun's step (its variables here)
+            env.update(SLURM_STEP_NUM_TASKS="2", SLURM_MPI_TYPE="pmix")
         result = subprocess.run([sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "--launcher", launcher,
                                  "--data-backend", "synthetic", "--dtype", "float32", "--dry-run"],
-                                env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+                                env=env, capture_output=True, text=True, timeout=HANG_S)
         if horovod_has_mpi():
             assert result.returncode == 0, result.stderr
         else:
