@@ -207,7 +207,7 @@ def test_runner_on_a_terminal_shows_rank_0s_live_bar_without_prefixes(tmp_path):
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0, output[-3000:]
-    assert re.search(r"\rEpoch\[1\] \[#*\.*\] \d+/6 ", output), output[-3000:]
+    assert re.search(r"\rEpoch\[1/1\] \[#*\.*\] \d+/6 ", output), output[-3000:]  # epoch of epochs, step of steps
     assert "[0]<stderr>" not in output and "[0]<stdout>" not in output
     assert "Training resnet18_v1.5" in output and "Start with arguments" not in output
     assert "--warmup-epochs 5 is not shorter than --num-epochs 1" in output  # he's 5 warmup epochs
