@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import ROOT, venv_env, wait_until
 
 INJECTION = os.path.join(ROOT, "tests", "fault_injection")  # its sitecustomize raises on one rank, on request
 EXAMPLES = 384
@@ -47,21 +47,6 @@ def start(command, log_prefix, env=None, **kwargs):
     out, err = open(f"{log_prefix}.out", "w"), open(f"{log_prefix}.err", "w")
     return subprocess.Popen(command, env=env or venv_env(), stdout=out, stderr=err, text=True,
                             start_new_session=True, **kwargs)
-
-
-def wait_for(condition, what, timeout, process=None):
-    """Poll ``condition`` until it is true (returns its value); fail naming ``what`` after ``timeout`` seconds,
-    or at once when ``process`` ends first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"the run ended (status {process.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout} s for {what}")
-        time.sleep(0.1)
 
 
 def steps_done(workspace):
@@ -102,7 +87,7 @@ def assert_ended_cleanly(process, members, workspace):
     """After runner's exit: none of the run's processes left (the workers, the launcher's), the lock free."""
     import run_lock
     assert process.returncode != 0
-    wait_for(lambda: all(is_dead(m) for m in members), "every process of the run to be gone (runner waited for them)",
+    wait_until(lambda: all(is_dead(m) for m in members), "every process of the run to be gone (runner waited for them)",
              5)
     assert run_lock.holder(str(workspace)) is None, "the workspace lock is still held"
 
@@ -243,7 +228,7 @@ def test_a_full_disk_while_saving_ends_the_run_keeping_the_last_checkpoint(digit
     limit = (workspace / "model-0001.params").stat().st_size // 4  # the logs and reports stay far below it
 
     process = start(command, tmp_path / "full", preexec_fn=file_size_limit(limit))
-    members = wait_for(lambda: worker(process, 1) and run_processes(process), "the workers to start", 300, process)
+    members = wait_until(lambda: worker(process, 1) and run_processes(process), "the workers to start", 300, process)
     try:
         process.wait(timeout=400)  # hang guard
     finally:
@@ -275,9 +260,9 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, digits_data,
                           RN50_INJECT_STEP=str(STEPS + 3))
     process = start(command, tmp_path / "dead", env=env)
     try:
-        victim = wait_for(lambda: worker(process, 0) and worker(process, 1), "the workers to start", 300, process)
+        victim = wait_until(lambda: worker(process, 0) and worker(process, 1), "the workers to start", 300, process)
         members = run_processes(process)
-        wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
         if fault == "SIGKILL":
             victim.kill()
         ended = time.monotonic()
@@ -320,10 +305,10 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digit
                           RN50_INJECT_RANK=str(stalled), RN50_INJECT_STEP=str(STEPS + 3))
     process = start(command, tmp_path / "stall", env=env)
     try:
-        victim = wait_for(lambda: worker(process, 1 - stalled) and worker(process, stalled), "the workers to start",
+        victim = wait_until(lambda: worker(process, 1 - stalled) and worker(process, stalled), "the workers to start",
                           300, process)
         members = run_processes(process)
-        wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
         if how == "SIGSTOP":
             victim.suspend()
         ended = time.monotonic()
@@ -381,8 +366,8 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
             except psutil.Error:
                 pass
     try:
-        victim = wait_for(rank1, "rank 1's worker on hostB", 300, process)
-        wait_for(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        victim = wait_until(rank1, "rank 1's worker on hostB", 300, process)
+        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
         if how == "worker killed":
             victim.kill()
         else:  # the sshd process of hostB's session
@@ -401,7 +386,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     assert process.returncode != 0
     assert line.startswith(f"runner: error: rank 1 (host hostB, pid {victim.pid}) "), line
     assert "rerun the same command to resume" in line
-    wait_for(lambda: not run_members(workspace), "no process of the run left on either host", 30)
+    wait_until(lambda: not run_members(workspace), "no process of the run left on either host", 30)
     import checkpoint
     import run_lock
     assert run_lock.holder(str(workspace)) is None
@@ -437,7 +422,7 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
     process = start(command, tmp_path / "long")
     samples = {}  # epoch: [(rss, fds) of rank 0, of rank 1]
     try:
-        workers = wait_for(lambda: [worker(process, r) for r in (0, 1)] if worker(process, 0) and
+        workers = wait_until(lambda: [worker(process, r) for r in (0, 1)] if worker(process, 0) and
                            worker(process, 1) else None, "the workers to start", 300, process)
         seen = 0
         deadline = time.monotonic() + 1800  # hang guard
