@@ -5,13 +5,23 @@ a GPU pipeline's by copying straight into the NDArray's device memory, a CPU pip
 when the batch goes on to a GPU). Imports nothing of the kit:
 data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
+import contextlib
 import ctypes
+import os
+import re
+import warnings
 
 import mxnet as mx
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
 READER_NAME = "Reader"
+
+# DALI's decoder (nvImageCodec) writes its own messages to stderr in ANSI colours, warnings included, which in a
+# log file are escape codes around lines about images it decodes anyway. The kit keeps its errors only (1, the
+# lowest DALI allows); a failing image is then named in one line by data.py. DALI_NVIMGCODEC_LOG_LEVEL=2..5 by
+# hand brings the rest back. Read when a decoder is built, so setting it here, before any pipeline, is in time.
+os.environ.setdefault("DALI_NVIMGCODEC_LOG_LEVEL", "1")
 
 
 def _normalize(images, image_shape, mean, std, dtype, layout, mirror, crop=True):
@@ -30,14 +40,35 @@ def _auto_augment(images, policy, shape, randaugment=(2, 9)):
     AutoAugment's ImageNet policy, RandAugment (n operations of magnitude m of 31 bins), TrivialAugment Wide.
     Translations are relative to ``shape`` (height, width); warps fill with grey 128, as timm does."""
     from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
-    if policy == "autoaugment":
-        return auto_augment.auto_augment_image_net(images, shape=shape)
-    if policy == "randaugment":
-        n, m = randaugment
-        return rand_augment.rand_augment(images, n=n, m=m, shape=shape)
-    if policy == "trivialaugment":
+    if policy not in AUTO_AUGMENT[1:]:
+        raise ValueError(f"unknown automatic augmentation {policy!r}; choose one of {', '.join(AUTO_AUGMENT)}")
+    with _without_dali_alias_warnings():
+        if policy == "autoaugment":
+            return auto_augment.auto_augment_image_net(images, shape=shape)
+        if policy == "randaugment":
+            n, m = randaugment
+            return rand_augment.rand_augment(images, n=n, m=m, shape=shape)
         return trivial_augment.trivial_augment_wide(images, shape=shape)
-    raise ValueError(f"unknown automatic augmentation {policy!r}; choose one of {', '.join(AUTO_AUGMENT)}")
+
+
+@contextlib.contextmanager
+def _without_dali_alias_warnings():
+    """DALI 2.4's own policies still call fn.experimental.equalize/filter, deprecated aliases: a DeprecationWarning
+    of three lines per call, hundreds per run, about DALI's code, not the user's. DALI raises them inside its own
+    ``catch_warnings`` with a "default" filter, so a filter cannot hold them back; the display step can."""
+    show = warnings.showwarning
+
+    def show_others(message, category, *where, **more):
+        if not (issubclass(category, DeprecationWarning) and _DALI_ALIAS.search(str(message))):
+            show(message, category, *where, **more)
+    warnings.showwarning = show_others
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+
+
+_DALI_ALIAS = re.compile(r"fn\.experimental\.\w+` is now deprecated")
 
 
 def _color_jitter(images, jitter):
