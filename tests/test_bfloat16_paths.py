@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import ROOT, venv_env
+from conftest import HANG_S, ROOT, venv_env
 
 import bench_models
 import benchmark
@@ -33,7 +33,7 @@ train.run(sys.argv[1:])
 """
 
 
-def run(command, timeout=600):  # the timeout only guards against a hang
+def run(command, timeout=HANG_S):  # the timeout only guards against a hang
     return subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -163,7 +163,7 @@ def test_benchmark_bfloat16_refused_in_one_line_or_swept_against_float32(tmp_pat
              "--num-classes", "10"]
     out = tmp_path / "out" / "bf16.json"
     if NO_BFLOAT16:
-        result = run(sweep + ["--dtype", "bfloat16", "-o", str(out)], timeout=300)
+        result = run(sweep + ["--dtype", "bfloat16", "-o", str(out)])
         assert result.returncode == 2 and result.stdout == "", result.stdout[-2000:] + result.stderr[-2000:]
         assert result.stderr.splitlines() == [f"benchmark: error: {NO_BFLOAT16}"]
         assert not out.parent.exists()  # refused before anything: no run, no result file
@@ -188,20 +188,20 @@ def test_train_py_bfloat16_scores_close_to_float32_or_only_the_kernel_fails(tmp_
     train_py = os.path.join(ROOT, "train.py")
     if NO_BFLOAT16:
         result = run([sys.executable, train_py, *TINY_TRAIN, "--mode", "val", "--dtype", "bfloat16",
-                      "--workspace", str(tmp_path / "refused")], timeout=300)
+                      "--workspace", str(tmp_path / "refused")])
         errors = error_lines(result.stderr)
         assert result.returncode == 2 and len(errors) == 1 and "AVX-512" in errors[0], result.stderr[-2000:]
         assert "Traceback" not in result.stderr and not (tmp_path / "refused" / "score.json").exists()
         for mode, started in (("val", "Scoring freshly initialised weights"), ("train", "Training resnet18_v1.5")):
             result = run([sys.executable, "-c", UNGATED_TRAIN, *TINY_TRAIN, "--mode", mode, "--dtype", "bfloat16",
-                          "--workspace", str(tmp_path / mode)], timeout=300)
+                          "--workspace", str(tmp_path / mode)])
             assert "Using AMP" in result.stderr and started in result.stderr, result.stderr[-3000:]
             failed_in_the_bfloat16_convolution(result)
         return
     losses = {}
     for dtype in ("float32", "bfloat16"):
         result = run([sys.executable, train_py, *TINY_TRAIN, "--mode", "val", "--dtype", dtype,
-                      "--workspace", str(tmp_path / dtype)], timeout=300)
+                      "--workspace", str(tmp_path / dtype)])
         assert result.returncode == 0, result.stderr[-3000:]
         losses[dtype] = json.loads((tmp_path / dtype / "score.json").read_text())["metrics"]["val.loss"][0]
     assert losses["float32"] != losses["bfloat16"]  # the same weights and data: bfloat16 arithmetic differs

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT, venv_env, wait_until
+from conftest import HANG_S, ROOT, venv_env, wait_until
 
 INJECTION = os.path.join(ROOT, "tests", "fault_injection")  # its sitecustomize raises on one rank, on request
 EXAMPLES = 384
@@ -38,7 +38,7 @@ def environment(**extra):
     return env
 
 
-def run(command, env=None, timeout=600, **kwargs):
+def run(command, env=None, timeout=HANG_S, **kwargs):
     return subprocess.run(command, env=env or venv_env(), capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
@@ -228,9 +228,9 @@ def test_a_full_disk_while_saving_ends_the_run_keeping_the_last_checkpoint(digit
     limit = (workspace / "model-0001.params").stat().st_size // 4  # the logs and reports stay far below it
 
     process = start(command, tmp_path / "full", preexec_fn=file_size_limit(limit))
-    members = wait_until(lambda: worker(process, 1) and run_processes(process), "the workers to start", 300, process)
+    members = wait_until(lambda: worker(process, 1) and run_processes(process), "the workers to start", HANG_S, process)
     try:
-        process.wait(timeout=400)  # hang guard
+        process.wait(timeout=HANG_S)  # hang guard
     finally:
         if process.poll() is None:
             for member in run_processes(process):
@@ -260,13 +260,13 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, digits_data,
                           RN50_INJECT_STEP=str(STEPS + 3))
     process = start(command, tmp_path / "dead", env=env)
     try:
-        victim = wait_until(lambda: worker(process, 0) and worker(process, 1), "the workers to start", 300, process)
+        victim = wait_until(lambda: worker(process, 0) and worker(process, 1), "the workers to start", HANG_S, process)
         members = run_processes(process)
-        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", HANG_S, process)
         if fault == "SIGKILL":
             victim.kill()
         ended = time.monotonic()
-        process.wait(timeout=120)  # hang guard
+        process.wait(timeout=HANG_S)  # hang guard
         ended = time.monotonic() - ended
     finally:
         if process.poll() is None:
@@ -308,11 +308,11 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digit
         victim = wait_until(lambda: worker(process, 1 - stalled) and worker(process, stalled), "the workers to start",
                           300, process)
         members = run_processes(process)
-        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", HANG_S, process)
         if how == "SIGSTOP":
             victim.suspend()
         ended = time.monotonic()
-        process.wait(timeout=120)  # hang guard
+        process.wait(timeout=HANG_S)  # hang guard
         ended = time.monotonic() - ended
     finally:
         if process.poll() is None:
@@ -366,8 +366,8 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
             except psutil.Error:
                 pass
     try:
-        victim = wait_until(rank1, "rank 1's worker on hostB", 300, process)
-        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", 400, process)
+        victim = wait_until(rank1, "rank 1's worker on hostB", HANG_S, process)
+        wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", HANG_S, process)
         if how == "worker killed":
             victim.kill()
         else:  # the sshd process of hostB's session
@@ -376,7 +376,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
                 session = session.parent()
             session.kill()
         ended = time.monotonic()
-        process.wait(timeout=180)  # hang guard
+        process.wait(timeout=HANG_S)  # hang guard
         ended = time.monotonic() - ended
     finally:
         if process.poll() is None:
@@ -423,7 +423,7 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
     samples = {}  # epoch: [(rss, fds) of rank 0, of rank 1]
     try:
         workers = wait_until(lambda: [worker(process, r) for r in (0, 1)] if worker(process, 0) and
-                           worker(process, 1) else None, "the workers to start", 300, process)
+                           worker(process, 1) else None, "the workers to start", HANG_S, process)
         seen = 0
         deadline = time.monotonic() + 1800  # hang guard
         while process.poll() is None and time.monotonic() < deadline:
@@ -435,7 +435,7 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
                 except psutil.NoSuchProcess:  # the last epoch: the workers are ending
                     pass
             time.sleep(0.2)
-        process.wait(timeout=60)
+        process.wait(timeout=HANG_S)
     finally:
         if process.poll() is None:
             for member in run_processes(process):
