@@ -386,7 +386,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     assert process.returncode != 0
     assert line.startswith(f"runner: error: rank 1 (host hostB, pid {victim.pid}) "), line
     assert "rerun the same command to resume" in line
-    wait_until(lambda: not run_members(workspace), "no process of the run left on either host", 30)
+    wait_until(lambda: not run_members(workspace), "no process of the run left on either host")
     import checkpoint
     import run_lock
     assert run_lock.holder(str(workspace)) is None
