@@ -8,14 +8,22 @@ sample photos, resized to 500x375 or 375x500, JPEG quality 90) once in --workdir
 process (so one backend's threads never compete with another's leftovers) and prints a JSON line; the table
 compares them with the last backend as the reference. ``--auto-augment`` times the DALI training pipelines once
 per policy listed ("none" is the plain pipeline, then the reference), so the cost of automatic augmentation is
-known. A benchmark, not a test: numbers depend on the machine.
+known.
+
+With a DALI CPU backend in a training run, each round also times the machine's ceiling: decoding alone (every
+record's JPEG through OpenCV's libjpeg-turbo, one thread, bytes read beforehand) and the DALI CPU training
+pipeline on one thread, then prints the pipeline's share of decoding alone (per core), its scaling from one thread
+to --threads (against linear), and how many such cores feed a V100 or an A100 (their published ResNet-50 training
+rates). A benchmark, not a test: numbers depend on the machine.
 """
 import argparse
 import json
 import os
+import math
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -43,6 +51,54 @@ def make_photo_rec(prefix, count, seed=0):
     writer.close()
     os.replace(prefix + ".rec.tmp", prefix + ".rec")
     os.replace(prefix + ".idx.tmp", prefix + ".idx")
+
+
+# ResNet-50 v1.5 float16 training images/s of one GPU published for the original MXNet example (V100 16 GB in a
+# DGX-1, batch 208; A100 80 GB): the rate its input pipeline must keep up with.
+GPU_RATES = {"V100": 1442, "A100": 3410}
+# What the DALI CPU pipeline should reach (tools/bench_io.py prints each measured fraction beside these).
+SHARE_OF_DECODE_TARGET = 0.85
+SCALING_TARGET = 0.9
+
+
+def decode_only(rec, idx):
+    """In a child process: images/s of decoding alone, the pipeline's ceiling. Every record's image bytes are read
+    (and copied) first, then decoded with OpenCV (libjpeg-turbo) on one thread, as DALI's CPU decoder would."""
+    sys.path.insert(0, ROOT)
+    import cv2
+    import numpy as np
+    import records
+    cv2.setNumThreads(1)
+    record_file = records.RecordFile(rec, idx)
+    payloads = [np.array(record_file.image(i)) for i in range(len(record_file))]
+    start = time.perf_counter()
+    for payload in payloads:
+        if cv2.imdecode(payload, cv2.IMREAD_COLOR) is None:
+            raise SystemExit("bench_io.py: error: a record does not decode; run tools/check_dataset.py on " + rec)
+    print(json.dumps({"images_per_sec": len(payloads) / (time.perf_counter() - start)}))
+
+
+def ceiling_summary(decode_rate, one_thread, all_threads, threads, cores):
+    """The pipeline against decoding alone and against linear scaling, and the cores a GPU needs."""
+    share = one_thread / decode_rate
+    lines = [f"decoding alone (OpenCV, 1 thread): {decode_rate:.1f} images/s",
+             f"dali-cpu training pipeline, 1 thread: {one_thread:.1f} images/s = {share:.2f} of decoding alone "
+             f"(target {SHARE_OF_DECODE_TARGET})"]
+    result = {"decode_only": decode_rate, "pipeline_1_thread": one_thread, "share_of_decode": share}
+    per_core = one_thread
+    if threads > 1:
+        scaling = all_threads / (threads * one_thread)
+        result.update(pipeline_threads=threads, pipeline_all_threads=all_threads, scaling=scaling)
+        lines.append(f"dali-cpu training pipeline, {threads} threads: {all_threads:.1f} images/s = {scaling:.2f} of "
+                     f"linear (target {SCALING_TARGET})" + ("" if threads <= cores else
+                                                            f"; only {cores} cores here, so not a core per thread"))
+        per_core = all_threads / min(threads, cores)
+    else:
+        lines.append(f"scaling over threads not measured: --threads 1 (give --threads {max(2, cores)})")
+    result["cores_per_gpu"] = {gpu: math.ceil(rate / per_core) for gpu, rate in GPU_RATES.items()}
+    lines.append("cores of this kind to feed one GPU's training: " + ", ".join(
+        f"{gpu} ({rate:,} images/s) {result['cores_per_gpu'][gpu]}" for gpu, rate in GPU_RATES.items()))
+    return lines, result
 
 
 def run_one(argv):
@@ -76,10 +132,15 @@ def main():
     parser.add_argument("--auto-augment", default="none",
                         help="comma-separated policies the DALI training pipelines are timed with (none, autoaugment, "
                              "randaugment, trivialaugment); the other backends run without")
+    parser.add_argument("--no-ceiling", action="store_true",
+                        help="skip the decode-only ceiling and one-thread pipeline runs (training mode, dali-cpu)")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.add_argument("--decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
         return run_one(args.one)
+    if args.decode_only is not None:
+        return decode_only(*args.decode_only)
     if args.rec:
         rec = args.rec
         if not os.path.isfile(rec) or not os.path.isfile(os.path.splitext(rec)[0] + ".idx"):
@@ -97,22 +158,33 @@ def main():
                for backend in args.backends.split(",")
                for policy in (policies if backend.startswith("dali") and args.mode == "train" else ["none"])]
     backends = [name for name, _, _ in configs]
-    rounds = []  # backends alternate within each round, so a load change on a shared machine hits all of them
-    for _ in range(args.repeats):
-        rounds.append({})
-        for name, backend, policy in configs:
-            threads = str(args.threads)
+    # The ceiling: decoding alone and the plain DALI CPU pipeline on one thread, in the same rounds.
+    ceiling = args.mode == "train" and "dali-cpu" in args.backends.split(",") and not args.no_ceiling
+    if ceiling:
+        configs += [("decode-only", None, "none")] + ([("dali-cpu 1 thread", "dali-cpu", "none")]
+                                                      if args.threads > 1 else [])
+
+    def images_per_sec(name, backend, policy):
+        if backend is None:
+            command = [sys.executable, __file__, "--decode-only", rec, idx]
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+        else:
+            threads = "1" if name.endswith(" 1 thread") else str(args.threads)
             argv = ["--data-backend", backend, f"--data-{args.mode}", rec, f"--data-{args.mode}-idx", idx,
                     "--batch-size", str(args.batch_size), "--image-shape", args.image_shape, "--test-io",
                     "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", threads,
                     "--dali-validation-threads", threads, "--data-mxnet-threads", threads, "--seed", "1",
                     "--auto-augment", policy, "--randaugment-m", "18"]
+            command = [sys.executable, __file__, "--one", *argv]
             env = dict(os.environ, OMP_NUM_THREADS=threads)
-            child = subprocess.run([sys.executable, __file__, "--one", *argv], env=env, capture_output=True,
-                                   text=True)
-            if child.returncode:
-                parser.exit(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
-            rounds[-1][name] = json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
+        child = subprocess.run(command, env=env, capture_output=True, text=True)
+        if child.returncode:
+            parser.exit(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
+        return json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
+
+    rounds = []  # backends alternate within each round, so a load change on a shared machine hits all of them
+    for _ in range(args.repeats):
+        rounds.append({name: images_per_sec(name, backend, policy) for name, backend, policy in configs})
     reference = backends[-1]  # "dali-cpu 1.63x" reads as in the README: DALI's speed over MXNet's
     if len(policies) > 1:  # the cost of automatic augmentation: against the plain pipeline
         reference = next((name for name, backend, policy in configs if backend.startswith("dali")
@@ -126,7 +198,15 @@ def main():
         ratio = statistics.median(r[backend] / r[reference] for r in rounds)
         summary[backend] = {"images_per_sec": rate, "ratio": ratio, "rounds": [r[backend] for r in rounds]}
         print(f"{backend:<{width}} {rate:>18.1f} {ratio:>35.2f}x")
-    print(json.dumps({"mode": args.mode, "threads": args.threads, "results": summary}))
+    report = {"mode": args.mode, "threads": args.threads, "results": summary}
+    if ceiling:
+        def median(name):
+            return statistics.median(r[name] for r in rounds)
+        one_thread = median("dali-cpu 1 thread") if args.threads > 1 else median("dali-cpu")
+        lines, report["ceiling"] = ceiling_summary(median("decode-only"), one_thread, median("dali-cpu"),
+                                                   args.threads, len(os.sched_getaffinity(0)))
+        print("\n".join(lines))
+    print(json.dumps(report))
 
 if __name__ == "__main__":
     main()

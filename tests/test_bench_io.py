@@ -1,0 +1,48 @@
+"""tools/bench_io.py as the README runs it, on a small photo set: every backend row, the automatic-augmentation
+rows against the plain pipeline, and the decode-only ceiling with the pipeline's share of it, its scaling over
+threads and the cores a GPU needs, each recomputed here from the rates it printed."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HANG_S, ROOT, venv_env
+
+pytestmark = pytest.mark.slow  # builds a photo set and starts a process per backend and round
+
+TOOL = os.path.join(ROOT, "tools", "bench_io.py")
+
+
+def bench(workdir, *args):
+    result = subprocess.run([sys.executable, TOOL, "--workdir", str(workdir), "--count", "48", "--repeats", "1",
+                             "--epochs", "1", "--batch-size", "8", "--image-shape", "3,64,64", *args],
+                            env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout
+
+
+def test_the_ceiling_and_every_row(tmp_path):
+    report, out = bench(tmp_path, "--threads", "2", "--backends", "dali-cpu,mxnet", "--auto-augment",
+                        "none,trivialaugment")
+    results = report["results"]
+    assert set(results) == {"dali-cpu", "dali-cpu+trivialaugment", "mxnet"}
+    assert all(row["images_per_sec"] > 0 for row in results.values())
+    assert results["dali-cpu"]["ratio"] == pytest.approx(1.0)  # augmentation's cost is against the plain pipeline
+    ceiling = report["ceiling"]
+    assert ceiling["share_of_decode"] == pytest.approx(ceiling["pipeline_1_thread"] / ceiling["decode_only"])
+    assert ceiling["pipeline_all_threads"] == pytest.approx(results["dali-cpu"]["images_per_sec"])
+    assert ceiling["scaling"] == pytest.approx(ceiling["pipeline_all_threads"] / (2 * ceiling["pipeline_1_thread"]))
+    per_core = ceiling["pipeline_all_threads"] / min(2, len(os.sched_getaffinity(0)))
+    assert ceiling["cores_per_gpu"] == {"V100": math.ceil(1442 / per_core), "A100": math.ceil(3410 / per_core)}
+    assert "of decoding alone (target 0.85)" in out and "of linear (target 0.9)" in out
+
+
+def test_one_thread_and_no_ceiling(tmp_path):
+    report, out = bench(tmp_path, "--threads", "1", "--backends", "dali-cpu")
+    assert report["ceiling"]["pipeline_1_thread"] == pytest.approx(report["results"]["dali-cpu"]["images_per_sec"])
+    assert "scaling" not in report["ceiling"] and "scaling over threads not measured" in out
+    report, out = bench(tmp_path, "--threads", "1", "--backends", "dali-cpu", "--no-ceiling")
+    assert "ceiling" not in report and "decoding alone" not in out
