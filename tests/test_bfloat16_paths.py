@@ -118,6 +118,25 @@ def test_benchmark_checks_bfloat16_on_this_cpu_for_local_runs_only():
         assert benchmark.cpu_refuses(benchmark.peek_flags(["--dtype", "bfloat16", *remote])) is None
 
 
+def test_bench_models_sums_onednn_kernels_of_the_marked_steps_only():
+    log = "\n".join([
+        "dnnl_verbose,info,oneDNN v2.4.4",
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2_ic3oc64,9.0",
+        bench_models.BREAKDOWN_MARKS[0],
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2_ic3oc64,2.5",
+        "dnnl_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:abcd:f0 dst_f32,,,64x3x7x7,0.25",
+        "a line of the network's own output",
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,backward_data,src_f32,,alg:convolution_direct,mb2_ic3oc64,1.5",
+        bench_models.BREAKDOWN_MARKS[1],
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2,7.0"])
+    totals = bench_models.kernel_times(log)
+    assert totals == {"convolution": 4.0, "reorder": 0.25}
+    breakdown = bench_models.step_breakdown(totals, steps=2, step_ms=10.0)
+    assert breakdown["kernels_ms"] == {"convolution": 2.0, "reorder": 0.125}
+    assert breakdown["matrix_product_share"] == pytest.approx(0.2) and breakdown["overhead_share"] == pytest.approx(0.8)
+    assert breakdown["outside_onednn_ms"] == pytest.approx(10.0 - 2.125)
+
+
 @pytest.mark.slow
 def test_bench_models_bfloat16_worker_builds_everything_and_times_where_the_cpu_can(tmp_path):
     """A tiny bench_models run, without PyTorch: float32 and INT8 timed; the bfloat16 worker builds its AMP graph
@@ -143,6 +162,16 @@ def test_bench_models_bfloat16_worker_builds_everything_and_times_where_the_cpu_
     assert built["mxnet-float32"]["operands"] == ["float32", "float32"]
     convolutions = built["mxnet-float32"]["convolutions"]
     assert f"built: mxnet-bfloat16  {convolutions}/{convolutions} convolutions take bfloat16" in result.stdout
+    # The oneDNN kernel breakdown of the float32 step (bfloat16's only where it was timed).
+    breakdown = report["breakdown"]["ours float32 training step"]
+    kernels = breakdown["kernels_ms"]
+    assert kernels["convolution"] > 0 and kernels["batch_normalization"] > 0 and "reorder" in kernels
+    assert breakdown["step_ms"] == pytest.approx(1000 * 2 / rates["ours float32 training step"]["median"])
+    products = kernels["convolution"] + kernels.get("inner_product", 0) + kernels.get("matmul", 0)
+    assert breakdown["matrix_product_share"] == pytest.approx(products / breakdown["step_ms"])
+    assert breakdown["outside_onednn_ms"] == pytest.approx(breakdown["step_ms"] - sum(kernels.values()))
+    assert "breakdown: ours float32 training step: matrix products " in result.stdout
+    assert ("ours bfloat16 training step" in report["breakdown"]) == (not NO_BFLOAT16)
     if NO_BFLOAT16:
         reason = report["not_measured"]["mxnet-bfloat16"]
         assert "AVX-512" in reason and f"not measured: mxnet-bfloat16: {reason}" in result.stdout

@@ -18,6 +18,13 @@ PyTorch is optional and never a dependency of the kit: give its interpreter with
     python3.11 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
     .venv/bin/python tools/bench_models.py --torch-python .venv-torch/bin/python --rounds 5
 
+Where a training step's time goes (a ratio free of PyTorch's noise): one more float32 worker (and bfloat16 where
+the CPU has its kernels) runs a few steps with oneDNN's verbose log on, and the time of every oneDNN kernel it
+ran is summed by kind (convolution and inner product: the matrix products; reorders between layouts; batch
+normalization; eltwise; pooling; sum; ...). Against the step's time from the timed rounds, what is not a matrix
+product is overhead, and so is the time outside oneDNN (the optimizer update and MXNet's own operators, Python,
+the engine). `--no-breakdown` skips it.
+
 Separate processes, because two OpenMP runtimes in one process distort both. Timings on a shared machine are
 noisy: compare the ratios of one run, not figures across runs.
 """
@@ -35,6 +42,9 @@ GFLOP_PER_IMAGE = {"inference": 8.2, "training": 24.5}  # ResNet-50 (v1 and v1.5
 WORKERS = ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16", "torch")
 CEILING_SIZE = 2048  # the matrix products' side
 SEED = 1  # every MXNet worker draws the same weights and data: their logits can be compared
+MATRIX_PRODUCT_KERNELS = ("convolution", "inner_product", "matmul")  # oneDNN's primitive kinds
+OVERHEAD_TARGET = 0.20  # of the step: what the issue tracker aims the non-matrix-product time at
+BREAKDOWN_MARKS = ("bench_models: breakdown starts", "bench_models: breakdown ends")
 
 
 def bfloat16_missing(cpuinfo="/proc/cpuinfo"):
@@ -277,6 +287,85 @@ def worker(kind, model, batch_size, image_size):
         print(json.dumps({"ips": timed(steps[key], batch_size, int(iters), int(warmup))}), flush=True)
 
 
+# --- where a training step's time goes ---------------------------------------------------------------------
+
+def breakdown_worker(precision, model, batch_size, image_size, steps):
+    """In a process started with DNNL_VERBOSE=1: warm up, then run ``steps`` training steps between two marks on
+    stdout, so the driver can sum the kernels oneDNN logged for those steps alone."""
+    if precision == "bfloat16":
+        from mxnet.contrib import amp
+        amp.init(target_dtype="bfloat16")
+    sys.path.insert(0, ROOT)
+    import mxnet as mx
+    import models
+    mx.random.seed(SEED)
+    net = models.get_model(model, dtype=precision)
+    net.initialize(mx.init.Xavier())
+    net.hybridize(static_alloc=True, static_shape=True)
+    data = mx.nd.random.uniform(-1, 1, shape=(batch_size, 3, image_size, image_size))
+    label = mx.nd.array([i % 1000 for i in range(batch_size)])
+    step = mxnet_training(mx, net, data, label)
+    for _ in range(2):  # graph building, oneDNN's primitive caches, the optimizer's state
+        step()
+    print(BREAKDOWN_MARKS[0], flush=True)
+    for _ in range(steps):
+        step()
+    print(BREAKDOWN_MARKS[1], flush=True)
+
+
+def kernel_times(verbose_log):
+    """{oneDNN primitive kind: total ms} of the 'dnnl_verbose,exec,...' lines between the breakdown marks (the
+    last field of such a line is the kernel's time in ms)."""
+    totals, inside = {}, False
+    for line in verbose_log.splitlines():
+        if line.startswith(BREAKDOWN_MARKS[0]):
+            inside = True
+        elif line.startswith(BREAKDOWN_MARKS[1]):
+            break
+        elif inside and line.startswith(("dnnl_verbose,exec,", "onednn_verbose,exec,")):
+            fields = line.split(",")
+            totals[fields[3]] = totals.get(fields[3], 0.0) + float(fields[-1])
+    return totals
+
+
+def step_breakdown(kernels_ms, steps, step_ms):
+    """Per step: each kernel kind's ms and share of ``step_ms`` (the timed rounds' step), the matrix products'
+    share, and the rest as overhead (including what ran outside oneDNN)."""
+    per_step = {kind: total / steps for kind, total in kernels_ms.items()}
+    products = sum(per_step.get(kind, 0.0) for kind in MATRIX_PRODUCT_KERNELS)
+    outside = step_ms - sum(per_step.values())
+    return {"step_ms": step_ms, "kernels_ms": per_step, "matrix_products_ms": products,
+            "outside_onednn_ms": outside, "matrix_product_share": products / step_ms,
+            "overhead_share": 1 - products / step_ms}
+
+
+def measure_breakdown(python, precision, args):
+    """Run the breakdown worker under DNNL_VERBOSE=1 and return {oneDNN kind: total ms} of its steps."""
+    command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--model", args.model,
+               "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
+               "--iters", str(args.iters)]
+    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1")
+    child = subprocess.run(command, env=env, capture_output=True, text=True)
+    if child.returncode:
+        raise SystemExit(f"bench_models: error: the {precision} breakdown worker failed:\n{child.stderr[-2000:]}")
+    totals = kernel_times(child.stdout)
+    if not totals:
+        raise SystemExit("bench_models: error: oneDNN logged no kernels (DNNL_VERBOSE=1); is MXNet built with oneDNN?")
+    return totals
+
+
+def print_breakdown(key, breakdown, steps):
+    b = breakdown
+    print(f"breakdown: {key}: {b['step_ms']:.1f} ms a step (timed rounds); oneDNN kernels over {steps} verbose steps:")
+    rows = sorted(b["kernels_ms"].items(), key=lambda kv: -kv[1])
+    rows.append(("outside oneDNN (optimizer update, MXNet's own ops, Python, engine)", b["outside_onednn_ms"]))
+    for kind, ms in rows:
+        tag = " (matrix products)" if kind in MATRIX_PRODUCT_KERNELS else ""
+        print(f"  {kind + tag:<72}{ms:9.1f} ms {100 * ms / b['step_ms']:6.1f} %")
+    print(f"breakdown: {key}: matrix products {100 * b['matrix_product_share']:.1f} % of the step, overhead "
+          f"{100 * b['overhead_share']:.1f} % (target below {100 * OVERHEAD_TARGET:.0f} %)")
+
+
 # --- the driver --------------------------------------------------------------------------------------------
 
 class Worker:
@@ -374,10 +463,15 @@ def main(argv=None):
     parser.add_argument("--torch-python", default=None,
                         help="a Python with PyTorch (its own venv); without it only ours is measured")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    parser.add_argument("--no-breakdown", action="store_true",
+                        help="skip the oneDNN kernel breakdown of the training steps")
     parser.add_argument("--worker", default=None, choices=WORKERS, help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown-worker", default=None, choices=("float32", "bfloat16"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.model, args.batch_size, args.image_size)
+    if args.breakdown_worker:
+        return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size, args.iters)
     if min(args.batch_size, args.iters, args.rounds, args.image_size) < 1 or args.warmup < 0:
         parser.error("--batch-size, --image-size, --iters and --rounds must be positive, --warmup not negative")
     if args.torch_python:
@@ -429,12 +523,22 @@ def main(argv=None):
     ratio = ratios(results)
     for key, value in ratio.items():
         print(f"{key:<60}{value:>6.2f}x")
+    breakdowns = {}
+    if not args.no_breakdown:
+        for precision in ("float32", "bfloat16"):
+            key = f"ours {precision} training step"
+            if key in results:  # timed: bfloat16 only where the CPU has its kernels
+                step_ms = 1000 * args.batch_size / results[key]["median"]
+                breakdowns[key] = step_breakdown(measure_breakdown(sys.executable, precision, args), args.iters,
+                                                 step_ms)
+                print_breakdown(key, breakdowns[key], args.iters)
     if args.json:
         out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "rounds": args.rounds, "iters": args.iters, "torch": torch_version, "images_per_s": results,
                "ceilings": {w.kind: w.ceilings for w in workers}, "ratios": ratio, "cmd": sys.argv,
                "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
-               "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference}
+               "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference,
+               "breakdown": breakdowns}
         with open(args.json + ".tmp", "w") as f:
             json.dump(out, f, indent=2)
         os.replace(args.json + ".tmp", args.json)
