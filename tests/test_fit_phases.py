@@ -1,7 +1,6 @@
 """The training loop's phases in process, on a tiny network: an epoch stopped by a signal, saved and resumed
 through a real checkpoint ends exactly where the uninterrupted epoch does (weights, optimizer, EMA, metrics); and
 validate() scores the EMA weights and gives the live ones back."""
-import signal
 
 import mxnet as mx
 import numpy as np
@@ -9,15 +8,13 @@ import pytest
 
 import checkpoint
 import config
-import distributed
 import fit
-import precision
-from progress import JsonLog, Progress
+import loop_harness
+from loop_harness import CPU, RUN, keep_signal_handlers  # noqa: F401 (a fixture)
 import scoring
 import train
 
 CLASSES, BATCH, STEPS, STOP_AFTER = 4, 8, 6, 3
-CPU = [mx.cpu()]
 
 
 class Batches:
@@ -67,24 +64,8 @@ def args(tmp_path):
     return config.from_args(parsed).fit
 
 
-@pytest.fixture()
-def keep_signal_handlers():
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
-RUN = fit.RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json", record={"args": {}})
-
-
 def start(args, net):
-    dist = distributed.Distributed(None)
-    state = fit.prepare(args, RUN, net, CPU, dist)
-    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
-                    progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=args.num_epochs,
-                    num_classes=CLASSES)
-    return state, loop
+    return loop_harness.start(args, net, CLASSES)
 
 
 # BatchNorm's running statistics are not reproducible on MXNet 1.9.1's CPU build: of two identical runs in one

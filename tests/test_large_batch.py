@@ -70,18 +70,13 @@ def test_lars_steps_equal_the_numpy_formula(eps):
 
 
 # ---- gradient accumulation, through the loop's own train_one_epoch ------------------------------------------------
-import signal  # noqa: E402
-
 import checkpoint  # noqa: E402
 import config  # noqa: E402
-import precision  # noqa: E402
-from progress import JsonLog, Progress  # noqa: E402
+import loop_harness  # noqa: E402
+from loop_harness import CPU, RUN, keep_signal_handlers  # noqa: E402,F401 (a fixture)
 import train  # noqa: E402
 
 CLASSES, MICRO, ACCUM = 4, 4, 3
-CPU = [mx.cpu()]
-RUN = fit.RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json",
-                  record={"args": {}})
 
 
 class Batches:
@@ -135,12 +130,7 @@ def fit_config(tmp_path, batch, accum, *extra):
 
 
 def start(cfg, net):
-    dist = distributed.Distributed(None)
-    state = fit.prepare(cfg, RUN, net, CPU, dist)
-    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
-                    progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
-                    num_classes=CLASSES)
-    return state, loop
+    return loop_harness.start(cfg, net, CLASSES)
 
 
 def learned(net):
@@ -148,12 +138,6 @@ def learned(net):
             if not name.endswith(("running_mean", "running_var"))}
 
 
-@pytest.fixture()
-def keep_signal_handlers():
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 @pytest.mark.parametrize("optimizer,batchnorm", [("sgd", "none"), ("lars", "none"), ("sgd", "frozen")])
