@@ -127,11 +127,12 @@ def test_bench_models_sums_onednn_kernels_of_the_marked_steps_only():
         "dnnl_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:abcd:f0 dst_f32,,,64x3x7x7,0.25",
         "a line of the network's own output",
         "dnnl_verbose,exec,cpu,convolution,jit:avx2,backward_data,src_f32,,alg:convolution_direct,mb2_ic3oc64,1.5",
-        bench_models.BREAKDOWN_MARKS[1],
+        bench_models.BREAKDOWN_MARKS[1] + " after 20.000 ms",
         "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2,7.0"])
-    totals = bench_models.kernel_times(log)
-    assert totals == {"convolution": 4.0, "reorder": 0.25}
-    breakdown = bench_models.step_breakdown(totals, steps=2, step_ms=10.0)
+    totals, wall_ms = bench_models.kernel_times(log)
+    assert totals == {"convolution": 4.0, "reorder": 0.25} and wall_ms == 20.0
+    breakdown = bench_models.step_breakdown(totals, steps=2, wall_ms=wall_ms)
+    assert breakdown["step_ms"] == 10.0
     assert breakdown["kernels_ms"] == {"convolution": 2.0, "reorder": 0.125}
     assert breakdown["matrix_product_share"] == pytest.approx(0.2) and breakdown["overhead_share"] == pytest.approx(0.8)
     assert breakdown["outside_onednn_ms"] == pytest.approx(10.0 - 2.125)
@@ -166,10 +167,10 @@ def test_bench_models_bfloat16_worker_builds_everything_and_times_where_the_cpu_
     breakdown = report["breakdown"]["ours float32 training step"]
     kernels = breakdown["kernels_ms"]
     assert kernels["convolution"] > 0 and kernels["batch_normalization"] > 0 and "reorder" in kernels
-    assert breakdown["step_ms"] == pytest.approx(1000 * 2 / rates["ours float32 training step"]["median"])
     products = kernels["convolution"] + kernels.get("inner_product", 0) + kernels.get("matmul", 0)
     assert breakdown["matrix_product_share"] == pytest.approx(products / breakdown["step_ms"])
     assert breakdown["outside_onednn_ms"] == pytest.approx(breakdown["step_ms"] - sum(kernels.values()))
+    assert breakdown["outside_onednn_ms"] > 0  # the kernels ran inside the steps' wall time, in one process
     assert "breakdown: ours float32 training step: matrix products " in result.stdout
     assert ("ours bfloat16 training step" in report["breakdown"]) == (not NO_BFLOAT16)
     if NO_BFLOAT16:

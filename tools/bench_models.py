@@ -21,8 +21,8 @@ PyTorch is optional and never a dependency of the kit: give its interpreter with
 Where a training step's time goes (a ratio free of PyTorch's noise): one more float32 worker (and bfloat16 where
 the CPU has its kernels) runs a few steps with oneDNN's verbose log on, and the time of every oneDNN kernel it
 ran is summed by kind (convolution and inner product: the matrix products; reorders between layouts; batch
-normalization; eltwise; pooling; sum; ...). Against the step's time from the timed rounds, what is not a matrix
-product is overhead, and so is the time outside oneDNN (the optimizer update and MXNet's own operators, Python,
+normalization; eltwise; pooling; sum; ...). Against the wall time of those steps in that process, what is not a
+matrix product is overhead, and so is the time outside oneDNN (the optimizer update and MXNet's own operators, Python,
 the engine). `--no-breakdown` skips it.
 
 Separate processes, because two OpenMP runtimes in one process distort both. Timings on a shared machine are
@@ -308,29 +308,31 @@ def breakdown_worker(precision, model, batch_size, image_size, steps):
     for _ in range(2):  # graph building, oneDNN's primitive caches, the optimizer's state
         step()
     print(BREAKDOWN_MARKS[0], flush=True)
+    start = time.perf_counter()
     for _ in range(steps):
         step()
-    print(BREAKDOWN_MARKS[1], flush=True)
+    print(f"{BREAKDOWN_MARKS[1]} after {1000 * (time.perf_counter() - start):.3f} ms", flush=True)
 
 
 def kernel_times(verbose_log):
-    """{oneDNN primitive kind: total ms} of the 'dnnl_verbose,exec,...' lines between the breakdown marks (the
-    last field of such a line is the kernel's time in ms)."""
+    """({oneDNN primitive kind: total ms}, the steps' wall time in ms) of the 'dnnl_verbose,exec,...' lines between
+    the breakdown marks (the last field of such a line is the kernel's time in ms; the end mark has the wall time)."""
     totals, inside = {}, False
     for line in verbose_log.splitlines():
         if line.startswith(BREAKDOWN_MARKS[0]):
             inside = True
         elif line.startswith(BREAKDOWN_MARKS[1]):
-            break
+            return totals, float(line.split()[-2])
         elif inside and line.startswith(("dnnl_verbose,exec,", "onednn_verbose,exec,")):
             fields = line.split(",")
             totals[fields[3]] = totals.get(fields[3], 0.0) + float(fields[-1])
-    return totals
+    return totals, None
 
 
-def step_breakdown(kernels_ms, steps, step_ms):
-    """Per step: each kernel kind's ms and share of ``step_ms`` (the timed rounds' step), the matrix products'
-    share, and the rest as overhead (including what ran outside oneDNN)."""
+def step_breakdown(kernels_ms, steps, wall_ms):
+    """Per step: each kernel kind's ms, the matrix products' share of the step (``wall_ms`` over ``steps``, in the
+    same process: the kernels ran inside it), and the rest as overhead (including what ran outside oneDNN)."""
+    step_ms = wall_ms / steps
     per_step = {kind: total / steps for kind, total in kernels_ms.items()}
     products = sum(per_step.get(kind, 0.0) for kind in MATRIX_PRODUCT_KERNELS)
     outside = step_ms - sum(per_step.values())
@@ -340,7 +342,7 @@ def step_breakdown(kernels_ms, steps, step_ms):
 
 
 def measure_breakdown(python, precision, args):
-    """Run the breakdown worker under DNNL_VERBOSE=1 and return {oneDNN kind: total ms} of its steps."""
+    """Run the breakdown worker under DNNL_VERBOSE=1: ({oneDNN kind: total ms}, wall ms) of its steps."""
     command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--model", args.model,
                "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
                "--iters", str(args.iters)]
@@ -348,15 +350,16 @@ def measure_breakdown(python, precision, args):
     child = subprocess.run(command, env=env, capture_output=True, text=True)
     if child.returncode:
         raise SystemExit(f"bench_models: error: the {precision} breakdown worker failed:\n{child.stderr[-2000:]}")
-    totals = kernel_times(child.stdout)
-    if not totals:
+    totals, wall_ms = kernel_times(child.stdout)
+    if not totals or wall_ms is None:
         raise SystemExit("bench_models: error: oneDNN logged no kernels (DNNL_VERBOSE=1); is MXNet built with oneDNN?")
-    return totals
+    return totals, wall_ms
 
 
-def print_breakdown(key, breakdown, steps):
+def print_breakdown(key, breakdown, steps, timed_ms):
     b = breakdown
-    print(f"breakdown: {key}: {b['step_ms']:.1f} ms a step (timed rounds); oneDNN kernels over {steps} verbose steps:")
+    print(f"breakdown: {key}: {b['step_ms']:.1f} ms a step over {steps} steps with oneDNN's verbose log "
+          f"({timed_ms:.1f} ms in the timed rounds):")
     rows = sorted(b["kernels_ms"].items(), key=lambda kv: -kv[1])
     rows.append(("outside oneDNN (optimizer update, MXNet's own ops, Python, engine)", b["outside_onednn_ms"]))
     for kind, ms in rows:
@@ -528,10 +531,9 @@ def main(argv=None):
         for precision in ("float32", "bfloat16"):
             key = f"ours {precision} training step"
             if key in results:  # timed: bfloat16 only where the CPU has its kernels
-                step_ms = 1000 * args.batch_size / results[key]["median"]
-                breakdowns[key] = step_breakdown(measure_breakdown(sys.executable, precision, args), args.iters,
-                                                 step_ms)
-                print_breakdown(key, breakdowns[key], args.iters)
+                kernels_ms, wall_ms = measure_breakdown(sys.executable, precision, args)
+                breakdowns[key] = step_breakdown(kernels_ms, args.iters, wall_ms)
+                print_breakdown(key, breakdowns[key], args.iters, 1000 * args.batch_size / results[key]["median"])
     if args.json:
         out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "rounds": args.rounds, "iters": args.iters, "torch": torch_version, "images_per_s": results,
