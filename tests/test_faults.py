@@ -353,7 +353,10 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     from test_launchers import need_ssh_hosts
     need_ssh_hosts()
     workspace = tmp_path / "ws"
-    command = runner_command(digits_data, workspace, extra=["-H", "hostA:1,hostB:1"])
+    # Far more epochs than the test lets run: cut in epoch 2, orphaned workers notice within the watchdog's period
+    # (5 s) and stop at a step boundary; with the 2 epochs of the other tests they could finish the run first
+    # (and rightly exit 0). The rerun trains one more epoch (--run-epochs), enough to show it resumes.
+    command = runner_command(digits_data, workspace, epochs=50, extra=["-H", "hostA:1,hostB:1"])
     env = venv_env()
     env.pop("OMP_NUM_THREADS")  # runner sets each worker's share
     process = start(command, tmp_path / "lost", env=env, stdin=subprocess.DEVNULL)
@@ -393,7 +396,8 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     latest = checkpoint.find_latest(str(workspace / "model"))
     print(f"{how}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
     assert_intact(workspace, os.path.basename(latest["state_path"])[len("model-"):-len(".state.json")])
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    result = subprocess.run(command + ["--run-epochs", "1"], env=env, capture_output=True, text=True,
+                            timeout=HANG_S, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resuming from {latest['state_path']}" in result.stderr
 
