@@ -18,8 +18,8 @@ rates). A benchmark, not a test: numbers depend on the machine.
 """
 import argparse
 import json
-import os
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -56,7 +56,7 @@ def make_photo_rec(prefix, count, seed=0):
 # ResNet-50 v1.5 float16 training images/s of one GPU published for the original MXNet example (V100 16 GB in a
 # DGX-1, batch 208; A100 80 GB): the rate its input pipeline must keep up with.
 GPU_RATES = {"V100": 1442, "A100": 3410}
-# What the DALI CPU pipeline should reach (tools/bench_io.py prints each measured fraction beside these).
+# What the DALI CPU pipeline should reach (each measured fraction is printed beside these).
 SHARE_OF_DECODE_TARGET = 0.85
 SCALING_TARGET = 0.9
 
