@@ -288,9 +288,35 @@ def check_launcher(args):
         use_srun_step(args, os.environ)
 
 
-def horovod_has_mpi():
-    """Whether the installed Horovod was built with MPI (imports MXNet, so only asked for mpi and slurm)."""
+# What Horovod's MXNet extension was built with, asked of its library through ctypes in a short process (0.1 s).
+# horovodrun's own check forks a process per framework that imports it: for MXNet 3 s of CPU and 5 s before any
+# worker starts, on every launch; `import horovod.mxnet` costs the same.
+HOROVOD_BUILD_PROBE = """
+import ctypes, importlib.util, os, sysconfig
+def folder(package):
+    return importlib.util.find_spec(package).submodule_search_locations[0]
+ctypes.CDLL(os.path.join(folder("mxnet"), "libmxnet.so"), mode=ctypes.RTLD_GLOBAL)
+lib = ctypes.CDLL(os.path.join(folder("horovod"), "mxnet", "mpi_lib" + sysconfig.get_config_var("EXT_SUFFIX")))
+print(lib.horovod_gloo_built(), lib.horovod_mpi_built())
+"""
+
+
+def horovod_build():
+    """{"gloo": bool, "mpi": bool} of the installed Horovod for MXNet, or None where its library does not load."""
+    probe = subprocess.run([sys.executable, "-c", HOROVOD_BUILD_PROBE], capture_output=True, text=True)
     try:
+        gloo, mpi = (bool(int(flag)) for flag in probe.stdout.split())
+    except ValueError:
+        return None
+    return {"gloo": gloo, "mpi": mpi}
+
+
+def horovod_has_mpi():
+    """Whether the installed Horovod was built with MPI (asked for --launcher mpi and slurm)."""
+    build = horovod_build()
+    if build is not None:
+        return build["mpi"]
+    try:  # its library does not load: the import says why
         import horovod.mxnet as hvd
     except ImportError as error:
         raise UsageError(f"Horovod for MXNet does not import ({error}); run `make setup`")
@@ -597,7 +623,10 @@ def run_horovodrun(arguments):
     Horovod's own answer (terminate the workers, kill them 5 seconds later) would lose that checkpoint whenever
     a step and the save take longer, so it is kept for SIGINT (Ctrl-C) only."""
     from horovod.runner import gloo_run
-    from horovod.runner.launch import run_commandline
+    from horovod.runner import launch as horovod_launch
+    build = horovod_build()
+    if build is not None:  # horovodrun's own check of --gloo, answered without importing MXNet
+        horovod_launch.gloo_built = lambda verbose=False: build["gloo"]
     shutdown = threading.Event()  # Horovod terminates the workers when this is set
 
     def interrupt(signum, frame):  # Ctrl-C: the workers save and stop as for SIGTERM; a second one: at once
@@ -615,7 +644,7 @@ def run_horovodrun(arguments):
     restore = forward_stop_signals(lambda signum: stop.request())
     sys.argv = ["horovodrun", *arguments]
     try:
-        run_commandline()
+        horovod_launch.run_commandline()
     except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
         codes = re.findall(r"Exit code: (-?\d+)", str(error))
         if not codes:

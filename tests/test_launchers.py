@@ -254,6 +254,18 @@ def test_world_check_reads_each_launchers_variables(launcher):
         assert "srun --mpi=pmix" in world.world_mismatch(1, 0, 0, True, envs[1])
 
 
+def test_runners_probe_of_horovods_build_agrees_with_horovods_own_check():
+    """runner asks Horovod's library what it was built with (launch.horovod_build, no MXNet import); horovodrun's
+    own check (a forked process per framework, importing it) must give the same answers."""
+    import launch
+    code = ("from horovod.common.util import gloo_built, mpi_built; "
+            "print(bool(gloo_built()), bool(mpi_built()))")
+    own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, check=True)
+    build = launch.horovod_build()
+    assert own.stdout.split() == [str(build["gloo"]), str(build["mpi"])]
+    assert build["gloo"]  # make setup builds it with Gloo
+
+
 def test_runner_mpi_and_slurm_need_horovod_with_mpi():
     """--launcher mpi/slurm are refused up front by a Horovod without MPI, and planned with one."""
     for launcher in ("mpi", "slurm"):
