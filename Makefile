@@ -41,11 +41,15 @@ demo: setup
 		--min-random-area 0.5 --random-mirror 0 --warmup-epochs 2 --seed 1 --workspace $(DEMO_RUN)
 	@echo; $(BIN)/python report.py $(DEMO_RUN)/report.json
 
+# Two pytest-xdist workers, each taking whole test files (their module fixtures are built once): much of the suite
+# waits on other processes (start-up, stall timeouts, launches over SSH), so two share even a 2-core machine well.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) $(DEMO_RUN)

@@ -1,5 +1,8 @@
 """Shared fixtures: small real RecordIO datasets made once per test session."""
+import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -98,12 +101,33 @@ def write_record_file(prefix, images, labels, quality=95):
     return prefix + ".rec", prefix + ".idx"
 
 
+@contextlib.contextmanager
+def made_once(tmp_path_factory, name):
+    """A folder for data made once per test run and only read after. Yields (folder, whether it still has to be
+    made); under pytest-xdist every worker gets the same folder (beside their own base folders), the first makes
+    it while the others wait on a lock."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # pytest-N/: the run's folder, shared by its workers (popen-gw0, popen-gw1, ...)
+    out, done = base / name, base / f"{name}.done"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a worker that failed halfway left it
+            out.mkdir()
+            yield out, True
+            done.touch()
+        else:
+            yield out, False
+
+
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory):
     """The demo dataset (real digit scans), built through tools/make_demo_data.py and im2rec."""
-    out = tmp_path_factory.mktemp("digits")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_demo_data.py"), str(out)],
-                   check=True, env=venv_env(), stdout=subprocess.DEVNULL)
+    with made_once(tmp_path_factory, "digits") as (out, to_make):
+        if to_make:
+            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_demo_data.py"), str(out)],
+                           check=True, env=venv_env(), stdout=subprocess.DEVNULL)
     return out
 
 
