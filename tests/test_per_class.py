@@ -46,6 +46,9 @@ def test_confusion_equals_a_numpy_recount_of_the_logits(unique_label_rec, ctxs):
          "--image-shape", "3,16,16", "--data-val-resize", "16", "--dali-validation-threads", "1", "--seed", "1"])
     val_iter = data.get_data_iterators_per_device(config.from_args(args), 0, 1, 0, 1, ctxs)[1]
     net = mx.gluon.nn.Dense(count, in_units=3 * 16 * 16, flatten=True)
+    # Seeded, whatever ran before in this process: a random network is right about one of the 53 samples on
+    # average and about none a third of the time (seed 2 here); seed 1's is right about some.
+    mx.random.seed(1)
     net.initialize(mx.init.Normal(0.05), ctx=ctxs)
     metrics = scoring.evaluate(net, val_iter, ctxs, distributed.Distributed(None), "float32")
     confusion = metrics["confusion"]
