@@ -8,10 +8,7 @@ import dataclasses
 import logging
 import math
 import os
-import queue
-import threading
 import time
-import weakref
 
 import mxnet as mx
 import numpy as np
@@ -276,9 +273,6 @@ class BatchIterator:
     def restart(self):
         pass
 
-    def close(self):
-        """Let go of what feeds the iterator (a reading thread), when it will not be used again."""
-
     def next_arrays(self, valid):
         raise NotImplementedError
 
@@ -494,83 +488,26 @@ class ShuffledShardSource:
     rank's batches are a uniform sample of the whole file whatever order it was written in. DALI's own reader
     cannot do this: it splits the file into contiguous ranges (``shuffle_after_epoch`` only reorders whole files)
     and its ``random_shuffle`` mixes a window of ``initial_fill`` neighbouring records.
-    Called by ``fn.external_source`` once per batch, on the thread that runs the pipeline (the training step's):
-    returns the encoded images and their labels, read ahead by a thread of the source's own (``read_ahead``), so
-    the page faults or reads of a batch's records (random reads on a cold cache or a network file system) are
-    not in series with the step. At most ``ahead`` batches wait, read; ``close()`` (or letting the source go)
-    ends the thread.
+    Called by ``fn.external_source`` once per batch: returns the encoded images and their labels.
     """
 
-    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=4):
+    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16):
         self.records = record_file
+        self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
         self.batch_size = batch_size
         self.recent = collections.deque(maxlen=remember)  # record numbers of the batches handed to DALI last
-        self._error = None
-        self._ready = queue.Queue(maxsize=max(1, ahead))
-        self._stop = threading.Event()
-        order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
-        # The thread holds no reference to the source: train.py drops each epoch's pipeline (and source) by
-        # reference, and a source collected stops its thread as close() does.
-        weakref.finalize(self, self._stop.set)
-        self._thread = threading.Thread(target=read_ahead, name="read-ahead", daemon=True,
-                                        args=(record_file, order, batch_size, self._ready, self._stop))
-        self._thread.start()
 
     def __call__(self):
-        if self._error is None and self._stop.is_set():
-            self._error = RuntimeError("the record source was closed")  # its queue may be empty for good
-        if self._error is not None:
-            raise self._error
-        while True:
-            try:
-                batch = self._ready.get(timeout=READ_AHEAD_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._ready.empty():  # an error, not a hang
-                    self._error = RuntimeError("the thread reading the training records ended")
-                    raise self._error from None
-        if isinstance(batch, BaseException):  # raised reading this batch: here, where it was read before
-            self._error = batch
-            raise batch
-        picks, images, labels = batch
+        picks = self.order.take(self.batch_size)
         self.recent.append(picks)
+        images = [self.records.image(i) for i in picks]
+        labels = self.records.labels[picks].astype(np.float32).reshape(-1, 1)
         return images, labels
-
-    def close(self):
-        """End the reading thread (within READ_AHEAD_POLL_S); the source gives no more batches."""
-        self._stop.set()
 
     def failing_record(self):
         """(record file, record number) of the batches in flight that does not decode, or None."""
         bad = records.first_undecodable(self.records, [i for batch in self.recent for i in batch])
         return None if bad is None else (self.records, bad)
-
-
-READ_AHEAD_POLL_S = 0.1  # how often a thread waiting for room in its queue checks whether its source is gone
-
-
-def read_ahead(record_file, order, batch_size, ready, stop):
-    """A ShuffledShardSource's thread: its batches in order into ``ready``, until ``stop``; an error reading is
-    put there in the place of its batch. The images are copies (numpy copies without the GIL), so the mapped
-    file's page faults, or the reads with use_mmap=False, happen here."""
-    def put(item):
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=READ_AHEAD_POLL_S)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    try:
-        while not stop.is_set():
-            picks = order.take(batch_size)
-            images = [np.array(record_file.image(i)) for i in picks]
-            labels = record_file.labels[picks].astype(np.float32).reshape(-1, 1)
-            if not put((picks, images, labels)):
-                return
-    except BaseException as error:
-        put(error)
 
 
 def shard_size(total, shard_id, num_shards):
@@ -582,17 +519,12 @@ class DaliIterator(BatchIterator):
     """A DALI pipeline's batches (dali.DaliBatches) for ``size`` samples per epoch: the last batch of an epoch
     keeps its full shape (static shapes for hybridized nets), its ``pad`` says how many trailing samples are
     padding. A batch stays valid until two more are drawn. A pipeline failure names its record
-    (``failing_record``: finds (RecordFile, record number) or None). ``close``: ends what feeds the pipeline."""
+    (``failing_record``: finds (RecordFile, record number) or None)."""
 
-    def __init__(self, batches, size, failing_record=None, close=None):
+    def __init__(self, batches, size, failing_record=None):
         super().__init__(size, batches.batch_size)
         self.batches = batches
         self.failing_record = failing_record
-        self._close = close
-
-    def close(self):
-        if self._close is not None:
-            self._close()
 
     def next_arrays(self, valid):
         try:
@@ -625,8 +557,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
         # Without --seed it is seed 0's order (augmentation stays random).
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
                                      seed=0 if feed.seed is None else feed.seed,
-                                     remember=cfg.dali_prefetch_queue + 4,  # the batches DALI may hold
-                                     ahead=cfg.dali_prefetch_queue)  # a pipeline's first run takes as many
+                                     remember=cfg.dali_prefetch_queue + 4)  # the batches DALI may hold
         train_common = dict(common, image_shape=train_shape(cfg))
         pipe = dali.train_pipeline(
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
@@ -645,8 +576,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
                         "data (a random part of a new shuffle each epoch)", num_examples, total, cfg.data_train)
         # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
         steps = math.ceil(num_examples / feed.batch_size)
-        train_iter = DaliIterator(dali.DaliBatches(pipe, ctx), steps * local_batch, source.failing_record,
-                                  close=source.close)
+        train_iter = DaliIterator(dali.DaliBatches(pipe, ctx), steps * local_batch, source.failing_record)
     if cfg.data_val:
         shard_id, num_shards = (0, 1) if cfg.dali_separ_val else (rank, num_workers)
         pipe = dali.val_pipeline(
@@ -771,10 +701,6 @@ class PerDeviceIterator:
 
     def reset(self):
         self.__iter__()
-
-    def close(self):
-        for iterator in self.iterators:
-            iterator.close()
 
     def __next__(self):
         if self._steps >= len(self):

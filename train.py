@@ -354,8 +354,6 @@ def train_iterator_factory(cfg, dist, ctxs, first):
             changes.update(data__train_size=(size,), data__train_size_epochs=())
         if cfg.fit.seed is not None:
             changes.update(fit__seed=cfg.fit.seed + 100003 * epoch)
-        if built["iterator"] is not None:
-            built["iterator"].close()  # its reading thread ends now, not when the pipeline is collected
         built["iterator"] = None  # let the previous pipeline go before the next one is built
         built.update(size=size, iterator=data.get_data_iterators_per_device(
             cfg.replace(**changes), dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs)[0])
