@@ -4,10 +4,13 @@ dali.py (the DALI pipelines) is imported only when a DALI backend is chosen: DAL
 mxnet and synthetic backends do not need it installed.
 """
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import math
 import os
+import queue
+import threading
 import time
 
 import mxnet as mx
@@ -488,26 +491,101 @@ class ShuffledShardSource:
     rank's batches are a uniform sample of the whole file whatever order it was written in. DALI's own reader
     cannot do this: it splits the file into contiguous ranges (``shuffle_after_epoch`` only reorders whole files)
     and its ``random_shuffle`` mixes a window of ``initial_fill`` neighbouring records.
-    Called by ``fn.external_source`` once per batch: returns the encoded images and their labels.
+
+    Called by ``fn.external_source`` once per batch, on the thread that runs the pipeline (the training step's):
+    returns the encoded images and their labels. The records of the next ``ahead`` batches are already being
+    read by the process's RecordReader thread, so a batch's page faults or reads (random reads on a cold cache
+    or a network file system) are not in series with the step. Each batch is read into one of ``ahead + 1``
+    buffers, reused: DALI copies a batch when the call returns (``no_copy`` is off), before the next call.
     """
 
-    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16):
+    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=2, reader=None):
         self.records = record_file
         self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
         self.batch_size = batch_size
         self.recent = collections.deque(maxlen=remember)  # record numbers of the batches handed to DALI last
+        self._reader = reader or record_reader()
+        self._buffers = [np.empty(0, dtype=np.uint8) for _ in range(ahead + 1)]
+        self._pending = collections.deque()  # (picks, buffer number, future) of the batches being read, in order
+        self._next_buffer = 0
 
     def __call__(self):
-        picks = self.order.take(self.batch_size)
+        while len(self._pending) < len(self._buffers):  # the buffer of the batch last returned is free again
+            picks = self.order.take(self.batch_size)
+            number, self._next_buffer = self._next_buffer, (self._next_buffer + 1) % len(self._buffers)
+            self._pending.append((picks, number, self._reader.submit(
+                read_batch, self.records, picks, self._buffers[number])))
+        picks, number, future = self._pending[0]
+        buffer, images, labels = future.result()  # a reading error is raised here, in the call of its batch
+        self._pending.popleft()
+        self._buffers[number] = buffer  # grown, when the batch did not fit
         self.recent.append(picks)
-        images = [self.records.image(i) for i in picks]
-        labels = self.records.labels[picks].astype(np.float32).reshape(-1, 1)
         return images, labels
 
     def failing_record(self):
         """(record file, record number) of the batches in flight that does not decode, or None."""
         bad = records.first_undecodable(self.records, [i for batch in self.recent for i in batch])
         return None if bad is None else (self.records, bad)
+
+
+def read_batch(record_file, picks, buffer):
+    """Records ``picks``' images copied into ``buffer`` (a larger one when they do not fit): (buffer, the images as
+    views into it, labels). The copies touch the mapped file (page faults, outside the GIL), or read it with
+    use_mmap=False, on the thread that calls this."""
+    images = [record_file.image(i) for i in picks]
+    need = sum(len(image) for image in images)
+    if len(buffer) < need:
+        buffer = np.empty(need + need // 4, dtype=np.uint8)  # room for larger batches to come
+    views, start = [], 0
+    for image in images:
+        end = start + len(image)
+        buffer[start:end] = image
+        views.append(buffer[start:end])
+        start = end
+    labels = record_file.labels[picks].astype(np.float32).reshape(-1, 1)
+    return buffer, views, labels
+
+
+class RecordReader:
+    """One daemon thread that runs reads (``submit``: a concurrent.futures.Future) in the order submitted.
+    The process keeps one (``record_reader``) for all its sources, across epochs and pipelines: no thread is
+    started per pipeline, and what a thread allocates stays in the arena of a thread that lives on. A daemon:
+    an exiting process does not wait on a read (a hung network file system)."""
+
+    def __init__(self):
+        self._jobs = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def submit(self, function, *args):
+        future = concurrent.futures.Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
+                self._thread = threading.Thread(target=self._run, name="record-reader", daemon=True)
+                self._thread.start()
+        self._jobs.put((future, function, args))
+        return future
+
+    def _run(self):
+        while True:
+            future, function, args = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function(*args))
+                except BaseException as error:  # raised where the batch is taken
+                    future.set_exception(error)
+            del future, function, args  # a finished batch's buffer is not held here till the next job
+
+
+_record_reader = None
+
+
+def record_reader():
+    """This process's RecordReader."""
+    global _record_reader
+    if _record_reader is None:
+        _record_reader = RecordReader()
+    return _record_reader
 
 
 def shard_size(total, shard_id, num_shards):
