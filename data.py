@@ -3,6 +3,7 @@
 dali.py (the DALI pipelines) is imported only when a DALI backend is chosen: DALI is a large import, and the
 mxnet and synthetic backends do not need it installed.
 """
+import argparse
 import collections
 import concurrent.futures
 import dataclasses
@@ -75,6 +76,7 @@ class DataConfig:
     dali_threads: int = None
     dali_validation_threads: int = None
     dali_prefetch_queue: int = 5
+    dali_read_ahead: int = 2
     dali_nvjpeg_memory_padding: int = 64
     dali_fuse_decoder: int = 1
     dali_dont_use_mmap: bool = False
@@ -198,6 +200,13 @@ def color_jitter3(values):
     return values
 
 
+def batches_ahead(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more batches, got {text}")
+    return value
+
+
 def add_dali_args(parser):
     group = parser.add_argument_group("DALI data backend", "used with --data-backend dali-gpu or dali-cpu")
     group.add_argument("--dali-separ-val", action="store_true",
@@ -206,6 +215,9 @@ def add_dali_args(parser):
     group.add_argument("--dali-validation-threads", type=int,
                        help="CPU threads per validation pipeline (default: cores per process)")
     group.add_argument("--dali-prefetch-queue", type=int, help="DALI prefetch queue depth")
+    group.add_argument("--dali-read-ahead", type=batches_ahead,
+                       help="training batches whose records a thread reads ahead of the pipeline, each in a buffer "
+                            "of its own (0: read on the training step's thread)")
     group.add_argument("--dali-nvjpeg-memory-padding", type=int,
                        help="memory padding value for nvJPEG, in MB (dali-gpu only)")
     group.add_argument("--dali-fuse-decoder", type=int, choices=[0, 1],
@@ -635,7 +647,8 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
         # Without --seed it is seed 0's order (augmentation stays random).
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
                                      seed=0 if feed.seed is None else feed.seed,
-                                     remember=cfg.dali_prefetch_queue + 4)  # the batches DALI may hold
+                                     remember=cfg.dali_prefetch_queue + 4,  # the batches DALI may hold
+                                     ahead=cfg.dali_read_ahead)
         train_common = dict(common, image_shape=train_shape(cfg))
         pipe = dali.train_pipeline(
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),

@@ -46,3 +46,11 @@ def test_one_thread_and_no_ceiling(tmp_path):
     assert "scaling" not in report["ceiling"] and "scaling over threads not measured" in out
     report, out = bench(tmp_path, "--threads", "1", "--backends", "dali-cpu", "--no-ceiling")
     assert "ceiling" not in report and "decoding alone" not in out
+
+
+def test_step_thread_rows(tmp_path):
+    report, out = bench(tmp_path, "--step-thread", "--read-ahead", "1", "--steps", "3", "--step-ms", "1")
+    assert set(report["step_thread_ms"]) == {"read in the call", "read ahead 1"}
+    assert len(report["rounds"]) == 1 and report["rounds"][0] == report["step_thread_ms"]  # one round: its median
+    assert all(ms > 0 for ms in report["step_thread_ms"].values())
+    assert "warm page cache" in out and not report["cold"]

@@ -15,6 +15,12 @@ record's JPEG through OpenCV's libjpeg-turbo, one thread, bytes read beforehand)
 pipeline on one thread, then prints the pipeline's share of decoding alone (per core), its scaling from one thread
 to --threads (against linear), and how many such cores feed a V100 or an A100 (their published ResNet-50 training
 rates). A benchmark, not a test: numbers depend on the machine.
+
+``--step-thread`` times instead what the training step's thread spends per batch in the record source (DALI's
+``pipe.run()`` of an external_source alone: the records read, unless read ahead, and DALI's copy of the batch), with
+the records read in the call (``--dali-read-ahead 0``) and read ahead (``--read-ahead N``), ``--step-ms`` of
+compute between batches; ``--cold`` empties the page cache before each (root only), as a first epoch or a
+network file system would find it.
 """
 import argparse
 import json
@@ -78,6 +84,55 @@ def decode_only(rec, idx):
     print(json.dumps({"images_per_sec": len(payloads) / (time.perf_counter() - start)}))
 
 
+def step_thread_ms(rec, idx, batch_size, ahead, use_mmap, cold, steps, step_ms):
+    """Median ms per batch that the step's thread spends in the training record source's pipe.run(), with step_ms
+    of compute (a sleep: the GIL released, as in MXNet's engine) after each; DALI's prefetch fill is skipped."""
+    sys.path.insert(0, ROOT)
+    from nvidia.dali import fn, pipeline_def, types
+    import data
+    import records
+    if cold:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as caches:  # PermissionError unless root
+            caches.write("1")
+    source = data.ShuffledShardSource(records.RecordFile(rec, idx, use_mmap=use_mmap), 0, 1, batch_size, seed=1,
+                                      ahead=ahead)
+    prefetch = 5  # train.py's --dali-prefetch-queue
+
+    @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=prefetch)
+    def source_only():
+        return tuple(fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.FLOAT]))
+
+    pipe = source_only()
+    pipe.build()
+    times = []
+    for _ in range(prefetch + steps):
+        start = time.perf_counter()
+        pipe.run()
+        times.append(time.perf_counter() - start)
+        time.sleep(step_ms / 1000)
+    return 1000 * statistics.median(times[prefetch:])
+
+
+def step_thread(args, rec, idx):
+    """--step-thread: the records read in the call against read ahead, alternating within each round."""
+    if args.cold and os.geteuid() != 0:
+        raise SystemExit("bench_io.py: error: --cold empties the page cache, which needs root; run without it")
+    rows = {"read in the call": 0, f"read ahead {args.read_ahead}": args.read_ahead}
+    rounds = [{name: step_thread_ms(rec, idx, args.batch_size, ahead, not args.dont_use_mmap, args.cold,
+                                    args.steps, args.step_ms) for name, ahead in rows.items()}
+              for _ in range(args.repeats)]
+    print(f"ms per batch of {args.batch_size} on the training step's thread, records "
+          f"{'read' if args.dont_use_mmap else 'mapped'} from a {'cold' if args.cold else 'warm'} page cache, "
+          f"{args.step_ms:g} ms of compute between batches, medians of {args.repeats} rounds, {rec}")
+    result = {}
+    for name in rows:
+        result[name] = statistics.median(r[name] for r in rounds)
+        print(f"{name:<20} {result[name]:8.2f} ms")
+    print(json.dumps({"step_thread_ms": result, "batch_size": args.batch_size, "cold": args.cold,
+                      "mmap": not args.dont_use_mmap, "rounds": rounds}))
+
+
 def ceiling_summary(decode_rate, one_thread, all_threads, threads, cores):
     """The pipeline against decoding alone and against linear scaling, and the cores a GPU needs."""
     share = one_thread / decode_rate
@@ -134,6 +189,14 @@ def main():
                              "randaugment, trivialaugment); the other backends run without")
     parser.add_argument("--no-ceiling", action="store_true",
                         help="skip the decode-only ceiling and one-thread pipeline runs (training mode, dali-cpu)")
+    parser.add_argument("--step-thread", action="store_true",
+                        help="time the training step's thread in the record source instead (read in the call vs "
+                             "read ahead)")
+    parser.add_argument("--read-ahead", type=int, default=2, help="--step-thread: batches read ahead")
+    parser.add_argument("--steps", type=int, default=15, help="--step-thread: batches timed per round")
+    parser.add_argument("--step-ms", type=float, default=100, help="--step-thread: compute per step, in ms")
+    parser.add_argument("--cold", action="store_true", help="--step-thread: empty the page cache first (root)")
+    parser.add_argument("--dont-use-mmap", action="store_true", help="--step-thread: plain reads, not mmap")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -152,6 +215,8 @@ def main():
             print(f"building {args.count} photos of 500x375 in {rec}", file=sys.stderr)
             make_photo_rec(rec[:-4], args.count)
     idx = os.path.splitext(rec)[0] + ".idx"
+    if args.step_thread:
+        return step_thread(args, rec, idx)
     policies = args.auto_augment.split(",")
     # (row name, backend, policy): a DALI training pipeline once per policy, everything else once
     configs = [(backend if policy == "none" else f"{backend}+{policy}", backend, policy)
