@@ -4,6 +4,7 @@ import fcntl
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +82,14 @@ def same_random_state():
     random.seed(0)
     np.random.seed(0)
     mx.random.seed(0)
+
+
+def pytest_configure(config):
+    """Ctrl-C reaches what the tests start, as from a terminal. A shell without job control (a CI job's
+    ``.ci/run &``) starts its background commands with SIGINT ignored, and that is inherited down to every process
+    the tests start: benchmark.py, which relies on Python's KeyboardInterrupt, would ignore the SIGINT a test sends
+    it (a 600 s hang in one CI trial). Python's own handler here becomes the default again in each child."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The file that takes longest (about a third of the suite), started first: pytest-xdist hands out whole files in
