@@ -3,7 +3,6 @@
 dali.py (the DALI pipelines) is imported only when a DALI backend is chosen: DALI is a large import, and the
 mxnet and synthetic backends do not need it installed.
 """
-import argparse
 import collections
 import concurrent.futures
 import dataclasses
@@ -200,13 +199,6 @@ def color_jitter3(values):
     return values
 
 
-def batches_ahead(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more batches, got {text}")
-    return value
-
-
 def add_dali_args(parser):
     group = parser.add_argument_group("DALI data backend", "used with --data-backend dali-gpu or dali-cpu")
     group.add_argument("--dali-separ-val", action="store_true",
@@ -215,7 +207,7 @@ def add_dali_args(parser):
     group.add_argument("--dali-validation-threads", type=int,
                        help="CPU threads per validation pipeline (default: cores per process)")
     group.add_argument("--dali-prefetch-queue", type=int, help="DALI prefetch queue depth")
-    group.add_argument("--dali-read-ahead", type=batches_ahead,
+    group.add_argument("--dali-read-ahead", type=cli.batches_ahead,
                        help="training batches whose records a thread reads ahead of the pipeline, each in a buffer "
                             "of its own (0: read on the training step's thread)")
     group.add_argument("--dali-nvjpeg-memory-padding", type=int,
@@ -511,12 +503,12 @@ class ShuffledShardSource:
     buffers, reused: DALI copies a batch when the call returns (``no_copy`` is off), before the next call.
     """
 
-    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=2, reader=None):
+    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=2):
         self.records = record_file
         self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
         self.batch_size = batch_size
         self.recent = collections.deque(maxlen=remember)  # record numbers of the batches handed to DALI last
-        self._reader = reader or record_reader()
+        self._reader = record_reader()
         self._buffers = [np.empty(0, dtype=np.uint8) for _ in range(ahead + 1)]
         self._pending = collections.deque()  # (picks, buffer number, future) of the batches being read, in order
         self._next_buffer = 0

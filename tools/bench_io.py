@@ -97,7 +97,7 @@ def step_thread_ms(rec, idx, batch_size, ahead, use_mmap, cold, steps, step_ms):
             caches.write("1")
     source = data.ShuffledShardSource(records.RecordFile(rec, idx, use_mmap=use_mmap), 0, 1, batch_size, seed=1,
                                       ahead=ahead)
-    prefetch = 5  # train.py's --dali-prefetch-queue
+    prefetch = data.DataConfig.dali_prefetch_queue  # train.py's default
 
     @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=prefetch)
     def source_only():
@@ -118,7 +118,9 @@ def step_thread(args, rec, idx):
     """--step-thread: the records read in the call against read ahead, alternating within each round."""
     if args.cold and os.geteuid() != 0:
         raise SystemExit("bench_io.py: error: --cold empties the page cache, which needs root; run without it")
-    rows = {"read in the call": 0, f"read ahead {args.read_ahead}": args.read_ahead}
+    import data  # the step-thread timings run in this process
+    read_ahead = data.DataConfig.dali_read_ahead if args.read_ahead is None else args.read_ahead
+    rows = {"read in the call": 0, f"read ahead {read_ahead}": read_ahead}
     rounds = [{name: step_thread_ms(rec, idx, args.batch_size, ahead, not args.dont_use_mmap, args.cold,
                                     args.steps, args.step_ms) for name, ahead in rows.items()}
               for _ in range(args.repeats)]
@@ -173,6 +175,7 @@ def run_one(argv):
 def main():
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
     from helptext import HelpFormatter
+    import cli
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--rec", help="RecordIO to read (default: build a photo set in --workdir)")
     parser.add_argument("--workdir", default="data/bench_io", help="where the photo set is built")
@@ -192,7 +195,8 @@ def main():
     parser.add_argument("--step-thread", action="store_true",
                         help="time the training step's thread in the record source instead (read in the call vs "
                              "read ahead)")
-    parser.add_argument("--read-ahead", type=int, default=2, help="--step-thread: batches read ahead")
+    parser.add_argument("--read-ahead", type=cli.batches_ahead,
+                        help="--step-thread: batches read ahead (default: train.py's --dali-read-ahead)")
     parser.add_argument("--steps", type=int, default=15, help="--step-thread: batches timed per round")
     parser.add_argument("--step-ms", type=float, default=100, help="--step-thread: compute per step, in ms")
     parser.add_argument("--cold", action="store_true", help="--step-thread: empty the page cache first (root)")
