@@ -415,8 +415,9 @@ def epochs_done(workspace):
 @pytest.mark.slow
 def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
     """100 short epochs, 2 workers: the training pipeline rebuilt each epoch (--seed), validation, a checkpoint
-    saved (and verified) and the oldest removed each epoch, the log appended. Each worker's least resident memory,
-    open file descriptors and threads over the last epochs stay within a few percent of those over epochs 5-14."""
+    saved (and verified) and the oldest removed each epoch, the log appended. Over the last ten epochs, each
+    worker's least resident memory and its median open files and threads stay within a few percent of those over
+    epochs 5-14."""
     workspace = tmp_path / "ws"
     command = [sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "-b", "8", "-e", str(LONG_EPOCHS),
                "-l", "0.1", "--dtype", "float32", "--data-backend", "dali-cpu", "--data-root", str(digits_data),
@@ -448,20 +449,22 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
     # Each epoch's saving and validation add passing allocations (rank 0 serializes the parameters and the optimizer
     # state), so a sample's memory depends on its moment, by up to 10 % here. What a leak raises is the floor: the
     # least of every sample taken over ten epochs, after the first five (MXNet's and DALI's pools fill up) and at the
-    # end. Likewise open files and threads: a pipeline, a reader or a thread kept each epoch would add 90 of them.
+    # end. Threads and open files go down and up as each epoch's pipelines are rebuilt (15 to 22 threads), so theirs
+    # is the median: a pipeline, a reader or a file kept each epoch would add 85 to it.
     early = [s for e in range(5, 15) for s in samples.get(e, [])]
     late = [s for e in range(LONG_EPOCHS - 11, LONG_EPOCHS) for s in samples.get(e, [])]
     assert sum(e in samples for e in range(5, 15)) >= 5 and \
         sum(e in samples for e in range(LONG_EPOCHS - 11, LONG_EPOCHS)) >= 5, sorted(samples)
     for rank in (0, 1):
         (rss_early, fds_early, threads_early), (rss_late, fds_late, threads_late) = (
-            [min(s[rank][i] for s in part) for i in range(3)] for part in (early, late))
-        print(f"rank {rank}, least over epochs 5-14: {rss_early / 2**20:.0f} MiB, {fds_early} fds, {threads_early} "
-              f"threads; epochs {LONG_EPOCHS - 11}-{LONG_EPOCHS - 1}: {rss_late / 2**20:.0f} MiB, {fds_late} fds, "
-              f"{threads_late} threads")
+            (min(s[rank][0] for s in part), statistics.median(s[rank][1] for s in part),
+             statistics.median(s[rank][2] for s in part)) for part in (early, late))
+        print(f"rank {rank}, epochs 5-14: least {rss_early / 2**20:.0f} MiB, median {fds_early} fds and "
+              f"{threads_early} threads; epochs {LONG_EPOCHS - 11}-{LONG_EPOCHS - 1}: {rss_late / 2**20:.0f} MiB, "
+              f"{fds_late} fds, {threads_late} threads")
         assert rss_late <= rss_early * 1.05, f"rank {rank}: resident memory grew from {rss_early} to {rss_late}"
-        assert fds_late <= fds_early + 2, f"rank {rank}: open file descriptors grew from {fds_early} to {fds_late}"
-        assert threads_late <= threads_early + 2, f"rank {rank}: threads grew from {threads_early} to {threads_late}"
+        assert fds_late <= fds_early + 4, f"rank {rank}: open file descriptors grew from {fds_early} to {fds_late}"
+        assert threads_late <= threads_early + 4, f"rank {rank}: threads grew from {threads_early} to {threads_late}"
     assert len(list(workspace.glob("*.state.json"))) == 3  # --keep-last
 
 
