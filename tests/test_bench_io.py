@@ -33,11 +33,14 @@ def test_the_ceiling_and_every_row(tmp_path):
     assert results["dali-cpu"]["ratio"] == pytest.approx(1.0)  # augmentation's cost is against the plain pipeline
     ceiling = report["ceiling"]
     assert ceiling["share_of_decode"] == pytest.approx(ceiling["pipeline_1_thread"] / ceiling["decode_only"])
+    assert ceiling["dali_decode_only"] > 0 and ceiling["after_decode_ms"] == pytest.approx(
+        1000 / ceiling["pipeline_1_thread"] - 1000 / ceiling["dali_decode_only"])
     assert ceiling["pipeline_all_threads"] == pytest.approx(results["dali-cpu"]["images_per_sec"])
     assert ceiling["scaling"] == pytest.approx(ceiling["pipeline_all_threads"] / (2 * ceiling["pipeline_1_thread"]))
     per_core = ceiling["pipeline_all_threads"] / min(2, len(os.sched_getaffinity(0)))
     assert ceiling["cores_per_gpu"] == {"V100": math.ceil(1442 / per_core), "A100": math.ceil(3410 / per_core)}
     assert "of decoding alone (target 0.85)" in out and "of linear (target 0.9)" in out
+    assert "DALI's crop-window decoder alone, 1 thread" in out
 
 
 def test_one_thread_and_no_ceiling(tmp_path):

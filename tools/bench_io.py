@@ -11,10 +11,11 @@ per policy listed ("none" is the plain pipeline, then the reference), so the cos
 known.
 
 With a DALI CPU backend in a training run, each round also times the machine's ceiling: decoding alone (every
-record's JPEG through OpenCV's libjpeg-turbo, one thread, bytes read beforehand) and the DALI CPU training
-pipeline on one thread, then prints the pipeline's share of decoding alone (per core), its scaling from one thread
-to --threads (against linear), and how many such cores feed a V100 or an A100 (their published ResNet-50 training
-rates). A benchmark, not a test: numbers depend on the machine.
+record's JPEG through OpenCV's libjpeg-turbo, one thread, bytes read beforehand), DALI's crop-window decoder alone
+(the pipeline's first operator) and the DALI CPU training pipeline on one thread, then prints the pipeline's share
+of decoding alone (per core), what its resize and normalize add per image, its scaling from one thread to --threads
+(against linear), and how many such cores feed a V100 or an A100 (their published ResNet-50 training rates).
+A benchmark, not a test: numbers depend on the machine.
 
 ``--step-thread`` times instead what the training step's thread spends per batch in the record source (DALI's
 ``pipe.run()`` of an external_source alone: the records read, unless read ahead, and DALI's copy of the batch), with
@@ -67,20 +68,58 @@ SHARE_OF_DECODE_TARGET = 0.85
 SCALING_TARGET = 0.9
 
 
+# cv2.imdecode returns a new 0.5 MB array per photo, which glibc maps and unmaps each time (page faults, zeroing:
+# half the time on a 2-core machine), where a DALI decoder writes into buffers it keeps. Raising glibc's thresholds
+# keeps freed arrays in the heap, so the ceiling times decoding, not the allocator (680 -> 1,240 photos/s).
+DECODE_ONLY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 26), "MALLOC_TRIM_THRESHOLD_": str(1 << 27)}
+
+
+def encoded_images(rec, idx):
+    """Every record's image bytes, copied out of the file."""
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import records
+    record_file = records.RecordFile(rec, idx)
+    return [np.array(record_file.image(i)) for i in range(len(record_file))]
+
+
 def decode_only(rec, idx):
     """In a child process: images/s of decoding alone, the pipeline's ceiling. Every record's image bytes are read
     (and copied) first, then decoded with OpenCV (libjpeg-turbo) on one thread, as DALI's CPU decoder would."""
-    sys.path.insert(0, ROOT)
     import cv2
-    import numpy as np
-    import records
     cv2.setNumThreads(1)
-    record_file = records.RecordFile(rec, idx)
-    payloads = [np.array(record_file.image(i)) for i in range(len(record_file))]
+    payloads = encoded_images(rec, idx)
     start = time.perf_counter()
     for payload in payloads:
         if cv2.imdecode(payload, cv2.IMREAD_COLOR) is None:
             raise SystemExit("bench_io.py: error: a record does not decode; run tools/check_dataset.py on " + rec)
+    print(json.dumps({"images_per_sec": len(payloads) / (time.perf_counter() - start)}))
+
+
+def dali_decode_only(rec, idx, batch_size):
+    """In a child process: images/s of the training pipeline's first operator alone, DALI's decoder of a random
+    crop window (decoders.image_random_crop, the training defaults), on one thread: what its resize and
+    crop-mirror-normalize add is the rest of the pipeline's time."""
+    payloads = encoded_images(rec, idx)
+    import data
+    from nvidia.dali import fn, pipeline_def
+    batches = [payloads[i:i + batch_size] for i in range(0, len(payloads), batch_size)]
+    defaults = data.DataConfig()
+
+    @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None)
+    def decode():
+        jpegs = fn.external_source(source=batches, cycle="quiet")
+        return fn.decoders.image_random_crop(
+            jpegs, random_area=[defaults.min_random_area, defaults.max_random_area],
+            random_aspect_ratio=[defaults.min_random_aspect_ratio, defaults.max_random_aspect_ratio])
+
+    pipe = decode()
+    pipe.build()
+    for _ in batches:  # a pass to fill DALI's buffers and queues
+        pipe.run()
+    start = time.perf_counter()
+    for _ in batches:
+        pipe.run()
     print(json.dumps({"images_per_sec": len(payloads) / (time.perf_counter() - start)}))
 
 
@@ -135,13 +174,17 @@ def step_thread(args, rec, idx):
                       "mmap": not args.dont_use_mmap, "rounds": rounds}))
 
 
-def ceiling_summary(decode_rate, one_thread, all_threads, threads, cores):
+def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, threads, cores):
     """The pipeline against decoding alone and against linear scaling, and the cores a GPU needs."""
     share = one_thread / decode_rate
+    after_decode_ms = 1000 / one_thread - 1000 / dali_decode_rate
     lines = [f"decoding alone (OpenCV, 1 thread): {decode_rate:.1f} images/s",
+             f"DALI's crop-window decoder alone, 1 thread: {dali_decode_rate:.1f} images/s; the pipeline's resize "
+             f"and crop-mirror-normalize add {after_decode_ms:.2f} ms per image",
              f"dali-cpu training pipeline, 1 thread: {one_thread:.1f} images/s = {share:.2f} of decoding alone "
              f"(target {SHARE_OF_DECODE_TARGET})"]
-    result = {"decode_only": decode_rate, "pipeline_1_thread": one_thread, "share_of_decode": share}
+    result = {"decode_only": decode_rate, "dali_decode_only": dali_decode_rate, "after_decode_ms": after_decode_ms,
+              "pipeline_1_thread": one_thread, "share_of_decode": share}
     per_core = one_thread
     if threads > 1:
         scaling = all_threads / (threads * one_thread)
@@ -203,11 +246,14 @@ def main():
     parser.add_argument("--dont-use-mmap", action="store_true", help="--step-thread: plain reads, not mmap")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
+    parser.add_argument("--dali-decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
         return run_one(args.one)
     if args.decode_only is not None:
         return decode_only(*args.decode_only)
+    if args.dali_decode_only is not None:
+        return dali_decode_only(*args.dali_decode_only, args.batch_size)
     if args.rec:
         rec = args.rec
         if not os.path.isfile(rec) or not os.path.isfile(os.path.splitext(rec)[0] + ".idx"):
@@ -231,12 +277,15 @@ def main():
     # (the plain DALI CPU training pipeline must be one of the rows: it is the ceiling's multi-thread figure)
     ceiling = args.mode == "train" and "dali-cpu" in backends and not args.no_ceiling
     if ceiling:
-        configs += [("decode-only", None, "none")] + ([("dali-cpu 1 thread", "dali-cpu", "none")]
-                                                      if args.threads > 1 else [])
+        configs += [("decode-only", None, "none"), ("dali decode-only", None, "none")] + (
+            [("dali-cpu 1 thread", "dali-cpu", "none")] if args.threads > 1 else [])
 
     def images_per_sec(name, backend, policy):
-        if backend is None:
+        if name == "decode-only":
             command = [sys.executable, __file__, "--decode-only", rec, idx]
+            env = dict(os.environ, OMP_NUM_THREADS="1", **DECODE_ONLY_ENV)
+        elif name == "dali decode-only":
+            command = [sys.executable, __file__, "--dali-decode-only", rec, idx, "--batch-size", str(args.batch_size)]
             env = dict(os.environ, OMP_NUM_THREADS="1")
         else:
             threads = "1" if name.endswith(" 1 thread") else str(args.threads)
@@ -273,8 +322,8 @@ def main():
         def median(name):
             return statistics.median(r[name] for r in rounds)
         one_thread = median("dali-cpu 1 thread") if args.threads > 1 else median("dali-cpu")
-        lines, report["ceiling"] = ceiling_summary(median("decode-only"), one_thread, median("dali-cpu"),
-                                                   args.threads, len(os.sched_getaffinity(0)))
+        lines, report["ceiling"] = ceiling_summary(median("decode-only"), median("dali decode-only"), one_thread,
+                                                   median("dali-cpu"), args.threads, len(os.sched_getaffinity(0)))
         print("\n".join(lines))
     print(json.dumps(report))
 
