@@ -16,6 +16,8 @@ KV_STORES = ["horovod", "device", "local"]
 DEFAULT_DATA_ROOT = "/data/imagenet/train-val-recordio-passthrough"
 PREPARE_HINT = ("prepare ImageNet with `tools/prepare_imagenet.sh RAW_DIR OUT_DIR`, "
                 "or run `make demo` to build the demo set")
+
+
 def batches_ahead(text):
     """argparse type of --dali-read-ahead (train.py) and --read-ahead (tools/bench_io.py): 0 or more batches."""
     value = int(text)

@@ -79,6 +79,22 @@ def _color_jitter(images, jitter):
     return fn.color_twist(images, **factors) if factors else images
 
 
+def decoder_options(device, nvjpeg_padding_mb):
+    """A DALI image decoder's arguments: RGB, on the CPU or on the GPU (nvJPEG, ``mixed``, with its memory padding)."""
+    if device != "gpu":
+        return {"device": "cpu", "output_type": types.RGB}
+    return {"device": "mixed", "output_type": types.RGB, "device_memory_padding": nvjpeg_padding_mb << 20,
+            "host_memory_padding": nvjpeg_padding_mb << 20}
+
+
+def decode_crop_window(jpegs, random_area, random_aspect_ratio, device="cpu", nvjpeg_padding_mb=64):
+    """The training pipeline's first operator: only a random crop window of each image is decoded (area and aspect
+    ratio ranges as RandomResizedCrop's). tools/bench_io.py times it alone."""
+    return fn.decoders.image_random_crop(jpegs, random_area=list(random_area),
+                                         random_aspect_ratio=list(random_aspect_ratio),
+                                         **decoder_options(device, nvjpeg_padding_mb))
+
+
 @pipeline_def
 def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW", device="cpu",
                    random_area=(0.08, 1.0), random_aspect_ratio=(0.75, 4 / 3), random_mirror=True, fuse_decoder=True,
@@ -87,20 +103,15 @@ def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW
     # shard a contiguous range of the file and shuffles only within a 1024-record window, so on a file stored
     # in label order each worker would see a few classes (see ShuffledShardSource).
     jpegs, labels = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.FLOAT])
-    decoder_device = "mixed" if device == "gpu" else "cpu"
-    padding = {"device_memory_padding": nvjpeg_padding_mb << 20,
-               "host_memory_padding": nvjpeg_padding_mb << 20} if device == "gpu" else {}
     _, height, width = image_shape
     # Training resizes bilinearly without an antialiasing filter (as ImageRecordIter does): on CPU the filter
     # costs about a third of the pipeline's throughput, and a random crop is an augmentation anyway.
     # Validation keeps DALI's antialiased resize: it is what accuracy is measured on.
     if fuse_decoder:
-        images = fn.decoders.image_random_crop(jpegs, device=decoder_device, output_type=types.RGB,
-                                               random_area=list(random_area),
-                                               random_aspect_ratio=list(random_aspect_ratio), **padding)
+        images = decode_crop_window(jpegs, random_area, random_aspect_ratio, device, nvjpeg_padding_mb)
         images = fn.resize(images, resize_x=width, resize_y=height, antialias=False)
     else:
-        images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **padding)
+        images = fn.decoders.image(jpegs, **decoder_options(device, nvjpeg_padding_mb))
         images = fn.random_resized_crop(images, size=(height, width), random_area=list(random_area),
                                         random_aspect_ratio=list(random_aspect_ratio), antialias=False)
     if auto_augment != "none":  # built with enable_conditionals=True (see needs_conditionals)
@@ -125,10 +136,7 @@ def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, st
     jpegs, labels = fn.readers.mxnet(path=[rec_path], index_path=[idx_path], shard_id=shard_id,
                                      num_shards=num_shards, random_shuffle=False, pad_last_batch=True,
                                      stick_to_shard=True, dont_use_mmap=dont_use_mmap, name=READER_NAME)
-    decoder_device = "mixed" if device == "gpu" else "cpu"
-    padding = {"device_memory_padding": nvjpeg_padding_mb << 20,
-               "host_memory_padding": nvjpeg_padding_mb << 20} if device == "gpu" else {}
-    images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **padding)
+    images = fn.decoders.image(jpegs, **decoder_options(device, nvjpeg_padding_mb))
     # Resize the shorter side, centre crop: fused, so only the cropped pixels are resampled (about 1.5x
     # faster on CPU than resizing the whole image, same output).
     _, height, width = image_shape

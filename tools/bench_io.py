@@ -98,9 +98,10 @@ def decode_only(rec, idx):
 
 def dali_decode_only(rec, idx, batch_size):
     """In a child process: images/s of the training pipeline's first operator alone, DALI's decoder of a random
-    crop window (decoders.image_random_crop, the training defaults), on one thread: what its resize and
+    crop window (dali.decode_crop_window, the training defaults), on one thread: what its resize and
     crop-mirror-normalize add is the rest of the pipeline's time."""
     payloads = encoded_images(rec, idx)
+    import dali
     import data
     from nvidia.dali import fn, pipeline_def
     batches = [payloads[i:i + batch_size] for i in range(0, len(payloads), batch_size)]
@@ -109,9 +110,8 @@ def dali_decode_only(rec, idx, batch_size):
     @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None)
     def decode():
         jpegs = fn.external_source(source=batches, cycle="quiet")
-        return fn.decoders.image_random_crop(
-            jpegs, random_area=[defaults.min_random_area, defaults.max_random_area],
-            random_aspect_ratio=[defaults.min_random_aspect_ratio, defaults.max_random_aspect_ratio])
+        return dali.decode_crop_window(jpegs, (defaults.min_random_area, defaults.max_random_area),
+                                       (defaults.min_random_aspect_ratio, defaults.max_random_aspect_ratio))
 
     pipe = decode()
     pipe.build()
