@@ -57,3 +57,17 @@ def test_step_thread_rows(tmp_path):
     assert len(report["rounds"]) == 1 and report["rounds"][0] == report["step_thread_ms"]  # one round: its median
     assert all(ms > 0 for ms in report["step_thread_ms"].values())
     assert "warm page cache" in out and not report["cold"]
+
+
+def test_per_device_pipelines(tmp_path):
+    report, out = bench(tmp_path, "--threads", "2", "--devices", "2", "--backends", "dali-cpu", "--no-ceiling")
+    devices = report["devices"]
+    assert (devices["devices"], devices["threads_each"]) == (2, 1) and "ceiling" not in report
+    assert devices["speedup"] == pytest.approx(devices["images_per_sec"] / devices["one_pipeline"])
+    assert devices["of_one_pipeline_all_threads"] == pytest.approx(
+        devices["images_per_sec"] / report["results"]["dali-cpu"]["images_per_sec"])
+    assert "2 per-device pipelines (--kv-store device), 1 thread each" in out
+    refused = subprocess.run([sys.executable, TOOL, "--workdir", str(tmp_path), "--count", "48", "--threads", "2",
+                              "--devices", "3"], env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert refused.returncode == 2 and "--devices 3: give a divisor of --threads 2" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -17,6 +17,10 @@ of decoding alone (per core), what its resize and normalize add per image, its s
 (against linear), and how many such cores feed a V100 or an A100 (their published ResNet-50 training rates).
 A benchmark, not a test: numbers depend on the machine.
 
+``--devices N`` also times N per-device pipelines (``--kv-store device --cpu-contexts N``, as train.py builds them),
+--threads shared out among them, against one pipeline with one share of the threads: Nx when they run at once,
+1x when one after another.
+
 ``--step-thread`` times instead what the training step's thread spends per batch in the record source (DALI's
 ``pipe.run()`` of an external_source alone: the records read, unless read ahead, and DALI's copy of the batch), with
 the records read in the call (``--dali-read-ahead 0``) and read ahead (``--read-ahead N``), ``--step-ms`` of
@@ -201,16 +205,32 @@ def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, thre
     return lines, result
 
 
+def devices_summary(devices, threads_each, rate, one_rate, all_threads_rate, cores):
+    """Per-device pipelines against one pipeline with the threads each has (``devices``x: they run at once; 1x: one
+    after another) and, when timed, one pipeline with all their threads."""
+    result = {"devices": devices, "threads_each": threads_each, "images_per_sec": rate, "one_pipeline": one_rate,
+              "speedup": rate / one_rate}
+    each = f"{threads_each} thread" + "s" * (threads_each > 1)
+    line = (f"{devices} per-device pipelines (--kv-store device), {each} each: {rate:.1f} images/s = "
+            f"{rate / one_rate:.2f}x one pipeline of {each} ({devices}x: they run at once; 1x: one after another)")
+    if all_threads_rate:
+        result["of_one_pipeline_all_threads"] = rate / all_threads_rate
+        line += f", {rate / all_threads_rate:.2f} of one pipeline of all {devices * threads_each} threads"
+    if devices * threads_each > cores:
+        line += f"; only {cores} cores here"
+    return line, result
+
+
 def run_one(argv):
     """In a child process: build one backend's iterators and time them (train.py's parser, data.test_io)."""
     sys.path.insert(0, ROOT)
-    import mxnet as mx
     import config
     import data
     import train
     args = train.parse_args(argv)
     cfg = config.from_args(args)
-    train_iter, val_iter = data.get_data_iterators(cfg, 0, 1, 0, 1, mx.cpu())
+    # --kv-store device --cpu-contexts N: a pipeline per context, as train.py builds them
+    train_iter, val_iter = data.get_data_iterators_per_device(cfg, 0, 1, 0, 1, train.contexts(cfg.fit, 0, 1, 0))
     result = data.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
     print(json.dumps(dict(result, backend=args.data_backend, auto_augment=args.auto_augment)))
 
@@ -230,6 +250,9 @@ def main():
     parser.add_argument("--mode", default="train", choices=["train", "val"], help="pipeline to time")
     parser.add_argument("--epochs", type=int, default=2, help="passes over the data per backend and round")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="also time this many per-device pipelines (--kv-store device), --threads shared out "
+                             "among them, against one pipeline with a share's threads: do they run at once?")
     parser.add_argument("--auto-augment", default="none",
                         help="comma-separated policies the DALI training pipelines are timed with (none, autoaugment, "
                              "randaugment, trivialaugment); the other backends run without")
@@ -254,6 +277,9 @@ def main():
         return decode_only(*args.decode_only)
     if args.dali_decode_only is not None:
         return dali_decode_only(*args.dali_decode_only, args.batch_size)
+    if args.devices < 1 or args.threads % args.devices:
+        parser.exit(2, f"bench_io.py: error: --devices {args.devices}: give a divisor of --threads {args.threads} "
+                       f"(each device's pipeline gets the same share of the threads)\n")
     if args.rec:
         rec = args.rec
         if not os.path.isfile(rec) or not os.path.isfile(os.path.splitext(rec)[0] + ".idx"):
@@ -268,19 +294,27 @@ def main():
     if args.step_thread:
         return step_thread(args, rec, idx)
     policies = args.auto_augment.split(",")
-    # (row name, backend, policy): a DALI training pipeline once per policy, everything else once
-    configs = [(backend if policy == "none" else f"{backend}+{policy}", backend, policy)
+    # (row name, backend, policy, threads, devices): a DALI training pipeline once per policy, everything else once
+    configs = [(backend if policy == "none" else f"{backend}+{policy}", backend, policy, args.threads, 1)
                for backend in args.backends.split(",")
                for policy in (policies if backend.startswith("dali") and args.mode == "train" else ["none"])]
-    backends = [name for name, _, _ in configs]
+    backends = [name for name, *_ in configs]
     # The ceiling: decoding alone and the plain DALI CPU pipeline on one thread, in the same rounds.
     # (the plain DALI CPU training pipeline must be one of the rows: it is the ceiling's multi-thread figure)
     ceiling = args.mode == "train" and "dali-cpu" in backends and not args.no_ceiling
     if ceiling:
-        configs += [("decode-only", None, "none"), ("dali decode-only", None, "none")] + (
-            [("dali-cpu 1 thread", "dali-cpu", "none")] if args.threads > 1 else [])
+        configs += [("decode-only", None, "none", 1, 1), ("dali decode-only", None, "none", 1, 1)]
+        if args.threads > 1:
+            configs.append(("dali-cpu 1 thread", "dali-cpu", "none", 1, 1))
+    # Per-device pipelines (--kv-store device) against one pipeline with the threads each of them has.
+    share = args.threads // args.devices
+    per_device, one_of_share = f"dali-cpu {args.devices} devices", f"dali-cpu {share} thread" + "s" * (share > 1)
+    if args.devices > 1:
+        configs.append((per_device, "dali-cpu", "none", share, args.devices))
+        if one_of_share not in [name for name, *_ in configs]:
+            configs.append((one_of_share, "dali-cpu", "none", share, 1))
 
-    def images_per_sec(name, backend, policy):
+    def images_per_sec(name, backend, policy, threads, devices):
         if name == "decode-only":
             command = [sys.executable, __file__, "--decode-only", rec, idx]
             env = dict(os.environ, OMP_NUM_THREADS="1", **DECODE_ONLY_ENV)
@@ -288,14 +322,15 @@ def main():
             command = [sys.executable, __file__, "--dali-decode-only", rec, idx, "--batch-size", str(args.batch_size)]
             env = dict(os.environ, OMP_NUM_THREADS="1")
         else:
-            threads = "1" if name.endswith(" 1 thread") else str(args.threads)
             argv = ["--data-backend", backend, f"--data-{args.mode}", rec, f"--data-{args.mode}-idx", idx,
                     "--batch-size", str(args.batch_size), "--image-shape", args.image_shape, "--test-io",
-                    "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", threads,
-                    "--dali-validation-threads", threads, "--data-mxnet-threads", threads, "--seed", "1",
+                    "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", str(threads),
+                    "--dali-validation-threads", str(threads), "--data-mxnet-threads", str(threads), "--seed", "1",
                     "--auto-augment", policy, "--randaugment-m", "18"]
+            if devices > 1:
+                argv += ["--kv-store", "device", "--cpu-contexts", str(devices)]
             command = [sys.executable, __file__, "--one", *argv]
-            env = dict(os.environ, OMP_NUM_THREADS=threads)
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads * devices))
         child = subprocess.run(command, env=env, capture_output=True, text=True)
         if child.returncode:
             parser.exit(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
@@ -303,10 +338,10 @@ def main():
 
     rounds = []  # backends alternate within each round, so a load change on a shared machine hits all of them
     for _ in range(args.repeats):
-        rounds.append({name: images_per_sec(name, backend, policy) for name, backend, policy in configs})
+        rounds.append({row[0]: images_per_sec(*row) for row in configs})
     reference = backends[-1]  # "dali-cpu 1.63x" reads as in the README: DALI's speed over MXNet's
     if len(policies) > 1:  # the cost of automatic augmentation: against the plain pipeline
-        reference = next((name for name, backend, policy in configs if backend.startswith("dali")
+        reference = next((name for name, backend, policy, *_ in configs if backend.startswith("dali")
                           and policy == "none"), reference)
     print(f"{args.mode} pipeline, {args.threads} threads, batch {args.batch_size}, {args.repeats} rounds, {rec}")
     width = max(10, *(len(name) for name in backends))
@@ -318,13 +353,19 @@ def main():
         summary[backend] = {"images_per_sec": rate, "ratio": ratio, "rounds": [r[backend] for r in rounds]}
         print(f"{backend:<{width}} {rate:>18.1f} {ratio:>35.2f}x")
     report = {"mode": args.mode, "threads": args.threads, "results": summary}
+
+    def median(name):
+        return statistics.median(r[name] for r in rounds)
     if ceiling:
-        def median(name):
-            return statistics.median(r[name] for r in rounds)
         one_thread = median("dali-cpu 1 thread") if args.threads > 1 else median("dali-cpu")
         lines, report["ceiling"] = ceiling_summary(median("decode-only"), median("dali decode-only"), one_thread,
                                                    median("dali-cpu"), args.threads, len(os.sched_getaffinity(0)))
         print("\n".join(lines))
+    if args.devices > 1:
+        line, report["devices"] = devices_summary(args.devices, share, median(per_device), median(one_of_share),
+                                                  median("dali-cpu") if "dali-cpu" in backends else None,
+                                                  len(os.sched_getaffinity(0)))
+        print(line)
     print(json.dumps(report))
 
 if __name__ == "__main__":
