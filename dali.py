@@ -5,15 +5,17 @@ a GPU pipeline's by copying straight into the NDArray's device memory, a CPU pip
 when the batch goes on to a GPU). Imports nothing of the kit:
 data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
+import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import warnings
 
 import mxnet as mx
 import numpy as np
-from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali import Pipeline, fn, pipeline_def, types
 
 READER_NAME = "Reader"
 
@@ -95,10 +97,46 @@ def decode_crop_window(jpegs, random_area, random_aspect_ratio, device="cpu", nv
                                          **decoder_options(device, nvjpeg_padding_mb))
 
 
+@functools.lru_cache(maxsize=None)
+def _resize_threads(count):
+    """The process's threads for OpenCV resizes, one pool per size, kept across pipelines (a pipeline is built
+    per epoch)."""
+    return concurrent.futures.ThreadPoolExecutor(count, thread_name_prefix="opencv-resize")
+
+
+class _OpenCVResize:
+    """A batch of uint8 HWC images to ``size`` (width, height), bilinear without antialiasing, over ``threads``
+    threads (cv2.resize releases the GIL)."""
+
+    def __init__(self, size, threads):
+        import cv2
+        self.cv2, self.size, self.threads = cv2, size, threads
+
+    def one(self, image):
+        return self.cv2.resize(image, self.size, interpolation=self.cv2.INTER_LINEAR)
+
+    def __call__(self, images):
+        if self.threads == 1:
+            return [self.one(image) for image in images]
+        return list(_resize_threads(self.threads).map(self.one, images))
+
+
+def resize_crops(images, height, width, device="cpu", cpu_resize="opencv"):
+    """Each crop window to height x width, bilinear without an antialiasing filter. On the CPU OpenCV's resize by
+    default, in a DALI python_function over the pipeline's thread count: the same pixels as DALI's fn.resize (within
+    one grey level) at a quarter of its time (0.23 vs about 1 ms per 224 px image: DALI 2.4's CPU resampler is
+    scalar code), which took the CPU pipeline from 0.49 to about 0.9 of decoding alone. On the GPU, DALI's."""
+    if device == "gpu" or cpu_resize == "dali":
+        return fn.resize(images, resize_x=width, resize_y=height, antialias=False)
+    return fn.python_function(images, function=_OpenCVResize((width, height), Pipeline.current().num_threads),
+                              batch_processing=True, output_layouts="HWC")
+
+
 @pipeline_def
 def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW", device="cpu",
                    random_area=(0.08, 1.0), random_aspect_ratio=(0.75, 4 / 3), random_mirror=True, fuse_decoder=True,
-                   nvjpeg_padding_mb=64, auto_augment="none", randaugment=(2, 9), color_jitter=(0.0, 0.0, 0.0)):
+                   nvjpeg_padding_mb=64, auto_augment="none", randaugment=(2, 9), color_jitter=(0.0, 0.0, 0.0),
+                   cpu_resize="opencv"):
     # The records come from ``source`` (a ShuffledShardSource), not fn.readers.mxnet: the reader gives each
     # shard a contiguous range of the file and shuffles only within a 1024-record window, so on a file stored
     # in label order each worker would see a few classes (see ShuffledShardSource).
@@ -109,7 +147,7 @@ def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW
     # Validation keeps DALI's antialiased resize: it is what accuracy is measured on.
     if fuse_decoder:
         images = decode_crop_window(jpegs, random_area, random_aspect_ratio, device, nvjpeg_padding_mb)
-        images = fn.resize(images, resize_x=width, resize_y=height, antialias=False)
+        images = resize_crops(images, height, width, device, cpu_resize)
     else:
         images = fn.decoders.image(jpegs, **decoder_options(device, nvjpeg_padding_mb))
         images = fn.random_resized_crop(images, size=(height, width), random_area=list(random_area),

@@ -78,6 +78,7 @@ class DataConfig:
     dali_read_ahead: int = 2
     dali_nvjpeg_memory_padding: int = 64
     dali_fuse_decoder: int = 1
+    dali_cpu_resize: str = "opencv"
     dali_dont_use_mmap: bool = False
 
 
@@ -214,6 +215,10 @@ def add_dali_args(parser):
                        help="memory padding value for nvJPEG, in MB (dali-gpu only)")
     group.add_argument("--dali-fuse-decoder", type=int, choices=[0, 1],
                        help="fuse decoding and random cropping (0 = decode, then random-resized-crop)")
+    group.add_argument("--dali-cpu-resize", choices=["opencv", "dali"],
+                       help="what resizes the training crops on the CPU (dali-cpu, fused decoder): OpenCV's "
+                            "cv2.resize, 4x faster, or DALI's fn.resize; both bilinear, the same pixels within one "
+                            "grey level")
     group.add_argument("--dali-dont-use-mmap", action="store_true",
                        help="read the RecordIO with plain reads instead of mmap (better on network file systems)")
     return group
@@ -646,6 +651,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
             random_aspect_ratio=(cfg.min_random_aspect_ratio, cfg.max_random_aspect_ratio),
             random_mirror=bool(cfg.random_mirror), fuse_decoder=bool(cfg.dali_fuse_decoder),
+            cpu_resize=cfg.dali_cpu_resize,
             auto_augment=cfg.auto_augment, randaugment=(cfg.randaugment_n, cfg.randaugment_m),
             color_jitter=color_jitter3(cfg.color_jitter), enable_conditionals=dali.needs_conditionals(cfg.auto_augment),
             batch_size=local_batch, num_threads=threads, device_id=device_id, seed=seed,

@@ -40,7 +40,7 @@ def test_the_ceiling_and_every_row(tmp_path):
     per_core = ceiling["pipeline_all_threads"] / min(2, len(os.sched_getaffinity(0)))
     assert ceiling["cores_per_gpu"] == {"V100": math.ceil(1442 / per_core), "A100": math.ceil(3410 / per_core)}
     assert "of decoding alone (target 0.85)" in out and "of linear (target 0.9)" in out
-    assert "DALI's crop-window decoder alone, 1 thread" in out
+    assert "DALI's crop-window decoder alone, 1 core" in out
 
 
 def test_one_thread_and_no_ceiling(tmp_path):

@@ -167,3 +167,23 @@ def test_gpu_pipeline_matches_cpu_pipeline(photo_rec):
         for i, label in enumerate(batch.label[0].asnumpy()[:4 - batch.pad].astype(int)):
             # nvJPEG and libjpeg-turbo differ in IDCT and chroma upsampling: compare loosely.
             assert np.abs(images[i] - cpu[label]).mean() * 58 < 4
+
+
+def test_opencv_resize_matches_dalis(photo_rec):
+    """The CPU training pipeline's OpenCV resize (the default) against DALI's own fn.resize: the same crop windows
+    and flips from the same seed, and pixels within one grey level; on one thread and on two (the resize pool)."""
+    rec, idx, _ = photo_rec
+    outputs = {}
+    for cpu_resize, threads in [("dali", 1), ("opencv", 1), ("opencv", 2)]:
+        source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
+        pipe = dali.train_pipeline(source=source, image_shape=(3, 96, 96), mean=[0, 0, 0], std=[1, 1, 1],
+                                   cpu_resize=cpu_resize, batch_size=8, num_threads=threads, device_id=None, seed=5)
+        pipe.build()
+        outputs[cpu_resize, threads] = [pipe.run() for _ in range(3)]
+    reference = outputs["dali", 1]
+    for key in [("opencv", 1), ("opencv", 2)]:
+        for (images, labels), (ref_images, ref_labels) in zip(outputs[key], reference):
+            np.testing.assert_array_equal(labels.as_array(), ref_labels.as_array())
+            difference = np.abs(images.as_array() - ref_images.as_array())
+            assert difference.max() <= 1.0 + 1e-4, key
+            assert difference.mean() < 0.3, key  # rounding only: most pixels equal

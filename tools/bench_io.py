@@ -12,9 +12,10 @@ known.
 
 With a DALI CPU backend in a training run, each round also times the machine's ceiling: decoding alone (every
 record's JPEG through OpenCV's libjpeg-turbo, one thread, bytes read beforehand), DALI's crop-window decoder alone
-(the pipeline's first operator) and the DALI CPU training pipeline on one thread, then prints the pipeline's share
-of decoding alone (per core), what its resize and normalize add per image, its scaling from one thread to --threads
-(against linear), and how many such cores feed a V100 or an A100 (their published ResNet-50 training rates).
+(the pipeline's first operator) and the DALI CPU training pipeline on one thread, each on one core (what runs beside
+the thread shares it), then prints the pipeline's share of decoding alone (per core), what its resize and normalize
+add per image, its scaling from one thread to --threads (against linear), and how many such cores feed a V100 or an
+A100 (their published ResNet-50 training rates). ``--dali-cpu-resize dali`` times DALI's resize instead of OpenCV's.
 A benchmark, not a test: numbers depend on the machine.
 
 ``--devices N`` also times N per-device pipelines (``--kv-store device --cpu-contexts N``, as train.py builds them),
@@ -182,11 +183,11 @@ def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, thre
     """The pipeline against decoding alone and against linear scaling, and the cores a GPU needs."""
     share = one_thread / decode_rate
     after_decode_ms = 1000 / one_thread - 1000 / dali_decode_rate
-    lines = [f"decoding alone (OpenCV, 1 thread): {decode_rate:.1f} images/s",
-             f"DALI's crop-window decoder alone, 1 thread: {dali_decode_rate:.1f} images/s; the pipeline's resize "
+    lines = [f"decoding alone (OpenCV, 1 thread on 1 core): {decode_rate:.1f} images/s",
+             f"DALI's crop-window decoder alone, 1 core: {dali_decode_rate:.1f} images/s; the pipeline's resize "
              f"and crop-mirror-normalize add {after_decode_ms:.2f} ms per image",
-             f"dali-cpu training pipeline, 1 thread: {one_thread:.1f} images/s = {share:.2f} of decoding alone "
-             f"(target {SHARE_OF_DECODE_TARGET})"]
+             f"dali-cpu training pipeline, 1 thread on 1 core: {one_thread:.1f} images/s = {share:.2f} of decoding "
+             f"alone (target {SHARE_OF_DECODE_TARGET})"]
     result = {"decode_only": decode_rate, "dali_decode_only": dali_decode_rate, "after_decode_ms": after_decode_ms,
               "pipeline_1_thread": one_thread, "share_of_decode": share}
     per_core = one_thread
@@ -194,8 +195,9 @@ def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, thre
         scaling = all_threads / (threads * one_thread)
         result.update(pipeline_threads=threads, pipeline_all_threads=all_threads, scaling=scaling)
         lines.append(f"dali-cpu training pipeline, {threads} threads: {all_threads:.1f} images/s = {scaling:.2f} of "
-                     f"linear (target {SCALING_TARGET})" + ("" if threads <= cores else
-                                                            f"; only {cores} cores here, so not a core per thread"))
+                     f"linear (target {SCALING_TARGET})" + ("" if threads < cores else
+                                                            f"; {cores} cores here: the {threads} threads share them "
+                                                            f"with DALI's executor and the step's thread"))
         per_core = all_threads / min(threads, cores)
     else:
         lines.append(f"scaling over threads not measured: --threads 1 (give --threads {max(2, cores)})")
@@ -253,6 +255,8 @@ def main():
     parser.add_argument("--devices", type=int, default=1,
                         help="also time this many per-device pipelines (--kv-store device), --threads shared out "
                              "among them, against one pipeline with a share's threads: do they run at once?")
+    parser.add_argument("--dali-cpu-resize", choices=["opencv", "dali"],
+                        help="what resizes the DALI CPU training crops (default: train.py's)")
     parser.add_argument("--auto-augment", default="none",
                         help="comma-separated policies the DALI training pipelines are timed with (none, autoaugment, "
                              "randaugment, trivialaugment); the other backends run without")
@@ -314,6 +318,8 @@ def main():
         if one_of_share not in [name for name, *_ in configs]:
             configs.append((one_of_share, "dali-cpu", "none", share, 1))
 
+    one_core = min(os.sched_getaffinity(0))
+
     def images_per_sec(name, backend, policy, threads, devices):
         if name == "decode-only":
             command = [sys.executable, __file__, "--decode-only", rec, idx]
@@ -327,11 +333,17 @@ def main():
                     "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", str(threads),
                     "--dali-validation-threads", str(threads), "--data-mxnet-threads", str(threads), "--seed", "1",
                     "--auto-augment", policy, "--randaugment-m", "18"]
+            if args.dali_cpu_resize:
+                argv += ["--dali-cpu-resize", args.dali_cpu_resize]
             if devices > 1:
                 argv += ["--kv-store", "device", "--cpu-contexts", str(devices)]
             command = [sys.executable, __file__, "--one", *argv]
             env = dict(os.environ, OMP_NUM_THREADS=str(threads * devices))
-        child = subprocess.run(command, env=env, capture_output=True, text=True)
+        # One thread, one core: DALI's executor, the step's thread and the resize share it, so a one-thread rate is
+        # a rate per core, as the ceiling's share and scaling need.
+        pin = threads == 1 and devices == 1
+        child = subprocess.run(command, env=env, capture_output=True, text=True,
+                               preexec_fn=(lambda: os.sched_setaffinity(0, {one_core})) if pin else None)
         if child.returncode:
             parser.exit(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
         return json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
