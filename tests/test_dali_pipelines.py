@@ -1,5 +1,6 @@
 """DALI pipelines against independent references: OpenCV + numpy for validation, geometry for augmentation."""
 import os
+import threading
 
 import cv2
 import mxnet as mx
@@ -11,7 +12,7 @@ import dali
 import data
 import records
 import rules
-from conftest import write_record_file
+from conftest import wait_until, write_record_file
 
 PHOTOS = [cv2.imread(os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", name))
           for name in ("china.jpg", "flower.jpg")]  # real 427x640 photographs (BGR)
@@ -179,11 +180,31 @@ def test_opencv_resize_matches_dalis(photo_rec):
         pipe = dali.train_pipeline(source=source, image_shape=(3, 96, 96), mean=[0, 0, 0], std=[1, 1, 1],
                                    cpu_resize=cpu_resize, batch_size=8, num_threads=threads, device_id=None, seed=5)
         pipe.build()
-        outputs[cpu_resize, threads] = [pipe.run() for _ in range(3)]
+        outputs[cpu_resize, threads] = [[np.array(part.as_array()) for part in pipe.run()] for _ in range(3)]
     reference = outputs["dali", 1]
     for key in [("opencv", 1), ("opencv", 2)]:
         for (images, labels), (ref_images, ref_labels) in zip(outputs[key], reference):
-            np.testing.assert_array_equal(labels.as_array(), ref_labels.as_array())
-            difference = np.abs(images.as_array() - ref_images.as_array())
+            np.testing.assert_array_equal(labels, ref_labels)
+            difference = np.abs(images - ref_images)
             assert difference.max() <= 1.0 + 1e-4, key
             assert difference.mean() < 0.3, key  # rounding only: most pixels equal
+
+
+def test_resize_threads_end_with_their_pipeline(photo_rec):
+    """A pipeline is built per epoch: the OpenCV resize's threads of each go with it, not with the next collection
+    of DALI's reference cycles."""
+    rec, idx, _ = photo_rec
+
+    def resize_threads():
+        return {t for t in threading.enumerate() if t.name.startswith("opencv-resize") and t.is_alive()}
+    for epoch in range(3):
+        before = resize_threads()  # (other tests' pipelines may still be collected)
+        source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=epoch)
+        pipe = dali.train_pipeline(source=source, image_shape=(3, 64, 64), mean=[0, 0, 0], std=[1, 1, 1],
+                                   batch_size=8, num_threads=2, device_id=None, seed=epoch)
+        pipe.build()
+        pipe.run()  # as DaliBatches runs it: the outputs are copied out and dropped
+        new = resize_threads() - before
+        assert 1 <= len(new) <= 2
+        del pipe, source
+        wait_until(lambda: not resize_threads() & new, "the resize threads of a pipeline let go to end")
