@@ -98,13 +98,14 @@ def decode_crop_window(jpegs, random_area, random_aspect_ratio, device="cpu", nv
 
 
 class _OpenCVResize:
-    """A batch of uint8 HWC images to ``size`` (width, height), bilinear without antialiasing, over the threads of
-    ``pipeline`` (cv2.resize releases the GIL). The threads are the pipeline's own, so the pipelines of several
-    devices resize at once, and they end with it (a pipeline is built per epoch). Not with this object: DALI keeps
-    it in a reference cycle that lives until the next garbage collection."""
+    """A batch of uint8 HWC images to ``size`` (width, height), bilinear without antialiasing, over a pool of as
+    many threads as ``pipeline`` has (cv2.resize releases the GIL). The pool is the pipeline's own, so the pipelines
+    of several devices resize at once, and it ends with the pipeline (one is built per epoch), not with this object,
+    which DALI's python_function keeps in a reference cycle until the next garbage collection."""
 
     def __init__(self, size, pipeline):
         import cv2
+        cv2.setNumThreads(1)  # from ~314 px up cv2.resize would also spread over a pool of every core: ours suffice
         self.cv2, self.size = cv2, size
         self.pool = None
         if pipeline.num_threads > 1:
@@ -115,16 +116,19 @@ class _OpenCVResize:
         return self.cv2.resize(image, self.size, interpolation=self.cv2.INTER_LINEAR)
 
     def __call__(self, images):
-        if self.pool is None:
-            return [self.one(image) for image in images]
-        return list(self.pool.map(self.one, images))
+        if self.pool is not None:
+            try:
+                return list(self.pool.map(self.one, images))
+            except RuntimeError:  # the pool already shut down (interpreter exit, a batch still in flight)
+                pass
+        return [self.one(image) for image in images]
 
 
 def resize_crops(images, height, width, device="cpu", cpu_resize="opencv"):
     """Each crop window to height x width, bilinear without an antialiasing filter. On the CPU OpenCV's resize by
-    default, in a DALI python_function over the pipeline's thread count: the same pixels as DALI's fn.resize (within
-    one grey level) at a quarter of its time (0.23 vs about 1 ms per 224 px image: DALI 2.4's CPU resampler is
-    scalar code), which took the CPU pipeline from 0.49 to about 0.9 of decoding alone. On the GPU, DALI's."""
+    default, in a DALI python_function: the same pixels as DALI's fn.resize (within one grey level) at a quarter of
+    its time (0.23 vs about 1 ms per 224 px image: DALI 2.4's CPU resampler is scalar code), which took the CPU
+    pipeline on one core from 0.42 to 0.69-0.85 of decoding alone. On the GPU, DALI's."""
     if device == "gpu" or cpu_resize == "dali":
         return fn.resize(images, resize_x=width, resize_y=height, antialias=False)
     return fn.python_function(images, function=_OpenCVResize((width, height), Pipeline.current()),

@@ -208,3 +208,16 @@ def test_resize_threads_end_with_their_pipeline(photo_rec):
         assert 1 <= len(new) <= 2
         del pipe, source
         wait_until(lambda: not resize_threads() & new, "the resize threads of a pipeline let go to end")
+
+
+def test_resize_after_its_pool_shut_down():
+    """A batch still in flight when the pool has gone (interpreter exit) is resized on DALI's thread, not failed."""
+    @dali.pipeline_def(batch_size=1, num_threads=2, device_id=None)
+    def owner():
+        return dali.fn.random.uniform(range=[0, 1])
+    pipe = owner()
+    resize = dali._OpenCVResize((24, 16), pipe)
+    resize.pool.shutdown()
+    image = PHOTOS[0][:50, :60]
+    [out] = resize([image])
+    np.testing.assert_array_equal(out, cv2.resize(image, (24, 16), interpolation=cv2.INTER_LINEAR))

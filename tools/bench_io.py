@@ -19,8 +19,8 @@ A100 (their published ResNet-50 training rates). ``--dali-cpu-resize dali`` time
 A benchmark, not a test: numbers depend on the machine.
 
 ``--devices N`` also times N per-device pipelines (``--kv-store device --cpu-contexts N``, as train.py builds them),
---threads shared out among them, against one pipeline with one share of the threads: Nx when they run at once,
-1x when one after another.
+--threads shared out among them, against one pipeline with one share of the threads (up to Nx when they run at
+once) and one pipeline with all of them. Every row runs on a core per thread.
 
 ``--step-thread`` times instead what the training step's thread spends per batch in the record source (DALI's
 ``pipe.run()`` of an external_source alone: the records read, unless read ahead, and DALI's copy of the batch), with
@@ -208,13 +208,14 @@ def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, thre
 
 
 def devices_summary(devices, threads_each, rate, one_rate, all_threads_rate, cores):
-    """Per-device pipelines against one pipeline with the threads each has (``devices``x: they run at once; 1x: one
-    after another) and, when timed, one pipeline with all their threads."""
+    """Per-device pipelines against one pipeline with the threads each has (each on a core per thread: up to
+    ``devices``x when they run at once) and, when timed, one pipeline with all their threads (1 when they use the
+    cores as its threads do)."""
     result = {"devices": devices, "threads_each": threads_each, "images_per_sec": rate, "one_pipeline": one_rate,
               "speedup": rate / one_rate}
     each = f"{threads_each} thread" + "s" * (threads_each > 1)
     line = (f"{devices} per-device pipelines (--kv-store device), {each} each: {rate:.1f} images/s = "
-            f"{rate / one_rate:.2f}x one pipeline of {each} ({devices}x: they run at once; 1x: one after another)")
+            f"{rate / one_rate:.2f}x one pipeline of {each} (up to {devices}x when they run at once)")
     if all_threads_rate:
         result["of_one_pipeline_all_threads"] = rate / all_threads_rate
         line += f", {rate / all_threads_rate:.2f} of one pipeline of all {devices * threads_each} threads"
@@ -281,7 +282,7 @@ def main():
         return decode_only(*args.decode_only)
     if args.dali_decode_only is not None:
         return dali_decode_only(*args.dali_decode_only, args.batch_size)
-    if args.devices < 1 or args.threads % args.devices:
+    if not args.step_thread and (args.devices < 1 or args.threads % args.devices):
         parser.exit(2, f"bench_io.py: error: --devices {args.devices}: give a divisor of --threads {args.threads} "
                        f"(each device's pipeline gets the same share of the threads)\n")
     if args.rec:
@@ -318,8 +319,6 @@ def main():
         if one_of_share not in [name for name, *_ in configs]:
             configs.append((one_of_share, "dali-cpu", "none", share, 1))
 
-    one_core = min(os.sched_getaffinity(0))
-
     def images_per_sec(name, backend, policy, threads, devices):
         if name == "decode-only":
             command = [sys.executable, __file__, "--decode-only", rec, idx]
@@ -339,11 +338,11 @@ def main():
                 argv += ["--kv-store", "device", "--cpu-contexts", str(devices)]
             command = [sys.executable, __file__, "--one", *argv]
             env = dict(os.environ, OMP_NUM_THREADS=str(threads * devices))
-        # One thread, one core: DALI's executor, the step's thread and the resize share it, so a one-thread rate is
-        # a rate per core, as the ceiling's share and scaling need.
-        pin = threads == 1 and devices == 1
+        # A core per thread (the first ones): DALI's executor, the step's thread and the resize share them, so a
+        # one-thread rate is a rate per core, as the ceiling's share and scaling need.
+        cores = set(sorted(os.sched_getaffinity(0))[:threads * devices])
         child = subprocess.run(command, env=env, capture_output=True, text=True,
-                               preexec_fn=(lambda: os.sched_setaffinity(0, {one_core})) if pin else None)
+                               preexec_fn=lambda: os.sched_setaffinity(0, cores))
         if child.returncode:
             parser.exit(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
         return json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
