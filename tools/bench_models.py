@@ -341,12 +341,20 @@ def step_breakdown(kernels_ms, steps, wall_ms):
             "overhead_share": 1 - products / step_ms}
 
 
+def worker_env(**extra):
+    """Every worker's environment: one OpenMP thread per core this process may use, for both libraries. Without
+    OMP_NUM_THREADS MXNet 1.9 takes half of the cores on x86 (it assumes two hyper-threads a core,
+    src/engine/openmp.cc), which on a machine without them leaves half the cores idle; PyTorch takes them all."""
+    threads = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    return dict(os.environ, OMP_NUM_THREADS=threads, **extra)
+
+
 def measure_breakdown(python, precision, args):
     """Run the breakdown worker under DNNL_VERBOSE=1: ({oneDNN kind: total ms}, wall ms) of its steps."""
     command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--model", args.model,
                "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
                "--iters", str(args.iters)]
-    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1")
+    env = worker_env(DNNL_VERBOSE="1", ONEDNN_VERBOSE="1")
     child = subprocess.run(command, env=env, capture_output=True, text=True)
     if child.returncode:
         raise SystemExit(f"bench_models: error: the {precision} breakdown worker failed:\n{child.stderr[-2000:]}")
@@ -376,7 +384,7 @@ class Worker:
         command = [python, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
                    "--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]
         self.kind = kind
-        env = dict(os.environ)
+        env = worker_env()
         if kind == "mxnet-int8":  # the INT8 graph: the fusion switch quantize.py needs, set before MXNet loads
             env.update({"MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM": "1"})
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -454,9 +462,13 @@ def describe_built(built):
 def main(argv=None):
     sys.path.insert(0, ROOT)
     from helptext import HelpFormatter
-    import models
+    try:
+        import models
+        model_names = models.list_models()
+    except ImportError:  # the PyTorch worker runs in PyTorch's own venv, without MXNet (the driver checked --model)
+        model_names = None
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--model", default="resnet50_v1.5", choices=models.list_models(),
+    parser.add_argument("--model", default="resnet50_v1.5", choices=model_names,
                         help="our model (PyTorch's is always ResNet-50 v1.5)")
     parser.add_argument("--batch-size", type=int, default=16, help="images per batch")
     parser.add_argument("--image-size", type=int, default=224, help="image height and width")
