@@ -1,6 +1,6 @@
 """Scoring: top-1/top-5 over a validation set (exact over devices and ranks), the graph a checkpoint is scored
-with (as trained, oneDNN's fused float32, or calibrated INT8), --mode val's passes and --mode pred's top classes.
-Facts about what was scored come back as values (Scorable), not as attributes on the network."""
+with (as trained, oneDNN's fused float32 or bfloat16, or calibrated INT8), --mode val's passes and --mode pred's
+top classes. Facts about what was scored come back as values (Scorable), not as attributes on the network."""
 import dataclasses
 import logging
 import os
@@ -212,23 +212,24 @@ def int8_graph(cfg, net, ctxs, dist, calibration_batches):
     return Scorable(qnet, path, {"int8": calibration})
 
 
-def fused_float32(cfg, net, ctxs, dist):
-    """float32 scoring on one CPU worker: the loaded checkpoint through oneDNN's conv+BN+ReLU(+add) fusion
-    (models.optimize_for_inference); ``net`` itself elsewhere (several workers: Horovod's broadcast cannot read the
-    weights oneDNN has reordered)."""
+def fused(cfg, net, ctxs, dist):
+    """float32 or bfloat16 scoring on one CPU worker: the loaded checkpoint through oneDNN's conv+BN+ReLU(+add)
+    fusion (models.optimize_for_inference; models.to_bfloat16 casts the graph first); ``net`` itself elsewhere
+    (several workers: Horovod's broadcast cannot read the weights oneDNN has reordered)."""
     path = load_weights(net, cfg.fit, cfg.data.data_backend, ctxs, dist)
     if dist.size > 1 or len(ctxs) > 1 or ctxs[0].device_type != "cpu":
         return Scorable(net, path)
     shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, cfg.fit.batch_size)
-    return Scorable(models.optimize_for_inference(net, shape, ctxs[0]), path)
+    fuse = models.to_bfloat16 if cfg.fit.dtype == "bfloat16" else models.optimize_for_inference
+    return Scorable(fuse(net, shape, ctxs[0]), path)
 
 
 def for_scoring(cfg, net, ctxs, dist, calibration_batches=None, fuse=True):
     """The fastest correct graph of the checkpoint to score for the run's dtype (``cfg``: the RunConfig)."""
     if cfg.fit.dtype == "int8":
         return int8_graph(cfg, net, ctxs, dist, calibration_batches)
-    if cfg.fit.dtype == "float32" and fuse:
-        return fused_float32(cfg, net, ctxs, dist)
+    if cfg.fit.dtype in ("float32", "bfloat16") and fuse:
+        return fused(cfg, net, ctxs, dist)
     return Scorable(net, load_weights(net, cfg.fit, cfg.data.data_backend, ctxs, dist))
 
 

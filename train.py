@@ -30,6 +30,12 @@ if __name__ == "__main__":
 if "int8" in sys.argv[1:]:
     # quantize.INT8_ENV: MXNet reads its oneDNN fusion switches once, as it loads, so they are set before the import.
     os.environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")
+if "OMP_NUM_THREADS" not in os.environ and __name__ == "__main__":
+    import world
+    if world.launched_world(os.environ) is None:
+        # Started alone (runner and the launchers share the cores out themselves): without OMP_NUM_THREADS MXNet 1.9
+        # takes half of the cores on x86, assuming two hyper-threads a core (src/engine/openmp.cc).
+        os.environ["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
 
 
 class _WithoutScikitLearn:

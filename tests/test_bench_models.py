@@ -17,8 +17,9 @@ BENCH_MODELS = os.path.join(ROOT, "tools", "bench_models.py")
 def test_the_pytorch_worker_starts_without_mxnet():
     """The README's PyTorch venv holds torch and numpy only. Started in a Python without site-packages (no MXNet,
     no PyTorch), the worker must get as far as importing torch: what it lacks is PyTorch, not MXNet."""
-    result = subprocess.run([sys._base_executable, "-I", "-S", BENCH_MODELS, "--worker", "torch", "--batch-size", "2",
-                             "--image-size", "32"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    command = [sys._base_executable, "-I", "-S", BENCH_MODELS, "--worker", "torch", "--batch-size", "2",
+               "--image-size", "32"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert result.returncode != 0
     assert "No module named 'torch'" in result.stderr, result.stderr[-2000:]
     assert "mxnet" not in result.stderr.lower(), result.stderr[-2000:]

@@ -1,5 +1,6 @@
 """--dtype int8: a checkpoint trained on the real digits scores in INT8 (oneDNN) close to its float32 score; the
-quantized graph is saved, reused, and not reused for another calibration; training in int8 is refused."""
+quantized graph is saved, reused, and not reused for another calibration; training in int8 is refused. The same
+checkpoint scored through oneDNN's fused bfloat16 graph (models.to_bfloat16) is as close."""
 import glob
 import json
 import os
@@ -82,6 +83,26 @@ def test_int8_top1_close_to_float32_and_graph_reused(trained, digits_data):
     other, _ = score(digits_data, trained, "int8", "int8-other.json", "--calib-batches", "2")
     assert not other["info"]["int8"]["reused"] and other["info"]["int8"]["records"] == 64
     assert len(glob.glob(str(trained / f"model-{EPOCHS:04d}.int8-*-symbol.json"))) == 2
+
+
+def test_bfloat16_fused_top1_close_to_float32(trained, digits_data):
+    """One worker scores --dtype bfloat16 through oneDNN's fused bfloat16 graph; where the CPU has no bfloat16
+    kernels the run is refused in one line instead."""
+    import settings
+    missing = settings.bfloat16_unsupported()
+    if missing:
+        result = run(command(digits_data, trained, "--mode", "val", "--num-epochs", "1", "--dtype", "bfloat16",
+                             "--report", "bf16.json"))
+        errors = [line for line in result.stderr.splitlines() if "error:" in line]
+        assert result.returncode == 2 and len(errors) == 1 and "AVX-512" in errors[0], result.stderr[-2000:]
+        return
+    float32, _ = score(digits_data, trained, "float32", "fp32-for-bf16.json")
+    bfloat16, _ = score(digits_data, trained, "bfloat16", "bf16.json")
+    top1_fp32, top1_bf16 = float32["metrics"]["val.top1"][0], bfloat16["metrics"]["val.top1"][0]
+    assert top1_fp32 > 0.5, top1_fp32
+    assert abs(top1_bf16 - top1_fp32) <= MAX_TOP1_GAP, (top1_fp32, top1_bf16)
+    loss_fp32, loss_bf16 = float32["metrics"]["val.loss"][0], bfloat16["metrics"]["val.loss"][0]
+    assert loss_bf16 != loss_fp32 and abs(loss_bf16 - loss_fp32) <= 0.02 * loss_fp32, (loss_fp32, loss_bf16)
 
 
 def test_int8_prediction_matches_float32(trained, digits_data):

@@ -131,6 +131,36 @@ def test_cpu_defaults_and_too_many_workers():
     assert f"OMP_NUM_THREADS={cores}" in result.stdout.splitlines()
 
 
+TRAIN_PY_THREADS = """import ctypes, runpy, sys
+sys.argv = [TRAIN_PY, "--help"]
+try:
+    runpy.run_path(TRAIN_PY, run_name="__main__")
+except SystemExit:
+    pass
+print(ctypes.CDLL("libgomp.so.1").omp_get_max_threads())
+"""
+
+
+def test_train_py_alone_gives_mxnet_every_core():
+    """MXNet 1.9 without OMP_NUM_THREADS takes half of the cores on x86 (it assumes hyper-threads); train.py started
+    alone (`python train.py --mode val ...`) sets every core this process may use. Under a launcher it leaves the
+    choice to whoever started it (runner sets each worker's share; see above)."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: half of the cores is the same core")
+    env = venv_env()
+    env.pop("OMP_NUM_THREADS")
+    env["PYTHONPATH"] = ROOT
+
+    def threads(**extra):
+        result = subprocess.run([sys.executable, "-c", TRAIN_PY_THREADS.replace("TRAIN_PY", repr(os.path.join(ROOT, "train.py")))],
+                                env=dict(env, **extra), capture_output=True, text=True, timeout=HANG_S)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return int(result.stdout.split()[-1])
+    assert threads() == cores
+    assert threads(HOROVOD_SIZE="1", HOROVOD_RANK="0") == cores // 2  # a launcher's worker: MXNet's own choice
+
+
 def test_bad_numbers_are_one_line():
     one_line_error(run_runner("-n", "0"), "-n must be at least 1")
     one_line_error(run_runner("-b", "0", "--data-backend", "synthetic"), "-b must be at least 1")

@@ -1,7 +1,7 @@
 """Benchmark (not a test): our ResNet-50 v1.5 beside PyTorch's on this CPU, each in its own process.
 
 Ours (MXNet 1.9.1, oneDNN): float32 and bfloat16 (MXNet AMP) training steps (forward, backward, SGD update) and
-inference with the graph scoring uses (oneDNN's conv+BN+ReLU fusion; bfloat16 through the AMP graph pass), plus
+inference with the graph scoring uses (oneDNN's conv+BN+ReLU fusion; bfloat16: the graph cast by AMP, then fused), plus
 INT8 inference (quantize.py's oneDNN graph, naive calibration). PyTorch: the same network in channels_last,
 float32 and torch.autocast("cpu", dtype=torch.bfloat16), training step and inference. Every variant runs in
 interleaved rounds (one batch group of each in turn, again and again), so load from other processes hits them
@@ -25,7 +25,8 @@ normalization; eltwise; pooling; sum; ...). Against the wall time of those steps
 matrix product is overhead, and so is the time outside oneDNN (the optimizer update and MXNet's own operators, Python,
 the engine). `--no-breakdown` skips it.
 
-Separate processes, because two OpenMP runtimes in one process distort both. Timings on a shared machine are
+Separate processes, because two OpenMP runtimes in one process distort both; each with one OpenMP thread per core
+(worker_env). Timings on a shared machine are
 noisy: compare the ratios of one run, not figures across runs.
 """
 import argparse
@@ -196,8 +197,10 @@ def mxnet_steps(kind, model, batch_size, image_size):
                                  lambda: mx.io.NDArrayIter(data, batch_size=batch_size))
         steps["ours int8 inference"] = lambda: int8(data).wait_to_read()
         logits = None  # the float32 network's: nothing to compare
-    elif bfloat16:  # in an amp.init process the hybridized graph already runs the AMP pass (bfloat16 convolutions)
-        steps["ours bfloat16 inference"] = lambda: inference_net(data).wait_to_read()
+    elif bfloat16:  # the graph scoring uses: cast to bfloat16, then oneDNN's fusions
+        fused = models.to_bfloat16(inference_net, shape)
+        steps["ours bfloat16 inference"] = lambda: fused(data).wait_to_read()
+        logits = fused(data)[0].asnumpy().astype(float).tolist()
     else:
         fused = models.optimize_for_inference(inference_net, shape)
         steps["ours float32 inference"] = lambda: fused(data).wait_to_read()
