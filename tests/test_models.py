@@ -307,6 +307,27 @@ def test_bfloat16_inference_close_to_float32():
     assert weights and weights[0].dtype == amp.amp.bfloat16
 
 
+def test_bfloat16_stem_over_even_channels_computes_the_same():
+    """The bfloat16 network's stem (models.EvenChannelStem: a zero channel on the image and the weight) gives the
+    float32 stem's outputs and gradients, with the same parameter names and shapes (checkpoints are shared)."""
+    from mxnet import autograd
+    plain, even = small_net("resnet50_v1.5", seed=4), small_net("resnet50_v1.5", seed=4, dtype="bfloat16")
+    assert isinstance(even.features[0], models.EvenChannelStem) and not isinstance(plain.features[0],
+                                                                                   models.EvenChannelStem)
+    shapes = {name: p.shape for name, p in plain.collect_params().items()}
+    assert {name: p.shape for name, p in even.collect_params().items()} == shapes
+    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
+    outputs, grads = [], []
+    for net in (plain, even):  # no AMP here: both compute in float32
+        with autograd.record():
+            y = net(x)
+        y.backward(mx.nd.ones_like(y))
+        outputs.append(y.asnumpy())
+        grads.append(net.collect_params()["conv0_weight"].grad().asnumpy())
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-4, atol=1e-4 * np.abs(outputs[0]).max())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-4, atol=1e-4 * np.abs(grads[0]).max())
+
+
 def test_round_to_bfloat16_is_nearest_even():
     """Against a float64 re-computation: of the two bfloat16 values around x (its upper 16 bits, and one step
     away from zero), the nearer; on a tie, the one whose last kept bit is 0."""
