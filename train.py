@@ -404,10 +404,10 @@ def calibration_batches(cfg, dist, ctxs, train_iter):
     return batches
 
 
-def build_network(cfg, ctxs):
+def build_network(cfg, ctxs, amp_graph):
     """The network, initialised on ``ctxs`` and hybridized, every parameter's shape known."""
     import mxnet as mx
-    if cfg.fit.dtype == "bfloat16":
+    if amp_graph:
         # Operators run in bfloat16 on oneDNN through MXNet's AMP (parameters stay float32). AMP patches
         # MXNet's operators, so it must come before the network is built.
         from mxnet.contrib import amp
@@ -559,12 +559,13 @@ def main(args, command=None, given=()):
     if dist.is_primary and fit_cfg.mode != "pred":
         logging.info("%s", header(cfg, dist.size, info.report_path))
 
-    net = build_network(cfg, ctxs)
+    # bfloat16 runs through AMP's patched operators, but for scoring's fused graph (models.to_bfloat16)
+    net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
     check_memory(cfg, net, ctxs, dist)
     stopped = False
     try:
         if fit_cfg.mode == "pred":
-            model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None), fuse=False)
+            model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None))
             return Outcome(net=model.net, prediction=scoring.predict_image(cfg, model, ctxs))
         train_iter, val_iter = data.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
                                                                   dist.local_size, ctxs)

@@ -225,7 +225,9 @@ def test_train_py_bfloat16_scores_close_to_float32_or_only_the_kernel_fails(tmp_
         for mode, started in (("val", "Scoring freshly initialised weights"), ("train", "Training resnet18_v1.5")):
             result = run([sys.executable, "-c", UNGATED_TRAIN, *TINY_TRAIN, "--mode", mode, "--dtype", "bfloat16",
                           "--workspace", str(tmp_path / mode)])
-            assert "Using AMP" in result.stderr and started in result.stderr, result.stderr[-3000:]
+            assert started in result.stderr, result.stderr[-3000:]
+            # Training runs AMP's patched operators; one worker scoring casts its fused graph without them.
+            assert ("Using AMP" in result.stderr) == (mode == "train"), result.stderr[-3000:]
             failed_in_the_bfloat16_convolution(result)
         return
     losses = {}

@@ -1,7 +1,7 @@
 """Benchmark (not a test): our ResNet-50 v1.5 beside PyTorch's on this CPU, each in its own process.
 
 Ours (MXNet 1.9.1, oneDNN): float32 and bfloat16 (MXNet AMP) training steps (forward, backward, SGD update) and
-inference with the graph scoring uses (oneDNN's conv+BN+ReLU fusion; bfloat16: the graph cast by AMP, then fused), plus
+inference with the graph scoring uses (oneDNN's conv+BN+ReLU fusion; bfloat16: cast by AMP, then fused), plus
 INT8 inference (quantize.py's oneDNN graph, naive calibration). PyTorch: the same network in channels_last,
 float32 and torch.autocast("cpu", dtype=torch.bfloat16), training step and inference. Every variant runs in
 interleaved rounds (one batch group of each in turn, again and again), so load from other processes hits them
@@ -11,7 +11,8 @@ as a fraction of the best of them (ResNet-50 at 224 px: 8.2 GFLOP per image forw
 
 The bfloat16 worker builds on any CPU (AMP, its graph, the operands cast to bfloat16; the `built:` lines say what
 each worker computes in); only oneDNN's bfloat16 kernels need AVX-512: without them it is reported as not
-measured, with the reason. Where they run, its logits are checked against float32's (same weights and image).
+measured, with the reason. Where they run, the bfloat16 inference graph's logits are checked against float32's
+(same weights and image); that graph is built in the float32 worker, without amp.init, as train.py builds it.
 
 PyTorch is optional and never a dependency of the kit: give its interpreter with --torch-python, e.g.
 
@@ -156,7 +157,7 @@ def mxnet_training(mx, net, data, label):
 
 
 def mxnet_steps(kind, model, batch_size, image_size):
-    """(steps to time, ceilings, why nothing is timed or None, what was built, the first image's float32 logits).
+    """(steps to time, ceilings, why nothing is timed or None, what was built, the first image's logits by dtype).
 
     A bfloat16 worker builds everything on any CPU: AMP (amp.init), the networks and their AMP graphs
     (graph_summary), the matrix product's operands cast to bfloat16. Only what runs oneDNN's bfloat16 kernels (a
@@ -190,20 +191,28 @@ def mxnet_steps(kind, model, batch_size, image_size):
     missing = bfloat16_missing() if bfloat16 else None
     if missing:  # all built and cast; what is left runs oneDNN's bfloat16 kernels, which this CPU lacks
         return {}, {}, missing, built, None
-    logits = inference_net(data)[0].asnumpy().astype(float).tolist()
+    logits = {"float32": inference_net(data)[0].asnumpy().astype(float).tolist()}
     if kind == "mxnet-int8":  # a worker of its own: the fusion switch it needs is process-wide
         calibration = quantize.describe_calibration("naive", 1, batch_size, "synthetic")
         int8 = quantize.quantize(inference_net, shape, calibration,
                                  lambda: mx.io.NDArrayIter(data, batch_size=batch_size))
         steps["ours int8 inference"] = lambda: int8(data).wait_to_read()
         logits = None  # the float32 network's: nothing to compare
-    elif bfloat16:  # the graph scoring uses: cast to bfloat16, then oneDNN's fusions
-        fused = models.to_bfloat16(inference_net, shape)
-        steps["ours bfloat16 inference"] = lambda: fused(data).wait_to_read()
-        logits = fused(data)[0].asnumpy().astype(float).tolist()
+    elif bfloat16:  # training only: scoring's bfloat16 graph is built without AMP's patching (below)
+        logits = None
     else:
         fused = models.optimize_for_inference(inference_net, shape)
         steps["ours float32 inference"] = lambda: fused(data).wait_to_read()
+        if not bfloat16_missing():
+            # The graph bfloat16 scoring uses (models.to_bfloat16), built as train.py builds it: in a process
+            # without amp.init, whose patching would wrap oneDNN's fused convolutions in float32 casts.
+            network = models.get_model(model, dtype="bfloat16")
+            network.initialize()
+            for name, param in network.collect_params().items():  # the float32 network's weights
+                param.set_data(inference_net.collect_params()[name].data())
+            low = models.to_bfloat16(network, shape)
+            steps["ours bfloat16 inference"] = lambda: low(data).wait_to_read()
+            logits["bfloat16"] = low(data)[0].asnumpy().astype(float).tolist()
     return steps, mxnet_ceilings(products), None, built, logits
 
 
@@ -442,12 +451,12 @@ def ratios(results):
 
 
 def logits_difference(workers):
-    """The bfloat16 worker's logits against the float32 worker's (the same weights and image: SEED), as the largest
-    difference over the largest float32 logit; None where either was not computed."""
-    logits = {w.kind: w.logits for w in workers if w.logits}
-    if "mxnet-float32" not in logits or "mxnet-bfloat16" not in logits:
+    """The float32 worker's bfloat16 graph's logits against its float32 network's (the same weights and image), as
+    the largest difference over the largest float32 logit; None where bfloat16 was not computed."""
+    logits = next((w.logits for w in workers if w.kind == "mxnet-float32" and w.logits), {})
+    if "bfloat16" not in logits:
         return None
-    reference, low = logits["mxnet-float32"], logits["mxnet-bfloat16"]
+    reference, low = logits["float32"], logits["bfloat16"]
     return max(abs(a - b) for a, b in zip(reference, low)) / max(abs(a) for a in reference)
 
 
