@@ -136,6 +136,28 @@ def usable_cores():
     return os.cpu_count() or 1
 
 
+def openmp_threads():
+    """OpenMP threads for one process alone on this machine: one per physical core of its affinity mask. Hyper-
+    thread siblings share a core's vector units, and oneDNN runs best with one thread a core."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())  # the same list for every thread of one core
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
+def nvidia_gpu_present():
+    """Whether the NVIDIA driver lists a GPU on this machine (read without loading CUDA or MXNet)."""
+    try:
+        return bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
+
+
 # --- MXNet's errors, in one line ------------------------------------------------------------------------------
 
 def describe_mxnet_error(error, num_gpus=None, environ=None):

@@ -432,8 +432,10 @@ def to_bfloat16(net, data_shape, ctx=None):
 def round_to_bfloat16(values):
     """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32: any later cast to bfloat16,
     rounding or truncating, leaves them as they are."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    bits = values.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(values), values, rounded)  # a NaN's bits could carry into another value
 
 
 def fold_batchnorm(net, sample):
@@ -444,16 +446,17 @@ def fold_batchnorm(net, sample):
     cast truncates (mshadow's bf16_t keeps the upper 16 bits), shrinking every weight and bias toward zero in every
     layer: ResNet-50's logits moved 6 % from float32's, against 1.2 % without the fusion. Here each BatchNorm is
     left with mean 0, variance 1 and a gamma of just over sqrt(1 + eps): the fusion's factor is 1 (or a hair above),
-    and its truncation gives back the rounded values unchanged.
+    and its truncation gives back the rounded values unchanged. A BatchNorm with fix_gamma, or after a convolution
+    whose output is also used elsewhere, is left to MXNet. ``net``'s parameter values are not changed.
     """
     net.hybridize(static_alloc=True, static_shape=True)
     net(sample).wait_to_read()  # the graph is traced; where the forward pass fails, it fails here
     inputs, symbol = net._cached_graph
-    nodes = json.loads(symbol.tojson())["nodes"]
+    graph = json.loads(symbol.tojson())
+    nodes = graph["nodes"]
     uses = {}
-    for node in nodes:
-        for source in node["inputs"]:
-            uses[source[0]] = uses.get(source[0], 0) + 1
+    for source in [entry for node in nodes for entry in node["inputs"]] + graph["heads"]:
+        uses[source[0]] = uses.get(source[0], 0) + 1
     values = {name: param.data().asnumpy() for name, param in net.collect_params().items()}
     name_of = lambda entry: nodes[entry[0]]["name"]  # noqa: E731
     for node in nodes:

@@ -31,11 +31,13 @@ if "int8" in sys.argv[1:]:
     # quantize.INT8_ENV: MXNet reads its oneDNN fusion switches once, as it loads, so they are set before the import.
     os.environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")
 if "OMP_NUM_THREADS" not in os.environ and __name__ == "__main__":
+    import devices
     import world
-    if world.launched_world(os.environ) is None:
-        # Started alone (runner and the launchers share the cores out themselves): without OMP_NUM_THREADS MXNet 1.9
-        # takes half of the cores on x86, assuming two hyper-threads a core (src/engine/openmp.cc).
-        os.environ["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+    if world.launched_world(os.environ) is None and not devices.nvidia_gpu_present():
+        # Started alone on a CPU machine: without OMP_NUM_THREADS MXNet 1.9 takes half of the logical CPUs on x86,
+        # assuming two hyper-threads a core (src/engine/openmp.cc): one core in two idle where there are none.
+        # Under runner each worker gets its share; other launchers' workers keep MXNet's choice.
+        os.environ["OMP_NUM_THREADS"] = str(devices.openmp_threads())
 
 
 class _WithoutScikitLearn:

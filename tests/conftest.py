@@ -39,6 +39,34 @@ def digits_run(digits):
 HANG_S = 600
 
 
+def physical_cores():
+    """This process's physical cores, as util-linux's lscpu counts them (CPU, core, socket rows) over its affinity
+    mask: a reference independent of the kit's own count (devices.openmp_threads)."""
+    rows = subprocess.run(["lscpu", "-p=CPU,CORE,SOCKET"], capture_output=True, text=True, check=True).stdout
+    mask = os.sched_getaffinity(0)
+    return len({tuple(row.split(",")[1:]) for row in rows.splitlines()
+                if row and not row.startswith("#") and int(row.split(",")[0]) in mask})
+
+
+def mxnet_openmp_threads(env):
+    """The OpenMP team size MXNet set for itself in a fresh process with ``env``, read from libgomp after
+    `import mxnet` (MXNet links the system's libgomp.so.1)."""
+    probe = "import ctypes, mxnet; print(ctypes.CDLL('libgomp.so.1').omp_get_max_threads())"
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return int(result.stdout.split()[-1])
+
+
+def alone_env():
+    """venv_env() without OMP_NUM_THREADS, MXNet's own thread cap or any launcher's variables: a process started
+    by hand."""
+    import world
+    env = venv_env()
+    for name in ["OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS"] + [v for launcher in world.LAUNCHERS for v in launcher[1:]]:
+        env.pop(name, None)
+    return env
+
+
 def wait_until(condition, what, timeout=HANG_S, process=None, interval=0.05):
     """Poll ``condition()`` until it returns something true, and return that. Fails saying ``what`` it waited
     for after ``timeout`` seconds, or as soon as ``process`` (a Popen) has ended first."""

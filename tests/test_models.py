@@ -6,6 +6,7 @@ import sys
 
 import mxnet as mx
 from mxnet import autograd
+from mxnet.gluon import nn
 import numpy as np
 import pytest
 
@@ -276,17 +277,19 @@ def test_float16_model_from_args_and_numerics():
     np.testing.assert_allclose(got.asnumpy(), expected, atol=0.01 * np.abs(expected).max(), rtol=0.01)
 
 
-def test_bfloat16_inference_close_to_float32():
+@pytest.mark.parametrize("network", ["float32", "bfloat16"])
+def test_bfloat16_inference_close_to_float32(network):
     """models.to_bfloat16: oneDNN's fused graph (every convolution fused, in bfloat16) as close to float32 as MXNet's
     plain AMP graph of the same network. Without the float32 BatchNorm fold, MXNet's own fold truncated the
-    bfloat16 weights in every layer, 5x further from float32 (6 % of the largest logit against 1.2 %)."""
+    bfloat16 weights in every layer, 5x further from float32 (6 % of the largest logit against 1.2 %). Both the
+    float32 network and the bfloat16 one scoring builds (its stem: EvenChannelStem)."""
     import json
     import settings
     from mxnet.contrib import amp
-    net = small_net("resnet50_v1.5")
+    net = small_net("resnet50_v1.5", dtype=network)
     net.hybridize(static_alloc=True, static_shape=True)
-    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
-    expected = net(x).asnumpy()
+    x = mx.nd.array(np.random.RandomState(6).uniform(size=(2, 3, 32, 32)))
+    expected = small_net("resnet50_v1.5")(x).asnumpy()
     if settings.bfloat16_unsupported():  # no AVX-512: oneDNN has no bfloat16 kernels, as the refusal says
         with pytest.raises(mx.base.MXNetError, match="primitive descriptor"):
             models.to_bfloat16(net, x.shape)(x).wait_to_read()
@@ -303,29 +306,37 @@ def test_bfloat16_inference_close_to_float32():
     graph = json.loads(fused.block._cached_graph[1].tojson())["nodes"]
     ops = [node["op"] for node in graph]
     assert "Convolution" not in ops and "BatchNorm" not in ops and ops.count("_sg_mkldnn_conv") == 53, ops
-    weights = [p for name, p in fused.block.collect_params().items() if name.endswith("conv0_weight")]
+    weights = [p for name, p in fused.block.collect_params().items() if name == "stage1_unit1_conv1_weight"]
     assert weights and weights[0].dtype == amp.amp.bfloat16
 
 
 def test_bfloat16_stem_over_even_channels_computes_the_same():
     """The bfloat16 network's stem (models.EvenChannelStem: a zero channel on the image and the weight) gives the
-    float32 stem's outputs and gradients, with the same parameter names and shapes (checkpoints are shared)."""
-    from mxnet import autograd
-    plain, even = small_net("resnet50_v1.5", seed=4), small_net("resnet50_v1.5", seed=4, dtype="bfloat16")
+    plain convolution's outputs and gradients (image and weight), and the network keeps the float32 network's
+    parameter names and shapes (checkpoints are shared)."""
+    plain, even = small_net("resnet50_v1.5"), small_net("resnet50_v1.5", dtype="bfloat16")
     assert isinstance(even.features[0], models.EvenChannelStem) and not isinstance(plain.features[0],
                                                                                    models.EvenChannelStem)
     shapes = {name: p.shape for name, p in plain.collect_params().items()}
     assert {name: p.shape for name, p in even.collect_params().items()} == shapes
-    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
+    rng = np.random.RandomState(5)
+    weight = mx.nd.array(rng.normal(0, 0.1, (64, 3, 7, 7)))
     outputs, grads = [], []
-    for net in (plain, even):  # no AMP here: both compute in float32
-        with autograd.record():
-            y = net(x)
-        y.backward(mx.nd.ones_like(y))
+    for stem in (nn.Conv2D(64, 7, strides=2, padding=3, use_bias=False, in_channels=3),
+                 models.EvenChannelStem(64, 7, strides=2, padding=3, use_bias=False, in_channels=3)):
+        stem.initialize()
+        stem.weight.set_data(weight)
+        x = mx.nd.array(rng.uniform(size=(2, 3, 32, 32))) if not outputs else x
+        x.attach_grad()
+        with autograd.record():  # no AMP here: both compute in float32
+            y = stem(x)
+        y.backward(mx.nd.array(np.random.RandomState(7).normal(size=y.shape)))
         outputs.append(y.asnumpy())
-        grads.append(net.collect_params()["conv0_weight"].grad().asnumpy())
-    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-4, atol=1e-4 * np.abs(outputs[0]).max())
-    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-4, atol=1e-4 * np.abs(grads[0]).max())
+        grads.append((x.grad.asnumpy(), stem.weight.grad().asnumpy()))
+    assert outputs[1].shape == outputs[0].shape == (2, 64, 16, 16)
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5 * np.abs(outputs[0]).max())
+    for got, expected in zip(grads[1], grads[0]):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
 def test_round_to_bfloat16_is_nearest_even():

@@ -354,10 +354,13 @@ def step_breakdown(kernels_ms, steps, wall_ms):
 
 
 def worker_env(**extra):
-    """Every worker's environment: one OpenMP thread per core this process may use, for both libraries. Without
-    OMP_NUM_THREADS MXNet 1.9 takes half of the cores on x86 (it assumes two hyper-threads a core,
-    src/engine/openmp.cc), which on a machine without them leaves half the cores idle; PyTorch takes them all."""
-    threads = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    """Every worker's environment: one OpenMP thread per physical core this process may use, the same for both
+    libraries (an OMP_NUM_THREADS already set wins). Without it MXNet 1.9 takes half of the logical CPUs on x86
+    (it assumes two hyper-threads a core, src/engine/openmp.cc), which on a machine without them leaves half the
+    cores idle; PyTorch takes one thread per physical core."""
+    sys.path.insert(0, ROOT)
+    import devices
+    threads = os.environ.get("OMP_NUM_THREADS") or str(devices.openmp_threads())
     return dict(os.environ, OMP_NUM_THREADS=threads, **extra)
 
 
@@ -474,11 +477,11 @@ def describe_built(built):
 def main(argv=None):
     sys.path.insert(0, ROOT)
     from helptext import HelpFormatter
-    try:
+    if sys.argv[1:3] == ["--worker", "torch"] or (argv or [])[:2] == ["--worker", "torch"]:
+        model_names = None  # PyTorch's own venv has no MXNet; the driver checked --model
+    else:
         import models
         model_names = models.list_models()
-    except ImportError:  # the PyTorch worker runs in PyTorch's own venv, without MXNet (the driver checked --model)
-        model_names = None
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--model", default="resnet50_v1.5", choices=model_names,
                         help="our model (PyTorch's is always ResNet-50 v1.5)")
