@@ -128,20 +128,24 @@ def runner_visible_devices(gpus, ngpus, kv_store):
 
 # --- cores ----------------------------------------------------------------------------------------------------
 
-def usable_cores():
-    """The cores this process may run on: its affinity mask (Slurm's and cgroups' cpusets, taskset), not the
-    machine's count."""
+def usable_cpus():
+    """The logical CPUs this process may run on: its affinity mask (Slurm's and cgroups' cpusets, taskset), not
+    the machine's."""
     if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+def usable_cores():
+    """How many logical CPUs this process may run on (usable_cpus)."""
+    return max(1, len(usable_cpus()))
 
 
 def openmp_threads():
     """OpenMP threads for one process alone on this machine: one per physical core of its affinity mask. Hyper-
     thread siblings share a core's vector units, and oneDNN runs best with one thread a core."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     cores = set()
-    for cpu in cpus:
+    for cpu in usable_cpus():
         try:
             with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
                 cores.add(f.read().strip())  # the same list for every thread of one core

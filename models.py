@@ -113,10 +113,9 @@ class Builder:
     def channel_axis(self):
         return 3 if self.layout == "NHWC" else 1
 
-    def conv(self, channels, kernel, stride=1, in_channels=0, groups=1, prefix=None):
-        return nn.Conv2D(channels, kernel, strides=stride, padding=kernel // 2, groups=groups, use_bias=False,
-                         layout=self.layout, in_channels=in_channels, weight_initializer=he_normal(),
-                         prefix=prefix)
+    def conv(self, channels, kernel, stride=1, in_channels=0, groups=1, prefix=None, layer=nn.Conv2D):
+        return layer(channels, kernel, strides=stride, padding=kernel // 2, groups=groups, use_bias=False,
+                     layout=self.layout, in_channels=in_channels, weight_initializer=he_normal(), prefix=prefix)
 
     def _bn_kwargs(self, last, in_channels):
         # Zero gamma on the last BN of a residual branch: every block starts as the identity (Goyal et al.).
@@ -238,11 +237,9 @@ class ResNet(nn.HybridBlock):
             self.features = nn.HybridSequential(prefix="")
             if input_layout != builder.layout:
                 self.features.add(Transpose((0, 2, 3, 1) if builder.layout == "NHWC" else (0, 3, 1, 2)))
-            stem = builder.conv(channels[0], 7, 2, in_channels, prefix="conv0_")
-            if dtype == "bfloat16" and in_channels % 2 and builder.layout == "NCHW":
-                stem = EvenChannelStem(channels[0], 7, strides=2, padding=3, use_bias=False,
-                                       in_channels=in_channels, weight_initializer=he_normal(), prefix="conv0_")
-            self.features.add(stem,
+            even = dtype == "bfloat16" and in_channels % 2 and builder.layout == "NCHW"
+            self.features.add(builder.conv(channels[0], 7, 2, in_channels, prefix="conv0_",
+                                           layer=EvenChannelStem if even else nn.Conv2D),
                               *builder.batchnorm_relu(channels[0], "bn0_"), builder.max_pool())
             in_ch = channels[0]
             # Stochastic depth grows linearly from 0 (first block) to drop_path (last block), as timm's ResNet.
@@ -438,6 +435,11 @@ def round_to_bfloat16(values):
     return np.where(np.isnan(values), values, rounded)  # a NaN's bits could carry into another value
 
 
+def _attr_true(attrs, name, default):
+    """A boolean attribute of a node in MXNet's graph JSON, where it is a string ("True", "true", "1")."""
+    return attrs.get(name, default) in ("True", "true", "1")
+
+
 def fold_batchnorm(net, sample):
     """``net``'s graph as a new SymbolBlock (``net`` unchanged) whose convolutions carry their BatchNorm's scale and
     shift, folded in float32, every value that will be cast to bfloat16 already rounded to it (round_to_bfloat16).
@@ -463,7 +465,7 @@ def fold_batchnorm(net, sample):
         conv = nodes[node["inputs"][0][0]] if node["op"] == "BatchNorm" else None
         attrs = node.get("attrs", {})
         if conv is None or conv["op"] != "Convolution" or uses[node["inputs"][0][0]] != 1 or \
-                attrs.get("fix_gamma", "True") in ("True", "true", "1"):
+                _attr_true(attrs, "fix_gamma", "True"):
             continue  # only a convolution feeding nothing but its BatchNorm (with a gamma) can take it in
         gamma, beta, mean, var = (name_of(entry) for entry in node["inputs"][1:5])
         eps = float(attrs.get("eps", 1e-3))
@@ -475,7 +477,7 @@ def fold_batchnorm(net, sample):
         weight = source["name"]
         w = values[weight]
         values[weight] = round_to_bfloat16(w * scale.reshape((-1,) + (1,) * (w.ndim - 1)))
-        if conv.get("attrs", {}).get("no_bias", "False") not in ("True", "true", "1"):
+        if not _attr_true(conv.get("attrs", {}), "no_bias", "False"):
             bias = name_of(conv["inputs"][2])
             shift = shift + scale * values[bias]
             values[bias] = np.zeros_like(values[bias])

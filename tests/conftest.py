@@ -48,10 +48,10 @@ def physical_cores():
                 if row and not row.startswith("#") and int(row.split(",")[0]) in mask})
 
 
-def mxnet_openmp_threads(env):
-    """The OpenMP team size MXNet set for itself in a fresh process with ``env``, read from libgomp after
-    `import mxnet` (MXNet links the system's libgomp.so.1)."""
-    probe = "import ctypes, mxnet; print(ctypes.CDLL('libgomp.so.1').omp_get_max_threads())"
+def mxnet_openmp_threads(env, start="import mxnet"):
+    """The OpenMP team size MXNet set for itself in a fresh process with ``env``, read from libgomp after ``start``
+    (Python code that loads MXNet; MXNet links the system's libgomp.so.1)."""
+    probe = f"{start}\nimport ctypes\nprint(ctypes.CDLL('libgomp.so.1').omp_get_max_threads())"
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-2000:]
     return int(result.stdout.split()[-1])

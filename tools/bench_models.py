@@ -26,8 +26,8 @@ normalization; eltwise; pooling; sum; ...). Against the wall time of those steps
 matrix product is overhead, and so is the time outside oneDNN (the optimizer update and MXNet's own operators, Python,
 the engine). `--no-breakdown` skips it.
 
-Separate processes, because two OpenMP runtimes in one process distort both; each with one OpenMP thread per core
-(worker_env). Timings on a shared machine are
+Separate processes, because two OpenMP runtimes in one process distort both; each with one OpenMP thread per physical
+core (worker_env). Timings on a shared machine are
 noisy: compare the ratios of one run, not figures across runs.
 """
 import argparse
@@ -358,7 +358,8 @@ def worker_env(**extra):
     libraries (an OMP_NUM_THREADS already set wins). Without it MXNet 1.9 takes half of the logical CPUs on x86
     (it assumes two hyper-threads a core, src/engine/openmp.cc), which on a machine without them leaves half the
     cores idle; PyTorch takes one thread per physical core."""
-    sys.path.insert(0, ROOT)
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
     import devices
     threads = os.environ.get("OMP_NUM_THREADS") or str(devices.openmp_threads())
     return dict(os.environ, OMP_NUM_THREADS=threads, **extra)
@@ -477,7 +478,7 @@ def describe_built(built):
 def main(argv=None):
     sys.path.insert(0, ROOT)
     from helptext import HelpFormatter
-    if sys.argv[1:3] == ["--worker", "torch"] or (argv or [])[:2] == ["--worker", "torch"]:
+    if (sys.argv[1:] if argv is None else argv)[:2] == ["--worker", "torch"]:
         model_names = None  # PyTorch's own venv has no MXNet; the driver checked --model
     else:
         import models
