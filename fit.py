@@ -19,6 +19,7 @@ import cli
 from distributed import Distributed, average_over_devices
 from mlperf_log import MLPerfLog
 from models import running_stats
+import optimizers
 from precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
 from pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
 import schedules
@@ -293,6 +294,8 @@ def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=Fal
                  lars_eps=0.0):
     """Multi-precision SGD/NAG/LARS/LAMB; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
     optimizer_params_ = optimizer_params(net, optimizer, wd, momentum, lars_eta, lars_eps)
+    if optimizer == "sgd":  # MXNet's SGD, with a faster update on CPU (optimizers.py)
+        optimizer, optimizer_params_ = optimizers.SGD(**optimizer_params_), None
     params = net.collect_params()
     if kvstore == "horovod":
         hvd = dist.hvd

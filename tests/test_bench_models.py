@@ -36,3 +36,26 @@ def test_mxnet_workers_get_a_thread_per_core(monkeypatch):
     for name in ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS"):
         monkeypatch.delenv(name, raising=False)
     assert mxnet_openmp_threads(dict(env, **bench_models.worker_env())) == cores
+
+
+def onednn_kernels(verbose_log, kind):
+    """How many oneDNN ``kind`` kernels ran between bench_models' breakdown marks."""
+    marks = bench_models.BREAKDOWN_MARKS
+    inside = verbose_log[verbose_log.index(marks[0]):verbose_log.index(marks[1])]
+    return sum(line.startswith(("dnnl_verbose,exec,", "onednn_verbose,exec,")) and line.split(",")[3] == kind
+               for line in inside.splitlines())
+
+
+def test_fuse_bn_relu_reaches_the_training_step():
+    """--fuse-bn-relu builds the workers' training networks with MXNet's BatchNorm+ReLU: a ResNet-18 step then runs
+    ReLU kernels only after its 8 residual additions (forward and backward), not after its 9 other BatchNorms."""
+    counts = {}
+    for fused in (False, True):
+        command = [sys.executable, BENCH_MODELS, "--breakdown-worker", "float32", "--iters", "1", "--model",
+                   "resnet18_v1.5", "--batch-size", "2", "--image-size", "32"] + (["--fuse-bn-relu"] if fused else [])
+        child = subprocess.run(command, env=bench_models.worker_env(DNNL_VERBOSE="1"), capture_output=True,
+                               text=True, timeout=600)
+        assert child.returncode == 0, child.stderr[-2000:]
+        counts[fused] = onednn_kernels(child.stdout, "eltwise"), onednn_kernels(child.stdout, "batch_normalization")
+    assert counts[False] == (2 * 17, 2 * 20)  # ReLU forward and backward; BatchNorm forward and backward
+    assert counts[True] == (2 * 8, 2 * 20)

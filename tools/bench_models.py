@@ -24,7 +24,8 @@ the CPU has its kernels) runs a few steps with oneDNN's verbose log on, and the 
 ran is summed by kind (convolution and inner product: the matrix products; reorders between layouts; batch
 normalization; eltwise; pooling; sum; ...). Against the wall time of those steps in that process, what is not a
 matrix product is overhead, and so is the time outside oneDNN (the optimizer update and MXNet's own operators, Python,
-the engine). `--no-breakdown` skips it.
+the engine). `--no-breakdown` skips it; `--fuse-bn-relu` trains with MXNet's fused BatchNorm+ReLU (train.py's
+`--fuse-bn-relu 1`), which runs the ReLUs that follow a BatchNorm inside it.
 
 Separate processes, because two OpenMP runtimes in one process distort both; each with one OpenMP thread per physical
 core (worker_env). Timings on a shared machine are
@@ -144,7 +145,8 @@ def mxnet_training(mx, net, data, label):
     """A training step as train.py runs it: in a bfloat16 worker the AMP pass is in the graph, and there is no loss
     scaling (bfloat16 keeps float32's exponent range; fit.py scales float16 only)."""
     from mxnet import autograd, gluon
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-5})
+    import optimizers
+    trainer = gluon.Trainer(net.collect_params(), optimizers.SGD(learning_rate=0.01, momentum=0.9, wd=1e-5))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     def step():
@@ -156,7 +158,7 @@ def mxnet_training(mx, net, data, label):
     return step
 
 
-def mxnet_steps(kind, model, batch_size, image_size):
+def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
     """(steps to time, ceilings, why nothing is timed or None, what was built, the first image's logits by dtype).
 
     A bfloat16 worker builds everything on any CPU: AMP (amp.init), the networks and their AMP graphs
@@ -176,14 +178,14 @@ def mxnet_steps(kind, model, batch_size, image_size):
     label = mx.nd.array([i % 1000 for i in range(batch_size)])
     precision = {"mxnet-float32": "float32", "mxnet-int8": "int8", "mxnet-bfloat16": "bfloat16"}[kind]
 
-    def fresh():  # as train.py builds it: bfloat16 keeps float32 parameters and casts the logits to float32
-        net = models.get_model(model, dtype="bfloat16" if bfloat16 else "float32")
+    def fresh(fuse_bn_relu=False):  # as train.py builds it: bfloat16 keeps float32 parameters, float32 logits
+        net = models.get_model(model, dtype="bfloat16" if bfloat16 else "float32", fuse_bn_relu=fuse_bn_relu)
         net.initialize(mx.init.Xavier())
         net.hybridize(static_alloc=True, static_shape=True)
         return net
     steps = {}
     if kind != "mxnet-int8":
-        steps[f"ours {precision} training step"] = mxnet_training(mx, fresh(), data, label)
+        steps[f"ours {precision} training step"] = mxnet_training(mx, fresh(fuse_bn_relu), data, label)
     inference_net = fresh()
     built = {} if kind == "mxnet-int8" else graph_summary(mx, inference_net, shape)
     products = mxnet_matrix_products(mx, precision)
@@ -285,13 +287,13 @@ def torch_steps(batch_size, image_size):
     return steps, ceilings, torch.__version__, bfloat16_missing() and f"PyTorch {bfloat16_missing()}"
 
 
-def worker(kind, model, batch_size, image_size):
+def worker(kind, model, batch_size, image_size, fuse_bn_relu=False):
     """Build the steps, say which, then time the one asked for on each stdin line ('KEY\\titers\\twarmup')."""
     version = unavailable = built = logits = None
     if kind == "torch":
         steps, ceilings, version, unavailable = torch_steps(batch_size, image_size)
     else:
-        steps, ceilings, unavailable, built, logits = mxnet_steps(kind, model, batch_size, image_size)
+        steps, ceilings, unavailable, built, logits = mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu)
     print(json.dumps({"steps": list(steps), "ceilings": ceilings, "version": version, "unavailable": unavailable,
                       "built": built, "logits": logits}), flush=True)
     for line in sys.stdin:
@@ -301,7 +303,7 @@ def worker(kind, model, batch_size, image_size):
 
 # --- where a training step's time goes ---------------------------------------------------------------------
 
-def breakdown_worker(precision, model, batch_size, image_size, steps):
+def breakdown_worker(precision, model, batch_size, image_size, steps, fuse_bn_relu=False):
     """In a process started with DNNL_VERBOSE=1: warm up, then run ``steps`` training steps between two marks on
     stdout, so the driver can sum the kernels oneDNN logged for those steps alone."""
     if precision == "bfloat16":
@@ -311,7 +313,7 @@ def breakdown_worker(precision, model, batch_size, image_size, steps):
     import mxnet as mx
     import models
     mx.random.seed(SEED)
-    net = models.get_model(model, dtype=precision)
+    net = models.get_model(model, dtype=precision, fuse_bn_relu=fuse_bn_relu)
     net.initialize(mx.init.Xavier())
     net.hybridize(static_alloc=True, static_shape=True)
     data = mx.nd.random.uniform(-1, 1, shape=(batch_size, 3, image_size, image_size))
@@ -367,9 +369,8 @@ def worker_env(**extra):
 
 def measure_breakdown(python, precision, args):
     """Run the breakdown worker under DNNL_VERBOSE=1: ({oneDNN kind: total ms}, wall ms) of its steps."""
-    command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--model", args.model,
-               "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
-               "--iters", str(args.iters)]
+    command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--iters", str(args.iters),
+               *network_args(args)]
     env = worker_env(DNNL_VERBOSE="1", ONEDNN_VERBOSE="1")
     child = subprocess.run(command, env=env, capture_output=True, text=True)
     if child.returncode:
@@ -395,10 +396,15 @@ def print_breakdown(key, breakdown, steps, timed_ms):
 
 # --- the driver --------------------------------------------------------------------------------------------
 
+def network_args(args):
+    """What every worker is told of the networks to build."""
+    return ["--model", args.model, "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
+            *(["--fuse-bn-relu"] if args.fuse_bn_relu else [])]
+
+
 class Worker:
     def __init__(self, python, kind, args):
-        command = [python, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
-                   "--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]
+        command = [python, os.path.abspath(__file__), "--worker", kind, *network_args(args)]
         self.kind = kind
         env = worker_env()
         if kind == "mxnet-int8":  # the INT8 graph: the fusion switch quantize.py needs, set before MXNet loads
@@ -493,6 +499,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
     parser.add_argument("--torch-python", default=None,
                         help="a Python with PyTorch (its own venv); without it only ours is measured")
+    parser.add_argument("--fuse-bn-relu", action="store_true",
+                        help="our training steps with MXNet's fused BatchNorm+ReLU, as train.py --fuse-bn-relu 1 "
+                        "trains (inference graphs fold BatchNorm into the convolutions either way)")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     parser.add_argument("--no-breakdown", action="store_true",
                         help="skip the oneDNN kernel breakdown of the training steps")
@@ -500,9 +509,10 @@ def main(argv=None):
     parser.add_argument("--breakdown-worker", default=None, choices=("float32", "bfloat16"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.model, args.batch_size, args.image_size)
+        return worker(args.worker, args.model, args.batch_size, args.image_size, args.fuse_bn_relu)
     if args.breakdown_worker:
-        return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size, args.iters)
+        return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size, args.iters,
+                                args.fuse_bn_relu)
     if min(args.batch_size, args.iters, args.rounds, args.image_size) < 1 or args.warmup < 0:
         parser.error("--batch-size, --image-size, --iters and --rounds must be positive, --warmup not negative")
     if args.torch_python:
@@ -534,7 +544,8 @@ def main(argv=None):
                         "ceiling_fraction": fraction(key, median, ceilings, args.model, args.image_size)}
     torch_version = next((w.version for w in workers if w.version), None)
     print(f"# {args.model}, batch {args.batch_size}, {args.image_size} px, {args.rounds} interleaved rounds of "
-          f"{args.iters} timed batches, {os.cpu_count()} CPUs; images/s, median [min-max]"
+          f"{args.iters} timed batches, {os.cpu_count()} CPUs"
+          + ("; our training with fused BatchNorm+ReLU" if args.fuse_bn_relu else "") + "; images/s, median [min-max]"
           + (f"; PyTorch {torch_version} channels_last" if torch_version else ""))
     for key, r in results.items():
         share = f"{100 * r['ceiling_fraction']:5.0f} % of ceiling" if r["ceiling_fraction"] else ""
@@ -564,6 +575,7 @@ def main(argv=None):
                 print_breakdown(key, breakdowns[key], args.iters, 1000 * args.batch_size / results[key]["median"])
     if args.json:
         out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
+               "fuse_bn_relu": args.fuse_bn_relu,
                "rounds": args.rounds, "iters": args.iters, "torch": torch_version, "images_per_s": results,
                "ceilings": {w.kind: w.ceilings for w in workers}, "ratios": ratio, "cmd": sys.argv,
                "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
