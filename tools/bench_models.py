@@ -369,7 +369,8 @@ def worker_env(**extra):
 
 def measure_breakdown(python, precision, args):
     """Run the breakdown worker under DNNL_VERBOSE=1: ({oneDNN kind: total ms}, wall ms) of its steps."""
-    command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--iters", str(args.iters),
+    command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--iters",
+               str(args.breakdown_steps),
                *network_args(args)]
     env = worker_env(DNNL_VERBOSE="1", ONEDNN_VERBOSE="1")
     child = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -499,6 +500,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
     parser.add_argument("--torch-python", default=None,
                         help="a Python with PyTorch (its own venv); without it only ours is measured")
+    parser.add_argument("--breakdown-steps", type=int, default=5,
+                        help="training steps the breakdown sums (on a shared machine 2 steps' shares moved by 3 "
+                        "points between runs, 5 steps' by 1-3)")
     parser.add_argument("--fuse-bn-relu", action="store_true",
                         help="our training steps with MXNet's fused BatchNorm+ReLU, as train.py --fuse-bn-relu 1 "
                         "trains (inference graphs fold BatchNorm into the convolutions either way)")
@@ -513,8 +517,9 @@ def main(argv=None):
     if args.breakdown_worker:
         return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size, args.iters,
                                 args.fuse_bn_relu)
-    if min(args.batch_size, args.iters, args.rounds, args.image_size) < 1 or args.warmup < 0:
-        parser.error("--batch-size, --image-size, --iters and --rounds must be positive, --warmup not negative")
+    if min(args.batch_size, args.iters, args.rounds, args.image_size, args.breakdown_steps) < 1 or args.warmup < 0:
+        parser.error("--batch-size, --image-size, --iters, --rounds and --breakdown-steps must be positive, --warmup "
+                     "not negative")
     if args.torch_python:
         why = check_torch_python(args.torch_python)
         if why:
@@ -571,12 +576,12 @@ def main(argv=None):
             key = f"ours {precision} training step"
             if key in results:  # timed: bfloat16 only where the CPU has its kernels
                 kernels_ms, wall_ms = measure_breakdown(sys.executable, precision, args)
-                breakdowns[key] = step_breakdown(kernels_ms, args.iters, wall_ms)
-                print_breakdown(key, breakdowns[key], args.iters, 1000 * args.batch_size / results[key]["median"])
+                breakdowns[key] = step_breakdown(kernels_ms, args.breakdown_steps, wall_ms)
+                print_breakdown(key, breakdowns[key], args.breakdown_steps, 1000 * args.batch_size / results[key]["median"])
     if args.json:
         out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "fuse_bn_relu": args.fuse_bn_relu,
-               "rounds": args.rounds, "iters": args.iters, "torch": torch_version, "images_per_s": results,
+               "rounds": args.rounds, "iters": args.iters, "breakdown_steps": args.breakdown_steps, "torch": torch_version, "images_per_s": results,
                "ceilings": {w.kind: w.ceilings for w in workers}, "ratios": ratio, "cmd": sys.argv,
                "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
                "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference,
