@@ -394,3 +394,27 @@ def test_summary_cli_and_bad_input():
                          capture_output=True, text=True, env=venv_env())
     assert bad.returncode == 2 and "error: unknown model(s) resnet19" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_onnx_export_of_a_fused_bn_relu_checkpoint(tmp_path):
+    """A checkpoint trained with --fuse-bn-relu 1 holds MXNet's oneDNN-only BatchNorm+ReLU, which MXNet's ONNX
+    exporter cannot convert: export_onnx rebuilds the plain network named by the state file (the same parameters)
+    and the ONNX model matches the checkpoint's own symbol run by MXNet. Without the state file: one line."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    workspace = tmp_path / "run"
+    train = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "synthetic",
+                            "--num-layers", "18", "--image-shape", "3,32,32", "--num-classes", "10",
+                            "--fuse-bn-relu", "1", "--num-epochs", "1", "--batch-size", "4", "--benchmark-iters", "2",
+                            "--workspace", str(workspace)], capture_output=True, text=True, env=venv_env())
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "_contrib_BatchNormWithReLU" in (workspace / "model-symbol.json").read_text()
+    export = [sys.executable, os.path.join(ROOT, "tools", "export_onnx.py"), str(workspace / "model"), "1"]
+    done = subprocess.run(export, capture_output=True, text=True, env=venv_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "onnxruntime vs MXNet logits, relative difference" in done.stdout and (workspace / "model-0001.onnx").exists()
+    (workspace / "model-0001.state.json").unlink()
+    refused = subprocess.run(export + ["--output", str(tmp_path / "again.onnx")], capture_output=True, text=True,
+                             env=venv_env())
+    assert refused.returncode == 2 and "--fuse-bn-relu 1" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "again.onnx").exists()

@@ -77,10 +77,10 @@ def test_matches_numpy_and_mxnets_sgd(clip):
     assert not np.allclose(ours["conv_weight"], make_params(0)["conv_weight"].data().asnumpy())  # it moved
 
 
-def operators_run(optimizer):
+def operators_run(optimizer, folder):
     """The names of the operators MXNet ran for four Trainer steps with ``optimizer`` (its profiler's counts)."""
     params, gradients = make_params(1), gradient_steps(1, 4)
-    mx.profiler.set_config(profile_imperative=True, aggregate_stats=True)
+    mx.profiler.set_config(profile_imperative=True, aggregate_stats=True, filename=str(folder / "profile.json"))
     mx.profiler.set_state("run")
     try:
         run(optimizer, params, gradients)
@@ -91,10 +91,10 @@ def operators_run(optimizer):
     return {line.split()[0] for line in table.splitlines() if line.strip() and "update" in line.split()[0]}
 
 
-def test_cpu_updates_one_weight_at_a_time():
+def test_cpu_updates_one_weight_at_a_time(tmp_path):
     """The reason for the class: MXNet's SGD runs its grouped kernel even for one weight; ours the per-weight one."""
-    assert "multi_sgd_mom_update" in operators_run("sgd")
-    ours = operators_run(optimizers.SGD)
+    assert "multi_sgd_mom_update" in operators_run("sgd", tmp_path)
+    ours = operators_run(optimizers.SGD, tmp_path)
     assert "sgd_mom_update" in ours and "multi_sgd_mom_update" not in ours
 
 

@@ -31,7 +31,10 @@ def export_onnx(prefix, epoch, image_shape, onnx_file=None):
     tmp = onnx_file + ".tmp"
     with tempfile.TemporaryDirectory() as scratch:
         symbol, params = f"{prefix}-symbol.json", f"{prefix}-{tag(epoch)}.params"
-        if not tag(epoch).isdigit():  # MXNet's exporter reads the files' prefix and epoch number from the names
+        plain = os.path.join(scratch, "plain-symbol.json")
+        if plain_symbol(prefix, epoch, plain):
+            symbol = plain
+        if not tag(epoch).isdigit() or symbol == plain:  # MXNet's exporter reads the files' prefix and epoch number from the names
             os.symlink(os.path.abspath(symbol), os.path.join(scratch, "model-symbol.json"))
             os.symlink(os.path.abspath(params), os.path.join(scratch, "model-0000.params"))
             symbol, params = os.path.join(scratch, "model-symbol.json"), os.path.join(scratch, "model-0000.params")
@@ -72,18 +75,57 @@ def compare_with_onnxruntime(prefix, epoch, onnx_file, image_shape, batch_size=2
     return float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-12))
 
 
-def trained_image_shape(prefix, epoch):
-    """C,H,W recorded in the checkpoint's state file by train.py, or None (another kit's checkpoint)."""
+def trained_args(prefix, epoch):
+    """The arguments train.py recorded in the checkpoint's state file, with its model's name, or None (another
+    kit's checkpoint)."""
     import json
     try:
         if tag(epoch) == "best":  # its state is the run's latest
             import settings
             state = settings.trained_settings(f"{prefix}-best.params") or {}
-            return ",".join(str(v) for v in state["args"]["image_shape"])
-        with open(f"{prefix}-{tag(epoch)}.state.json") as f:
-            return ",".join(str(v) for v in json.load(f)["args"]["image_shape"])
+        else:
+            with open(f"{prefix}-{tag(epoch)}.state.json") as f:
+                state = json.load(f)
+        return dict({"model": state.get("model")}, **state["args"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def trained_image_shape(prefix, epoch):
+    """C,H,W recorded in the checkpoint's state file by train.py, or None (another kit's checkpoint)."""
+    try:
+        return ",".join(str(v) for v in trained_args(prefix, epoch)["image_shape"])
+    except (KeyError, TypeError):
+        return None
+
+
+class NotExportable(ValueError):
+    """A checkpoint this tool cannot turn into ONNX, with what to do."""
+
+
+FUSED_BN_RELU = "_contrib_BatchNormWithReLU"  # --fuse-bn-relu 1: oneDNN only, and MXNet's exporter has no converter
+
+
+def plain_symbol(prefix, epoch, path):
+    """Write to ``path`` the symbol of the checkpoint's network rebuilt with BatchNorm and ReLU apart, when its own
+    holds MXNet's fused BatchNorm+ReLU; returns whether it did. The parameters are the same either way (names and
+    values), so the checkpoint's .params file goes with it. NotExportable where the network cannot be rebuilt."""
+    import mxnet as mx
+    with open(f"{prefix}-symbol.json") as f:
+        if FUSED_BN_RELU not in f.read():
+            return False
+    args = trained_args(prefix, epoch)
+    if not args:
+        raise NotExportable(f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which "
+                            "MXNet's ONNX exporter cannot convert, and no train.py state file beside it names the "
+                            "network to rebuild without it: put the run's <prefix>-NNNN.state.json beside it")
+    import dataclasses
+    import models
+    recorded = {field.name: args[field.name] for field in dataclasses.fields(models.ModelConfig) if field.name in args}
+    model_cfg = models.ModelConfig(**dict(recorded, fuse_bn_relu=0, drop_path=0.0))
+    net = models.build_network(model_cfg, args["image_shape"][0], args.get("input_layout", "NCHW"), "float32")
+    net(mx.sym.var("data")).save(path)
+    return True
 
 
 def main(argv=None):
@@ -111,7 +153,10 @@ def main(argv=None):
         import onnxruntime  # noqa: F401
     except ImportError:
         parser.error("onnx and onnxruntime are not installed: pip install -e .[onnx]")
-    onnx_file = export_onnx(args.prefix, args.epoch, image_shape, args.output)
+    try:
+        onnx_file = export_onnx(args.prefix, args.epoch, image_shape, args.output)
+    except NotExportable as error:
+        parser.error(str(error))
     difference = compare_with_onnxruntime(args.prefix, args.epoch, onnx_file, image_shape)
     print(f"{onnx_file}: onnxruntime vs MXNet logits, relative difference {difference:.2e}")
     if difference > args.rtol:
