@@ -660,7 +660,7 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
         raise TrainingError(problem)
     paths = checkpoint_state["paths"]
     checkpoint.load_params(net, paths["params"], ctxs)  # on every device: MXNet asserts the set
-    state.trainer.load_states(paths["states"])
+    optimizers.load_states(state.trainer, paths["states"])
     state.scaler.load(checkpoint_state["loss_scaler"])
     if state.ema is not None and "ema" in paths:
         state.ema.load(paths["ema"])

@@ -37,9 +37,9 @@ def backward(params, gradients):
     loss.backward()
 
 
-def run(optimizer, params, gradients, clip=None):
+def run(optimizer, params, gradients, clip=None, momentum=MOMENTUM):
     """Drive a Gluon Trainer over ``gradients`` (one dict per step); returns the final weights."""
-    kwargs = dict(learning_rate=LR, momentum=MOMENTUM, wd=WD, multi_precision=True)
+    kwargs = dict(learning_rate=LR, momentum=momentum, wd=WD, multi_precision=True)
     if clip:
         kwargs["clip_gradient"] = clip
     trainer = gluon.Trainer(params, optimizer(**kwargs) if callable(optimizer) else optimizer,
@@ -50,7 +50,7 @@ def run(optimizer, params, gradients, clip=None):
     return {name: params[name].data().astype("float64").asnumpy() for name in SHAPES}, trainer
 
 
-def numpy_sgd(params, gradients, clip=None):
+def numpy_sgd(params, gradients, clip=None, momentum=MOMENTUM):
     """MXNet's momentum SGD in float64: mom = m * mom - lr * wd * w - lr * clip(grad / batch); w += mom."""
     weights = {name: params[name].data().asnumpy().astype(np.float64) for name in SHAPES}
     moms = {name: np.zeros(shape) for name, shape in SHAPES.items()}
@@ -60,17 +60,17 @@ def numpy_sgd(params, gradients, clip=None):
             g = grad / BATCH
             if clip:
                 g = np.clip(g, -clip, clip)
-            moms[name] = MOMENTUM * moms[name] - lr * wd * weights[name] - lr * g
+            moms[name] = momentum * moms[name] - lr * wd * weights[name] - lr * g
             weights[name] = weights[name] + moms[name]
     return weights
 
 
-@pytest.mark.parametrize("clip", [None, 0.05])
-def test_matches_numpy_and_mxnets_sgd(clip):
+@pytest.mark.parametrize("clip, momentum", [(None, MOMENTUM), (0.05, MOMENTUM), (None, 0.0)])
+def test_matches_numpy_and_mxnets_sgd(clip, momentum):
     gradients = gradient_steps(0, 4)
-    ours, _ = run(optimizers.SGD, make_params(0), gradients, clip)
-    expected = numpy_sgd(make_params(0), gradients, clip)
-    mxnets, _ = run("sgd", make_params(0), gradients, clip)
+    ours, _ = run(optimizers.SGD, make_params(0), gradients, clip, momentum)
+    expected = numpy_sgd(make_params(0), gradients, clip, momentum)
+    mxnets, _ = run("sgd", make_params(0), gradients, clip, momentum)
     for name in SHAPES:
         np.testing.assert_allclose(ours[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(ours[name], mxnets[name], rtol=1e-6, atol=1e-7, err_msg=name)
@@ -122,7 +122,8 @@ def test_states_saved_and_loaded_continue_exactly(tmp_path):
             resumed_params[name].wd_mult, resumed_params[name].lr_mult = params[name].wd_mult, params[name].lr_mult
         resumed = gluon.Trainer(resumed_params, optimizers.SGD(learning_rate=LR, momentum=MOMENTUM, wd=WD,
                                                                 multi_precision=True))
-        resumed.load_states(str(tmp_path / "states"))
+        optimizers.load_states(resumed, str(tmp_path / "states"))
+        assert type(resumed._optimizer) is optimizers.SGD  # MXNet's load_states would put back the pickled class
         for step in gradients[3:]:
             backward(resumed_params, step)
             resumed.step(BATCH)

@@ -397,6 +397,13 @@ def print_breakdown(key, breakdown, steps, timed_ms):
 
 # --- the driver --------------------------------------------------------------------------------------------
 
+def fused_label():
+    import models
+    if models.fused_bn_relu_available():
+        return "fused BatchNorm+ReLU"
+    return "BatchNorm and ReLU apart (--fuse-bn-relu: this MXNet has no BatchNormWithReLU)"
+
+
 def network_args(args):
     """What every worker is told of the networks to build."""
     return ["--model", args.model, "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
@@ -550,7 +557,7 @@ def main(argv=None):
     torch_version = next((w.version for w in workers if w.version), None)
     print(f"# {args.model}, batch {args.batch_size}, {args.image_size} px, {args.rounds} interleaved rounds of "
           f"{args.iters} timed batches, {os.cpu_count()} CPUs"
-          + ("; our training with fused BatchNorm+ReLU" if args.fuse_bn_relu else "") + "; images/s, median [min-max]"
+          + (f"; our training with {fused_label()}" if args.fuse_bn_relu else "") + "; images/s, median [min-max]"
           + (f"; PyTorch {torch_version} channels_last" if torch_version else ""))
     for key, r in results.items():
         share = f"{100 * r['ceiling_fraction']:5.0f} % of ceiling" if r["ceiling_fraction"] else ""
@@ -577,11 +584,13 @@ def main(argv=None):
             if key in results:  # timed: bfloat16 only where the CPU has its kernels
                 kernels_ms, wall_ms = measure_breakdown(sys.executable, precision, args)
                 breakdowns[key] = step_breakdown(kernels_ms, args.breakdown_steps, wall_ms)
-                print_breakdown(key, breakdowns[key], args.breakdown_steps, 1000 * args.batch_size / results[key]["median"])
+                timed_ms = 1000 * args.batch_size / results[key]["median"]
+                print_breakdown(key, breakdowns[key], args.breakdown_steps, timed_ms)
     if args.json:
         out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "fuse_bn_relu": args.fuse_bn_relu,
-               "rounds": args.rounds, "iters": args.iters, "breakdown_steps": args.breakdown_steps, "torch": torch_version, "images_per_s": results,
+               "rounds": args.rounds, "iters": args.iters, "breakdown_steps": args.breakdown_steps,
+               "torch": torch_version, "images_per_s": results,
                "ceilings": {w.kind: w.ceilings for w in workers}, "ratios": ratio, "cmd": sys.argv,
                "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
                "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference,

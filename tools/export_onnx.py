@@ -34,7 +34,8 @@ def export_onnx(prefix, epoch, image_shape, onnx_file=None):
         plain = os.path.join(scratch, "plain-symbol.json")
         if plain_symbol(prefix, epoch, plain):
             symbol = plain
-        if not tag(epoch).isdigit() or symbol == plain:  # MXNet's exporter reads the files' prefix and epoch number from the names
+        # MXNet's exporter reads the files' prefix and epoch number from their names
+        if not tag(epoch).isdigit() or symbol == plain:
             os.symlink(os.path.abspath(symbol), os.path.join(scratch, "model-symbol.json"))
             os.symlink(os.path.abspath(params), os.path.join(scratch, "model-0000.params"))
             symbol, params = os.path.join(scratch, "model-symbol.json"), os.path.join(scratch, "model-0000.params")
@@ -114,16 +115,23 @@ def plain_symbol(prefix, epoch, path):
     with open(f"{prefix}-symbol.json") as f:
         if FUSED_BN_RELU not in f.read():
             return False
-    args = trained_args(prefix, epoch)
-    if not args:
-        raise NotExportable(f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which "
-                            "MXNet's ONNX exporter cannot convert, and no train.py state file beside it names the "
-                            "network to rebuild without it: put the run's <prefix>-NNNN.state.json beside it")
     import dataclasses
     import models
-    recorded = {field.name: args[field.name] for field in dataclasses.fields(models.ModelConfig) if field.name in args}
-    model_cfg = models.ModelConfig(**dict(recorded, fuse_bn_relu=0, drop_path=0.0))
-    net = models.build_network(model_cfg, args["image_shape"][0], args.get("input_layout", "NCHW"), "float32")
+    unknown = (f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which MXNet's ONNX "
+               "exporter cannot convert, and")
+    where = ("the run's latest whole checkpoint (<prefix>-NNNN.params, .states and .state.json)" if tag(epoch) == "best"
+             else f"{prefix}-{tag(epoch)}.state.json, as train.py wrote it")
+    args = trained_args(prefix, epoch)
+    if not args:
+        raise NotExportable(f"{unknown} no train.py state names the network to rebuild without it: keep {where} "
+                            "beside it")
+    try:
+        recorded = {field.name: args[field.name] for field in dataclasses.fields(models.ModelConfig)
+                    if field.name in args}
+        model_cfg = models.ModelConfig(**dict(recorded, fuse_bn_relu=0, drop_path=0.0))
+        net = models.build_network(model_cfg, args["image_shape"][0], args.get("input_layout", "NCHW"), "float32")
+    except (KeyError, TypeError, ValueError) as error:
+        raise NotExportable(f"{unknown} its state does not rebuild the network ({error}): keep {where} beside it")
     net(mx.sym.var("data")).save(path)
     return True
 
