@@ -51,7 +51,7 @@ def test_fuse_bn_relu_reaches_the_training_step():
     ReLU kernels only after its 8 residual additions (forward and backward), not after its 9 other BatchNorms."""
     counts = {}
     for fused in (False, True):
-        command = [sys.executable, BENCH_MODELS, "--breakdown-worker", "float32", "--iters", "1", "--model",
+        command = [sys.executable, BENCH_MODELS, "--breakdown-worker", "float32", "--breakdown-steps", "1", "--model",
                    "resnet18_v1.5", "--batch-size", "2", "--image-size", "32"] + (["--fuse-bn-relu"] if fused else [])
         child = subprocess.run(command, env=bench_models.worker_env(DNNL_VERBOSE="1"), capture_output=True,
                                text=True, timeout=600)

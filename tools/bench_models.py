@@ -158,6 +158,22 @@ def mxnet_training(mx, net, data, label):
     return step
 
 
+def fresh_network(mx, model, dtype, fuse_bn_relu=False):
+    """Our ``model`` as train.py builds it (bfloat16: float32 parameters for AMP, float32 logits), initialised and
+    hybridized."""
+    import models
+    net = models.get_model(model, dtype=dtype, fuse_bn_relu=fuse_bn_relu)
+    net.initialize(mx.init.Xavier())
+    net.hybridize(static_alloc=True, static_shape=True)
+    return net
+
+
+def synthetic_batch(mx, batch_size, image_size):
+    """(images, labels): the same for every MXNet worker, whose random seed is SEED."""
+    data = mx.nd.random.uniform(-1, 1, shape=(batch_size, 3, image_size, image_size))
+    return data, mx.nd.array([i % 1000 for i in range(batch_size)])
+
+
 def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
     """(steps to time, ceilings, why nothing is timed or None, what was built, the first image's logits by dtype).
 
@@ -173,20 +189,15 @@ def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
     import models
     import quantize
     mx.random.seed(SEED)
-    shape = (batch_size, 3, image_size, image_size)
-    data = mx.nd.random.uniform(-1, 1, shape=shape)
-    label = mx.nd.array([i % 1000 for i in range(batch_size)])
+    data, label = synthetic_batch(mx, batch_size, image_size)
+    shape = data.shape
     precision = {"mxnet-float32": "float32", "mxnet-int8": "int8", "mxnet-bfloat16": "bfloat16"}[kind]
-
-    def fresh(fuse_bn_relu=False):  # as train.py builds it: bfloat16 keeps float32 parameters, float32 logits
-        net = models.get_model(model, dtype="bfloat16" if bfloat16 else "float32", fuse_bn_relu=fuse_bn_relu)
-        net.initialize(mx.init.Xavier())
-        net.hybridize(static_alloc=True, static_shape=True)
-        return net
+    network_dtype = "bfloat16" if bfloat16 else "float32"
     steps = {}
     if kind != "mxnet-int8":
-        steps[f"ours {precision} training step"] = mxnet_training(mx, fresh(fuse_bn_relu), data, label)
-    inference_net = fresh()
+        steps[f"ours {precision} training step"] = mxnet_training(
+            mx, fresh_network(mx, model, network_dtype, fuse_bn_relu), data, label)
+    inference_net = fresh_network(mx, model, network_dtype)
     built = {} if kind == "mxnet-int8" else graph_summary(mx, inference_net, shape)
     products = mxnet_matrix_products(mx, precision)
     built["operands"] = [dtype_name(x.dtype) for x in products[precision].operands]
@@ -311,14 +322,9 @@ def breakdown_worker(precision, model, batch_size, image_size, steps, fuse_bn_re
         amp.init(target_dtype="bfloat16")
     sys.path.insert(0, ROOT)
     import mxnet as mx
-    import models
     mx.random.seed(SEED)
-    net = models.get_model(model, dtype=precision, fuse_bn_relu=fuse_bn_relu)
-    net.initialize(mx.init.Xavier())
-    net.hybridize(static_alloc=True, static_shape=True)
-    data = mx.nd.random.uniform(-1, 1, shape=(batch_size, 3, image_size, image_size))
-    label = mx.nd.array([i % 1000 for i in range(batch_size)])
-    step = mxnet_training(mx, net, data, label)
+    step = mxnet_training(mx, fresh_network(mx, model, precision, fuse_bn_relu),
+                          *synthetic_batch(mx, batch_size, image_size))
     for _ in range(2):  # graph building, oneDNN's primitive caches, the optimizer's state
         step()
     print(BREAKDOWN_MARKS[0], flush=True)
@@ -369,9 +375,8 @@ def worker_env(**extra):
 
 def measure_breakdown(python, precision, args):
     """Run the breakdown worker under DNNL_VERBOSE=1: ({oneDNN kind: total ms}, wall ms) of its steps."""
-    command = [python, os.path.abspath(__file__), "--breakdown-worker", precision, "--iters",
-               str(args.breakdown_steps),
-               *network_args(args)]
+    command = [python, os.path.abspath(__file__), "--breakdown-worker", precision,
+               "--breakdown-steps", str(args.breakdown_steps), *network_args(args)]
     env = worker_env(DNNL_VERBOSE="1", ONEDNN_VERBOSE="1")
     child = subprocess.run(command, env=env, capture_output=True, text=True)
     if child.returncode:
@@ -522,8 +527,8 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker, args.model, args.batch_size, args.image_size, args.fuse_bn_relu)
     if args.breakdown_worker:
-        return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size, args.iters,
-                                args.fuse_bn_relu)
+        return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size,
+                                args.breakdown_steps, args.fuse_bn_relu)
     if min(args.batch_size, args.iters, args.rounds, args.image_size, args.breakdown_steps) < 1 or args.warmup < 0:
         parser.error("--batch-size, --image-size, --iters, --rounds and --breakdown-steps must be positive, --warmup "
                      "not negative")

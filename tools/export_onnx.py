@@ -115,7 +115,7 @@ def plain_symbol(prefix, epoch, path):
     with open(f"{prefix}-symbol.json") as f:
         if FUSED_BN_RELU not in f.read():
             return False
-    import dataclasses
+    import cli
     import models
     unknown = (f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which MXNet's ONNX "
                "exporter cannot convert, and")
@@ -126,9 +126,8 @@ def plain_symbol(prefix, epoch, path):
         raise NotExportable(f"{unknown} no train.py state names the network to rebuild without it: keep {where} "
                             "beside it")
     try:
-        recorded = {field.name: args[field.name] for field in dataclasses.fields(models.ModelConfig)
-                    if field.name in args}
-        model_cfg = models.ModelConfig(**dict(recorded, fuse_bn_relu=0, drop_path=0.0))
+        recorded = argparse.Namespace(**dict(cli.config_defaults(models.ModelConfig), **args))
+        model_cfg = cli.config_from(models.ModelConfig, recorded, fuse_bn_relu=0, drop_path=0.0)
         net = models.build_network(model_cfg, args["image_shape"][0], args.get("input_layout", "NCHW"), "float32")
     except (KeyError, TypeError, ValueError) as error:
         raise NotExportable(f"{unknown} its state does not rebuild the network ({error}): keep {where} beside it")
