@@ -120,17 +120,17 @@ def plain_symbol(prefix, epoch, path):
     unknown = (f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which MXNet's ONNX "
                "exporter cannot convert, and")
     where = ("the run's latest whole checkpoint (<prefix>-NNNN.params, .states and .state.json)" if tag(epoch) == "best"
-             else f"{prefix}-{tag(epoch)}.state.json, as train.py wrote it")
+             else f"{prefix}-{tag(epoch)}.state.json")
     args = trained_args(prefix, epoch)
     if not args:
-        raise NotExportable(f"{unknown} no train.py state names the network to rebuild without it: keep {where} "
-                            "beside it")
+        raise NotExportable(f"{unknown} no train.py state names the network to rebuild without it: it is read from "
+                            f"{where}, missing or unreadable here")
     try:
         recorded = argparse.Namespace(**dict(cli.config_defaults(models.ModelConfig), **args))
         model_cfg = cli.config_from(models.ModelConfig, recorded, fuse_bn_relu=0, drop_path=0.0)
         net = models.build_network(model_cfg, args["image_shape"][0], args.get("input_layout", "NCHW"), "float32")
     except (KeyError, TypeError, ValueError) as error:
-        raise NotExportable(f"{unknown} its state does not rebuild the network ({error}): keep {where} beside it")
+        raise NotExportable(f"{unknown} its state ({where}) does not rebuild the network: {error}")
     net(mx.sym.var("data")).save(path)
     return True
 
