@@ -294,8 +294,8 @@ def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=Fal
                  lars_eps=0.0):
     """Multi-precision SGD/NAG/LARS/LAMB; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
     optimizer_params_ = optimizer_params(net, optimizer, wd, momentum, lars_eta, lars_eps)
-    if optimizer == "sgd":  # MXNet's SGD, with a faster update on CPU (optimizers.py)
-        optimizer, optimizer_params_ = optimizers.SGD(**optimizer_params_), None
+    # MXNet's optimizers; SGD, LARS and LAMB with faster updates on CPU (optimizers.py)
+    optimizer, optimizer_params_ = optimizers.create(optimizer, **optimizer_params_), None
     params = net.collect_params()
     if kvstore == "horovod":
         hvd = dist.hvd

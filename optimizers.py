@@ -1,4 +1,4 @@
-"""MXNet's SGD with its CPU update made memory-bound: one weight per `sgd_mom_update` instead of the grouped kernel.
+"""MXNet's SGD, LARS and LAMB with their CPU updates made memory-bound: per-weight kernels and BLAS norms.
 
 MXNet 1.9.1's SGD updates dense weights only through `multi_sgd_mom_update` (groups of
 MXNET_OPTIMIZER_AGGREGATION_SIZE, 4 by default), even with groups of one. Its CPU kernel reaches every element
@@ -9,6 +9,7 @@ in groups of 1, against 29 ms with `sgd_mom_update` per weight: near the 27 ms t
 kernel saves launches: MXNet's path is kept there.
 """
 import mxnet as mx
+import numpy as np
 
 
 class SGD(mx.optimizer.SGD):
@@ -18,8 +19,7 @@ class SGD(mx.optimizer.SGD):
     def _update_impl(self, indices, weights, grads, states, multi_precision=False):
         if not isinstance(indices, (tuple, list)):
             return self._update_impl([indices], [weights], [grads], [states], multi_precision)
-        if multi_precision or any(w.context.device_type != "cpu" or w.stype != "default" or g.stype != "default"
-                                  for w, g in zip(weights, grads)):
+        if multi_precision or not cpu_dense(weights, grads):
             return super()._update_impl(indices, weights, grads, states, multi_precision)
         self._update_count(indices)
         kwargs = {"rescale_grad": self.rescale_grad}
@@ -35,9 +35,108 @@ class SGD(mx.optimizer.SGD):
         return None
 
 
+def cpu_dense(weights, grads):
+    """Whether these weights take our path: dense float32 weights and gradients in host memory."""
+    return all(w.context.device_type == "cpu" and w.dtype == np.float32 and w.stype == "default"
+               and g.stype == "default" for w, g in zip(weights, grads))
+
+
+def sum_of_squares(array):
+    """The sum of the squares of ``array``'s elements, a (1,) NDArray: one BLAS dot product (see the module's doc)."""
+    flat = array.reshape((-1,))
+    return mx.nd.dot(flat, flat)
+
+
+def _as_lists(*items):
+    return items if isinstance(items[0], (tuple, list)) else tuple([item] for item in items)
+
+
+class LARS(mx.optimizer.LARS):
+    """MXNet's LARS (its grouped path's arithmetic: `multi_lars` turns each weight's LR into
+    lr x eta x |w| / (|g| x rescale + wd x |w| + eps), BatchNorm gamma/beta and biases keep theirs), with the norms
+    taken by BLAS and float32 weights on CPU then updated one at a time by `sgd_mom_update` (as optimizers.SGD).
+    The scaled LRs come back to Python once per call, and the Trainer makes one call per step (``aggregate_num``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.aggregate_num = 1 << 16  # every weight in one call: one wait for the norms per step, not one per group
+
+    @staticmethod
+    def keeps_its_lr(name):
+        return name.endswith(("gamma", "beta", "bias"))  # as MXNet's LARS decides
+
+    def _update_impl(self, indices, weights, grads, states, multi_precision=False):
+        indices, weights, grads, states = _as_lists(indices, weights, grads, states)
+        if multi_precision or not cpu_dense(weights, grads):
+            return super()._update_impl(indices, weights, grads, states, multi_precision)
+        self._update_count(indices)
+        lrs, wds = self._get_lrs(indices), self._get_wds(indices)
+        kwargs = {"rescale_grad": self.rescale_grad}
+        if self.momentum > 0:
+            kwargs["momentum"] = (self.momentum * (self.cur_lr / self.last_lr)
+                                  if self.momentum_correction and self.last_lr != 0 else self.momentum)
+        if self.clip_gradient:
+            kwargs["clip_gradient"] = self.clip_gradient
+        scaled = [k for k, index in enumerate(indices) if not self.keeps_its_lr(self.idx2name.get(index, str(index)))]
+        if scaled:
+            cpu = weights[0].context
+            new_lrs = mx.nd.multi_lars(
+                mx.nd.array([lrs[k] for k in scaled], ctx=cpu, dtype="float32"),
+                mx.nd.concat(*[sum_of_squares(weights[k]) for k in scaled], dim=0),
+                mx.nd.concat(*[sum_of_squares(grads[k]) for k in scaled], dim=0),
+                mx.nd.array([wds[k] for k in scaled], ctx=cpu, dtype="float32"),
+                eta=self.eta, eps=self.eps, rescale_grad=self.rescale_grad)
+            for k, lr in zip(scaled, new_lrs.asnumpy().tolist()):
+                lrs[k] = lr
+        for weight, grad, momentum, lr, wd in zip(weights, grads, states, lrs, wds):
+            if momentum is None:
+                mx.nd.sgd_update(weight, grad, out=weight, lr=lr, wd=wd, **kwargs)
+            else:
+                mx.nd.sgd_mom_update(weight, grad, momentum, out=weight, lr=lr, wd=wd, **kwargs)
+        return None
+
+
+class LAMB(mx.optimizer.LAMB):
+    """MXNet's LAMB (its per-weight path: `lamb_update_phase1`, the norms of the weight and of the update, then
+    `lamb_update_phase2`), with the norms taken by BLAS for float32 weights on CPU."""
+
+    def _update_impl(self, index, weight, grad, state, multi_precision=False):
+        indices, weights, grads, states = _as_lists(index, weight, grad, state)
+        if multi_precision or not cpu_dense(weights, grads):
+            return super()._update_impl(index, weight, grad, state, multi_precision)
+        bounds = {}
+        if self.lower_bound:
+            bounds["lower_bound"] = self.lower_bound
+        if self.upper_bound:
+            bounds["upper_bound"] = self.upper_bound
+        for index, weight, grad, (mean, var) in zip(indices, weights, grads, states):
+            self._update_count(index)
+            kwargs = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon, "rescale_grad": self.rescale_grad,
+                      "bias_correction": self.bias_correction, "t": self._index_update_count[index]}
+            if self.clip_gradient:
+                kwargs["clip_gradient"] = self.clip_gradient
+            update = mx.nd.lamb_update_phase1(weight, grad, mean, var, wd=self._get_wd(index), **kwargs)
+            mx.nd.lamb_update_phase2(weight, update, mx.nd.sqrt(sum_of_squares(weight)),
+                                     mx.nd.sqrt(sum_of_squares(update)), lr=self._get_lr(index), out=weight, **bounds)
+        return None
+
+
+OURS = {mx.optimizer.SGD: SGD, mx.optimizer.LARS: LARS, mx.optimizer.LAMB: LAMB}
+BY_NAME = {"sgd": SGD, "lars": LARS, "lamb": LAMB}  # MXNet's registered names
+
+
+def create(name, **params):
+    """The optimizer ``name`` (MXNet's registered name) with ``params``: ours for SGD, LARS and LAMB, else MXNet's."""
+    return BY_NAME[name](**params) if name in BY_NAME else mx.optimizer.create(name, **params)
+
+
 def load_states(trainer, path):
-    """``trainer.load_states(path)``, keeping our SGD: MXNet's replaces the trainer's optimizer with the one pickled
-    in the file, and checkpoints written before this module hold MXNet's SGD (same state: momentum per weight)."""
+    """``trainer.load_states(path)``, keeping our optimizer: MXNet's replaces the trainer's optimizer with the one
+    pickled in the file, and checkpoints written before this module hold MXNet's SGD, LARS or LAMB (the same states:
+    momentum, or LAMB's two moments, per weight)."""
     trainer.load_states(path)
-    if type(trainer._optimizer) is mx.optimizer.SGD:  # one object, shared by the updaters of every context
-        trainer._optimizer.__class__ = SGD
+    ours = OURS.get(type(trainer._optimizer))
+    if ours:  # one object, shared by the updaters of every context
+        trainer._optimizer.__class__ = ours
+        if ours is LARS:
+            trainer._optimizer.aggregate_num = 1 << 16

@@ -1,5 +1,6 @@
-"""optimizers.SGD: MXNet's SGD, updated one weight at a time on CPU. Checked against a NumPy re-computation of
-MXNet's momentum SGD and against MXNet's own (grouped) SGD, through a Gluon Trainer as fit.py drives it."""
+"""optimizers.SGD, LARS and LAMB: MXNet's, updated one weight at a time on CPU with BLAS norms. Checked against
+NumPy re-computations of MXNet's formulas and against MXNet's own optimizers, through a Gluon Trainer as fit.py
+drives them."""
 import mxnet as mx
 import numpy as np
 import pytest
@@ -9,15 +10,17 @@ import optimizers
 
 SHAPES = {"conv_weight": (8, 4, 3, 3), "bn_gamma": (8,), "bn_beta": (8,), "fc_weight": (10, 72), "fc_bias": (10,)}
 LR, MOMENTUM, WD, BATCH = 0.1, 0.875, 3e-4, 4
+ETA, EPS = 0.02, 1e-7  # LARS's
 
 
-def make_params(seed, dtype="float32"):
+def make_params(seed, dtype="float32", zero=()):
     rng = np.random.default_rng(seed)
     params = gluon.ParameterDict()
     for name, shape in SHAPES.items():
         param = params.get(name, shape=shape, dtype=dtype)
         param.initialize(mx.init.Constant(0))
-        param.set_data(mx.nd.array(rng.normal(size=shape), dtype=dtype))
+        if name not in zero:  # (a zero weight: LARS and LAMB keep the LR as it is)
+            param.set_data(mx.nd.array(rng.normal(size=shape), dtype=dtype))
         if name.endswith(("gamma", "beta", "bias")):  # as fit.set_wd_groups does
             param.wd_mult = 0.0
         param.lr_mult = 0.5 if name == "fc_weight" else 1.0  # as a fine-tuned head's
@@ -50,13 +53,18 @@ def run(optimizer, params, gradients, clip=None, momentum=MOMENTUM):
     return {name: params[name].data().astype("float64").asnumpy() for name in SHAPES}, trainer
 
 
-def numpy_sgd(params, gradients, clip=None, momentum=MOMENTUM):
-    """MXNet's momentum SGD in float64: mom = m * mom - lr * wd * w - lr * clip(grad / batch); w += mom."""
+def numpy_sgd(params, gradients, clip=None, momentum=MOMENTUM, lars_eta=None):
+    """MXNet's momentum SGD in float64: mom = m * mom - lr * wd * w - lr * clip(grad / batch); w += mom.
+    With ``lars_eta``, MXNet's LARS (multi_lars, then this): weights other than gamma, beta and bias step with
+    lr x eta x |w| / (|g| / BATCH + wd x |w| + eps), where both norms are non-zero."""
     weights = {name: params[name].data().asnumpy().astype(np.float64) for name in SHAPES}
     moms = {name: np.zeros(shape) for name, shape in SHAPES.items()}
     for step in gradients:
         for name, grad in step.items():
             lr, wd = LR * params[name].lr_mult, WD * params[name].wd_mult
+            w_norm, g_norm = np.linalg.norm(weights[name]), np.linalg.norm(grad) / BATCH
+            if lars_eta and not name.endswith(("gamma", "beta", "bias")) and w_norm > 0 and g_norm > 0:
+                lr = lr * lars_eta * w_norm / (g_norm + wd * w_norm + EPS)
             g = grad / BATCH
             if clip:
                 g = np.clip(g, -clip, clip)
@@ -77,18 +85,21 @@ def test_matches_numpy_and_mxnets_sgd(clip, momentum):
     assert not np.allclose(ours["conv_weight"], make_params(0)["conv_weight"].data().asnumpy())  # it moved
 
 
-def operators_run(optimizer, folder):
+def operators_run(optimizer, folder, name="sgd"):
     """The names of the operators MXNet ran for four Trainer steps with ``optimizer`` (its profiler's counts)."""
     params, gradients = make_params(1), gradient_steps(1, 4)
     mx.profiler.set_config(profile_imperative=True, aggregate_stats=True, filename=str(folder / "profile.json"))
     mx.profiler.set_state("run")
     try:
-        run(optimizer, params, gradients)
+        if name == "sgd":
+            run(optimizer, params, gradients)
+        else:
+            run_named(optimizer, name, params, gradients)
         mx.nd.waitall()
     finally:
         mx.profiler.set_state("stop")
     table = mx.profiler.dumps(reset=True)
-    return {line.split()[0] for line in table.splitlines() if line.strip() and "update" in line.split()[0]}
+    return {line.split()[0] for line in table.splitlines() if line.strip() and line.split()[0].islower()}
 
 
 def test_cpu_updates_one_weight_at_a_time(tmp_path):
@@ -96,6 +107,95 @@ def test_cpu_updates_one_weight_at_a_time(tmp_path):
     assert "multi_sgd_mom_update" in operators_run("sgd", tmp_path)
     ours = operators_run(optimizers.SGD, tmp_path)
     assert "sgd_mom_update" in ours and "multi_sgd_mom_update" not in ours
+
+
+# LARS and LAMB, with fit.optimizer_params' settings (LARS reads which weights keep their LR from the names)
+
+
+def named_kwargs(name, params, clip=None):
+    kwargs = dict(learning_rate=LR, wd=WD, multi_precision=True, rescale_grad=1.0 / BATCH)
+    if name == "lars":
+        kwargs.update(momentum=MOMENTUM, eta=ETA, eps=EPS, momentum_correction=False,
+                      param_idx2name=dict(enumerate(sorted(params.keys()))))
+    if clip:
+        kwargs["clip_gradient"] = clip
+    return kwargs
+
+
+def run_named(optimizer, name, params, gradients, clip=None):
+    """A Trainer with ``optimizer`` (a class of ours, or ``name`` for MXNet's) over ``gradients``; the final weights."""
+    kwargs = named_kwargs(name, params, clip)
+    trainer = gluon.Trainer(params, optimizer(**kwargs) if callable(optimizer) else name,
+                            None if callable(optimizer) else kwargs)
+    for step in gradients:
+        backward(params, step)
+        trainer.step(1)  # rescale_grad is the optimizer's 1 / BATCH (the Trainer's own would override it)
+    return {name: params[name].data().astype("float64").asnumpy() for name in SHAPES}, trainer
+
+
+def numpy_lars(params, gradients, clip=None):
+    return numpy_sgd(params, gradients, clip, lars_eta=ETA)
+
+
+def numpy_lamb(params, gradients, clip=None, beta1=0.9, beta2=0.999, eps=1e-6):
+    """MXNet's LAMB in float64: Adam's bias-corrected step plus wd x w, scaled by |w| / |step| where both are
+    non-zero."""
+    weights = {name: params[name].data().asnumpy().astype(np.float64) for name in SHAPES}
+    means = {name: np.zeros(shape) for name, shape in SHAPES.items()}
+    variances = {name: np.zeros(shape) for name, shape in SHAPES.items()}
+    for t, step in enumerate(gradients, 1):
+        for name, grad in step.items():
+            lr, wd = LR * params[name].lr_mult, WD * params[name].wd_mult
+            g = grad / BATCH
+            if clip:
+                g = np.clip(g, -clip, clip)
+            means[name] = beta1 * means[name] + (1 - beta1) * g
+            variances[name] = beta2 * variances[name] + (1 - beta2) * g * g
+            mean_hat, var_hat = means[name] / (1 - beta1 ** t), variances[name] / (1 - beta2 ** t)
+            update = mean_hat / (np.sqrt(var_hat) + eps) + wd * weights[name]
+            r1, r2 = np.linalg.norm(weights[name]), np.linalg.norm(update)
+            ratio = r1 / r2 if r1 > 0 and r2 > 0 else 1.0
+            weights[name] = weights[name] - lr * ratio * update
+    return weights
+
+
+NAMED = {"lars": (optimizers.LARS, numpy_lars), "lamb": (optimizers.LAMB, numpy_lamb)}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_lars_and_lamb_match_numpy_and_mxnets(name, clip):
+    ours_class, reference = NAMED[name]
+    gradients = gradient_steps(4, 4)
+    zero = ("fc_bias", "fc_weight")  # a zero weight keeps the plain LR (LARS and LAMB alike)
+    ours, _ = run_named(ours_class, name, make_params(4, zero=zero), gradients, clip)
+    expected = reference(make_params(4, zero=zero), gradients, clip)
+    mxnets, _ = run_named(None, name, make_params(4, zero=zero), gradients, clip)
+    for param in SHAPES:
+        np.testing.assert_allclose(ours[param], expected[param], rtol=1e-5, atol=1e-6, err_msg=param)
+        np.testing.assert_allclose(ours[param], mxnets[param], rtol=1e-5, atol=1e-6, err_msg=param)
+    for param in SHAPES:
+        assert not np.allclose(ours[param], make_params(4, zero=zero)[param].data().asnumpy()), param  # it moved
+
+
+def test_lars_and_lamb_take_norms_by_blas_and_update_per_weight(tmp_path):
+    """The reason for the classes: MXNet's LARS takes its norms with multi_sum_sq and updates in groups, its LAMB
+    takes norms with `norm` or updates in groups of 45 (multi_lamb_update): scalar loops on CPU. Ours: dot products,
+    and the per-weight kernels."""
+    mxnets_lars, ours_lars = operators_run("lars", tmp_path, "lars"), operators_run(optimizers.LARS, tmp_path, "lars")
+    assert {"multi_sum_sq", "preloaded_multi_sgd_mom_update"} <= mxnets_lars
+    assert "dot" in ours_lars and "sgd_mom_update" in ours_lars
+    assert not ours_lars & {"multi_sum_sq", "preloaded_multi_sgd_mom_update", "norm"}
+    mxnets_lamb, ours_lamb = operators_run("lamb", tmp_path, "lamb"), operators_run(optimizers.LAMB, tmp_path, "lamb")
+    assert "_multi_lamb_update" in mxnets_lamb
+    assert {"dot", "lamb_update_phase1", "lamb_update_phase2"} <= ours_lamb
+    assert not ours_lamb & {"_multi_lamb_update", "norm"}
+
+
+def test_create_gives_ours_where_we_have_one():
+    for name, ours in [("sgd", optimizers.SGD), ("lars", optimizers.LARS), ("lamb", optimizers.LAMB)]:
+        assert type(optimizers.create(name, learning_rate=0.1)) is ours
+    assert type(optimizers.create("nag", learning_rate=0.1, momentum=0.9)) is mx.optimizer.NAG
 
 
 def test_float16_master_weights_take_mxnets_path():
@@ -130,3 +230,27 @@ def test_states_saved_and_loaded_continue_exactly(tmp_path):
         for name in SHAPES:
             np.testing.assert_allclose(resumed_params[name].data().asnumpy(), straight[name], rtol=1e-6,
                                        atol=1e-7, err_msg=f"{first}: {name}")
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_lars_and_lamb_states_load_into_ours_and_continue(name, tmp_path):
+    """Checkpoints of MXNet's LARS/LAMB (written before these classes) and of ours resume into ours exactly."""
+    ours_class = NAMED[name][0]
+    gradients = gradient_steps(5, 6)
+    straight, _ = run_named(ours_class, name, make_params(5), gradients)
+    for first in (ours_class, None):
+        params = make_params(5)
+        _, trainer = run_named(first, name, params, gradients[:3])
+        trainer.save_states(str(tmp_path / "states"))
+        resumed_params = make_params(5)
+        for param in SHAPES:
+            resumed_params[param].set_data(params[param].data())
+        resumed = gluon.Trainer(resumed_params, ours_class(**named_kwargs(name, resumed_params)))
+        optimizers.load_states(resumed, str(tmp_path / "states"))
+        assert type(resumed._optimizer) is ours_class
+        for step in gradients[3:]:
+            backward(resumed_params, step)
+            resumed.step(1)
+        for param in SHAPES:
+            np.testing.assert_allclose(resumed_params[param].data().asnumpy(), straight[param], rtol=1e-6,
+                                       atol=1e-7, err_msg=f"{first}: {param}")
