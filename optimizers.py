@@ -59,7 +59,7 @@ class LARS(mx.optimizer.LARS):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.aggregate_num = 1 << 16  # every weight in one call: one wait for the norms per step, not one per group
+        take_whole_steps(self)
 
     @staticmethod
     def keeps_its_lr(name):
@@ -67,8 +67,14 @@ class LARS(mx.optimizer.LARS):
 
     def _update_impl(self, indices, weights, grads, states, multi_precision=False):
         indices, weights, grads, states = _as_lists(indices, weights, grads, states)
-        if multi_precision or not cpu_dense(weights, grads):
-            return super()._update_impl(indices, weights, grads, states, multi_precision)
+        if multi_precision or self.momentum_correction or not cpu_dense(weights, grads):
+            # MXNet's path in MXNet's groups: its kernels hold at most 60 weights, and its momentum correction
+            # changes from one group to the next
+            for start in range(0, len(indices), self.group_size):
+                end = start + self.group_size
+                super()._update_impl(indices[start:end], weights[start:end], grads[start:end], states[start:end],
+                                     multi_precision)
+            return None
         self._update_count(indices)
         lrs, wds = self._get_lrs(indices), self._get_wds(indices)
         kwargs = {"rescale_grad": self.rescale_grad}
@@ -94,6 +100,18 @@ class LARS(mx.optimizer.LARS):
             else:
                 mx.nd.sgd_mom_update(weight, grad, momentum, out=weight, lr=lr, wd=wd, **kwargs)
         return None
+
+
+def take_whole_steps(lars):
+    """Every weight of a step in one call (the Trainer's Updater groups by ``aggregate_num``): one wait for the scaled
+    LRs per step, not one per group. ``group_size`` keeps MXNet's group (MXNET_OPTIMIZER_AGGREGATION_SIZE, 4) for
+    MXNet's path."""
+    if lars.aggregate_num != WHOLE_STEP:
+        lars.group_size = max(1, lars.aggregate_num)
+    lars.aggregate_num = WHOLE_STEP
+
+
+WHOLE_STEP = 1 << 16
 
 
 class LAMB(mx.optimizer.LAMB):
@@ -139,4 +157,4 @@ def load_states(trainer, path):
     if ours:  # one object, shared by the updaters of every context
         trainer._optimizer.__class__ = ours
         if ours is LARS:
-            trainer._optimizer.aggregate_num = 1 << 16
+            take_whole_steps(trainer._optimizer)

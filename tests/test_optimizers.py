@@ -254,3 +254,31 @@ def test_lars_and_lamb_states_load_into_ours_and_continue(name, tmp_path):
         for param in SHAPES:
             np.testing.assert_allclose(resumed_params[param].data().asnumpy(), straight[param], rtol=1e-6,
                                        atol=1e-7, err_msg=f"{first}: {param}")
+
+
+@pytest.mark.parametrize("dtype, correction", [("float16", False), ("float32", True)])
+def test_lars_takes_mxnets_path_in_mxnets_groups(dtype, correction):
+    """float16 master weights (a GPU's) and momentum correction take MXNet's LARS path, and in MXNet's groups: a step
+    of ours is one call of every weight, and MXNet's grouped kernels hold at most 60 (more is memory corruption)."""
+    names = [f"block{i:02d}_conv_weight" for i in range(70)] + ["bn_gamma", "fc_bias"]
+    results = []
+    for optimizer in (optimizers.LARS, None):
+        params = gluon.ParameterDict()
+        for name in names:
+            params.get(name, shape=(3, 2), dtype=dtype).initialize(mx.init.Constant(0.5))
+        kwargs = dict(learning_rate=LR, wd=WD, multi_precision=True, rescale_grad=1.0 / BATCH, momentum=MOMENTUM,
+                      eta=ETA, eps=EPS, momentum_correction=correction,
+                      param_idx2name=dict(enumerate(sorted(params.keys()))))
+        trainer = gluon.Trainer(params, optimizer(**kwargs) if optimizer else "lars", None if optimizer else kwargs)
+        step_rng = np.random.default_rng(7)
+        for step in range(3):
+            trainer.set_learning_rate(LR * (step + 1))  # a rising LR: the momentum correction has work to do
+            with autograd.record():
+                loss = mx.nd.add_n(*[(params[name].data() * mx.nd.array(step_rng.normal(size=(3, 2)), dtype=dtype))
+                                     .sum() for name in names])
+            loss.backward()
+            trainer.step(1)
+        results.append({name: params[name].data().asnumpy() for name in names})
+    for name in names:
+        np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)
+    assert not np.allclose(results[0][names[0]], 0.5)
