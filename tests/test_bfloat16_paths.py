@@ -154,6 +154,10 @@ def test_bench_models_bfloat16_worker_builds_everything_and_times_where_the_cpu_
     for key in ("ours float32 training step", "ours float32 inference", "ours int8 inference"):
         assert rates[key]["median"] > 0, key
     assert report["ceilings"]["mxnet-float32"]["float32"] > 0 and report["ceilings"]["mxnet-int8"]["int8"] > 0
+    for kind, ceilings in report["ceilings"].items():  # measured at the start and again in the round; the best kept
+        for precision, best in ceilings.items():
+            measures = report["ceiling_samples"][kind][precision]
+            assert len(measures) == 2 and best == max(measures), (kind, precision, measures)
     built = report["built"]
     assert built["mxnet-float32"]["bfloat16 convolutions"] == 0
     assert built["mxnet-bfloat16"]["bfloat16 convolutions"] == built["mxnet-bfloat16"]["convolutions"] == \

@@ -6,8 +6,9 @@ INT8 inference (quantize.py's oneDNN graph, naive calibration). PyTorch: the sam
 float32 and torch.autocast("cpu", dtype=torch.bfloat16), training step and inference. Every variant runs in
 interleaved rounds (one batch group of each in turn, again and again), so load from other processes hits them
 alike; the median of the rounds is kept and the ratios ours/PyTorch are printed. Each worker also measures the
-practical ceiling of its precision (a large matrix product through the same library), and every figure is given
-as a fraction of the best of them (ResNet-50 at 224 px: 8.2 GFLOP per image forward, 24.5 per training image).
+practical ceiling of its precision (a large matrix product through the same library), at the start and again in
+every round, and every figure is given as a fraction of the best of them (ResNet-50 at 224 px: 8.2 GFLOP per
+image forward, 24.5 per training image).
 
 The bfloat16 worker builds on any CPU (AMP, its graph, the operands cast to bfloat16; the `built:` lines say what
 each worker computes in); only oneDNN's bfloat16 kernels need AVX-512: without them it is reported as not
@@ -122,8 +123,8 @@ def mxnet_matrix_products(mx, dtype, size=CEILING_SIZE):
 
 
 def mxnet_ceilings(products, size=CEILING_SIZE):
-    """GFLOP/s (GOP/s) of each of ``mxnet_matrix_products``."""
-    return {precision: matmul_rate(lambda product=product: product().wait_to_read(), size)
+    """{precision: a function measuring the GFLOP/s (GOP/s) of that one of ``mxnet_matrix_products``}."""
+    return {precision: lambda product=product: matmul_rate(lambda: product().wait_to_read(), size)
             for precision, product in products.items()}
 
 
@@ -175,7 +176,8 @@ def synthetic_batch(mx, batch_size, image_size):
 
 
 def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
-    """(steps to time, ceilings, why nothing is timed or None, what was built, the first image's logits by dtype).
+    """(steps to time, ceiling meters (mxnet_ceilings), why nothing is timed or None, what was built, the first
+    image's logits by dtype).
 
     A bfloat16 worker builds everything on any CPU: AMP (amp.init), the networks and their AMP graphs
     (graph_summary), the matrix product's operands cast to bfloat16. Only what runs oneDNN's bfloat16 kernels (a
@@ -294,21 +296,26 @@ def torch_steps(batch_size, image_size):
     ceilings = {}
     for precision, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))[:len(precisions)]:
         a, b = torch.rand(size, size, dtype=dtype), torch.rand(size, size, dtype=dtype)
-        ceilings[precision] = matmul_rate(lambda: torch.mm(a, b), size)
+        ceilings[precision] = lambda a=a, b=b: matmul_rate(lambda: torch.mm(a, b), size)
     return steps, ceilings, torch.__version__, bfloat16_missing() and f"PyTorch {bfloat16_missing()}"
 
 
 def worker(kind, model, batch_size, image_size, fuse_bn_relu=False):
-    """Build the steps, say which, then time the one asked for on each stdin line ('KEY\\titers\\twarmup')."""
+    """Build the steps, say which (with a first measure of each ceiling), then on each stdin line time the step
+    asked for ('KEY\\titers\\twarmup': images/s) or measure a ceiling again ('ceiling\\tPRECISION': GFLOP/s)."""
     version = unavailable = built = logits = None
     if kind == "torch":
         steps, ceilings, version, unavailable = torch_steps(batch_size, image_size)
     else:
         steps, ceilings, unavailable, built, logits = mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu)
-    print(json.dumps({"steps": list(steps), "ceilings": ceilings, "version": version, "unavailable": unavailable,
-                      "built": built, "logits": logits}), flush=True)
+    print(json.dumps({"steps": list(steps), "ceilings": {p: measure() for p, measure in ceilings.items()},
+                      "version": version, "unavailable": unavailable, "built": built, "logits": logits}), flush=True)
     for line in sys.stdin:
-        key, iters, warmup = line.rstrip("\n").split("\t")
+        fields = line.rstrip("\n").split("\t")
+        if fields[0] == "ceiling":
+            print(json.dumps({"rate": ceilings[fields[1]]()}), flush=True)
+            continue
+        key, iters, warmup = fields
         print(json.dumps({"ips": timed(steps[key], batch_size, int(iters), int(warmup))}), flush=True)
 
 
@@ -427,13 +434,25 @@ class Worker:
         if not hello:
             raise SystemExit(f"bench_models: error: the {kind} worker ({python}) failed to start; see above")
         hello = json.loads(hello)
-        self.steps, self.ceilings, self.version = hello["steps"], hello["ceilings"], hello["version"]
+        self.steps, self.version = hello["steps"], hello["version"]
+        self.ceiling_samples = {precision: [rate] for precision, rate in hello["ceilings"].items()}
         self.unavailable, self.built, self.logits = hello["unavailable"], hello["built"], hello["logits"]
 
     def time(self, key, iters, warmup):
         self.process.stdin.write(f"{key}\t{iters}\t{warmup}\n")
         self.process.stdin.flush()
         return json.loads(self.process.stdout.readline())["ips"]
+
+    def measure_ceiling(self, precision):
+        self.process.stdin.write(f"ceiling\t{precision}\n")
+        self.process.stdin.flush()
+        self.ceiling_samples[precision].append(json.loads(self.process.stdout.readline())["rate"])
+
+    @property
+    def ceilings(self):
+        """The best of this worker's measures of each ceiling: what the machine can do, where load from other
+        processes only ever slows a measure down (one measure on a busy moment put steps above 100 %)."""
+        return {precision: max(rates) for precision, rates in self.ceiling_samples.items()}
 
     def close(self):
         self.process.stdin.close()
@@ -545,6 +564,8 @@ def main(argv=None):
             for w in workers:
                 for key in w.steps:
                     samples.setdefault((w, key), []).append(w.time(key, args.iters, args.warmup))
+                for precision in w.ceiling_samples:
+                    w.measure_ceiling(precision)
             print(f"bench_models: round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for w in workers:
@@ -574,7 +595,9 @@ def main(argv=None):
             print(f"built: {w.kind:<15} {describe_built(w.built)}")
         for precision, rate in w.ceilings.items():
             unit = "GOP/s" if precision == "int8" else "GFLOP/s"
-            print(f"ceiling: {w.kind:<15} {precision:<9} matrix product {rate:8.1f} {unit}")
+            rates = w.ceiling_samples[precision]
+            print(f"ceiling: {w.kind:<15} {precision:<9} matrix product {rate:8.1f} {unit} (best of {len(rates)}; "
+                  f"least {min(rates):.1f})")
     difference = logits_difference(workers)
     if difference is not None:
         print(f"check: bfloat16 logits vs float32 (same weights and image): largest difference "
@@ -596,7 +619,8 @@ def main(argv=None):
                "fuse_bn_relu": args.fuse_bn_relu,
                "rounds": args.rounds, "iters": args.iters, "breakdown_steps": args.breakdown_steps,
                "torch": torch_version, "images_per_s": results,
-               "ceilings": {w.kind: w.ceilings for w in workers}, "ratios": ratio, "cmd": sys.argv,
+               "ceilings": {w.kind: w.ceilings for w in workers},
+               "ceiling_samples": {w.kind: w.ceiling_samples for w in workers}, "ratios": ratio, "cmd": sys.argv,
                "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
                "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference,
                "breakdown": breakdowns}
