@@ -140,8 +140,8 @@ class LAMB(mx.optimizer.LAMB):
         return None
 
 
-OURS = {mx.optimizer.SGD: SGD, mx.optimizer.LARS: LARS, mx.optimizer.LAMB: LAMB}
 BY_NAME = {"sgd": SGD, "lars": LARS, "lamb": LAMB}  # MXNet's registered names
+OURS = {ours.__base__: ours for ours in BY_NAME.values()}  # MXNet's class -> ours
 
 
 def create(name, **params):
