@@ -39,3 +39,35 @@ def test_validation_sees_every_sample_exactly_once_over_two_ranks(unique_label_r
 def test_shard_size_matches_reader_split():
     assert sum(data.shard_size(53, s, 2) for s in range(2)) == 53
     assert [data.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
+
+
+def test_cpu_batches_are_shared_not_copied_and_outlive_later_batches(unique_label_rec):
+    """A dali-cpu batch for mx.cpu() is DALI's own output memory (no copy on the step's thread): the same pixels as
+    the copied path's (another CPU context copies), still intact 20 batches later, and freed by MXNet's engine when
+    the last operation reading it ends, not while one is still pending."""
+    import numpy as np
+    rec, idx, _ = unique_label_rec
+
+    def batches(ctx):
+        pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(3, 16, 16),
+                                 mean=[0, 0, 0], std=[1, 1, 1], resize_shorter=16, batch_size=4, num_threads=1,
+                                 device_id=None, seed=1)
+        pipe.build()
+        return dali.DaliBatches(pipe, ctx)
+    shared, copied = batches(mx.cpu()), batches(mx.cpu(1))
+    assert shared.share and not copied.share
+    kept, pending = [], []
+    for step in range(24):
+        (images, labels), (ref_images, ref_labels) = shared.next(), copied.next()
+        assert images.context == mx.cpu() and ref_images.context == mx.cpu(1)
+        np.testing.assert_array_equal(images.asnumpy(), ref_images.asnumpy())
+        np.testing.assert_array_equal(labels.asnumpy(), ref_labels.asnumpy())
+        if step < 4:
+            kept.append((images, images.asnumpy().copy()))
+        # an operation still queued when our last reference goes: MXNet's engine frees DALI's memory after it
+        pending.append((mx.nd.sum(images * 2), float(ref_images.asnumpy().sum()) * 2))
+        del images, labels
+    for images, copy in kept:
+        np.testing.assert_array_equal(images.asnumpy(), copy)  # not overwritten by the 20 batches since
+    for total, expected in pending:
+        assert abs(total.asscalar() - expected) <= 1e-4 * max(1.0, abs(expected))
