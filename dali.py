@@ -246,18 +246,21 @@ class DaliBatches:
     A CPU pipeline's batch for ``mx.cpu()`` is taken as it is, without a copy: an NDArray on DALI's own output
     memory (DLPack), which DALI's dynamic executor keeps valid for as long as the NDArray lives, as DALI's PyTorch
     plugin takes its outputs (DALI 1.44's zero-copy outputs). A copy of a 224 px float32 batch cost 0.08 ms an
-    image on the step's thread. Otherwise batches are copied into ``buffers`` sets of NDArrays used in turn, as
+    image on the step's thread. Such a batch holds DALI's memory until MXNet is done with it, so a consumer bounds
+    how far it runs ahead: the kit's loops read a result of every step (the loss, the top-k counts), and test_io
+    waits for each batch. Otherwise batches are copied into ``buffers`` sets of NDArrays used in turn, as
     DALI's old plugin and MXNet's own iterators do (a fresh 40 MB array per batch costs a third of the CPU
     pipeline's speed in page faults): a batch stays valid until ``buffers`` more are drawn; copy it to keep it
     longer. A CPU pipeline's batch for a GPU goes through pinned host buffers (``staging_context``), then to the GPU.
     """
 
-    def __init__(self, pipeline, ctx, buffers=2):
+    def __init__(self, pipeline, ctx, buffers=2, share=True):
         self.pipeline = pipeline
         self.batch_size = pipeline.max_batch_size
         self.ctx = ctx
         # DLPack's CPU arrays come to MXNet as cpu(0); another CPU context (--cpu-contexts) takes the copy.
-        self.share = pipeline.exec_dynamic and ctx == mx.cpu(0)
+        # share=False: always copy (bench_io.py --handover times both).
+        self.share = share and pipeline.exec_dynamic and ctx == mx.cpu(0)
         self._slots = [[None, None] for _ in range(max(1, buffers))]  # the arrays copy_to_external writes
         self._device = [[None, None] for _ in range(max(1, buffers))]  # their copies on ctx, when staged
         self._next_slot = 0

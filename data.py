@@ -605,7 +605,8 @@ def shard_size(total, shard_id, num_shards):
 class DaliIterator(BatchIterator):
     """A DALI pipeline's batches (dali.DaliBatches) for ``size`` samples per epoch: the last batch of an epoch
     keeps its full shape (static shapes for hybridized nets), its ``pad`` says how many trailing samples are
-    padding. A batch stays valid until two more are drawn. A pipeline failure names its record
+    padding. A batch stays valid until two more are drawn (a dali-cpu batch for the CPU, for as long as it is
+    referenced: see dali.DaliBatches). A pipeline failure names its record
     (``failing_record``: finds (RecordFile, record number) or None)."""
 
     def __init__(self, batches, size, failing_record=None):

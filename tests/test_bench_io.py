@@ -71,3 +71,11 @@ def test_per_device_pipelines(tmp_path):
                               "--devices", "3"], env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert refused.returncode == 2 and "--devices 3: give a divisor of --threads 2" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_handover_rows(tmp_path):
+    report, out = bench(tmp_path, "--handover", "--steps", "3", "--step-ms", "1", "--batch-size", "4", "--threads", "1")
+    assert set(report["handover_ms"]) == {"shared", "copied"}
+    assert len(report["rounds"]) == 1 and report["rounds"][0] == report["handover_ms"]
+    assert all(ms > 0 for ms in report["handover_ms"].values())
+    assert "batch shared" in out and "batch copied" in out

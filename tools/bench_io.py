@@ -27,6 +27,10 @@ once) and one pipeline with all of them. Every row runs on a core per thread.
 the records read in the call (``--dali-read-ahead 0``) and read ahead (``--read-ahead N``), ``--step-ms`` of
 compute between batches; ``--cold`` empties the page cache before each (root only), as a first epoch or a
 network file system would find it.
+
+``--handover`` times what the step's thread spends per batch in DaliBatches.next() of the whole DALI CPU training
+pipeline (train.py's defaults, 224 px float32), the batch handed to MXNet shared (an NDArray on DALI's memory, the
+default on CPU) and copied into reused NDArrays (what a GPU's batch still takes, through pinned memory).
 """
 import argparse
 import json
@@ -179,6 +183,51 @@ def step_thread(args, rec, idx):
                       "mmap": not args.dont_use_mmap, "rounds": rounds}))
 
 
+def handover_ms(rec, idx, batch_size, threads, share, steps, step_ms):
+    """Median ms per batch that the step's thread spends in DaliBatches.next() of the DALI CPU training pipeline
+    (train.py's defaults, 3x224x224 float32): DALI's run() of a batch it has made meanwhile, then the batch handed
+    to MXNet, shared (an NDArray on DALI's memory) or copied into reused NDArrays, with step_ms of compute (a
+    sleep) after each; DALI's prefetch fill is skipped."""
+    sys.path.insert(0, ROOT)
+    import mxnet as mx
+    import dali
+    import data
+    import records
+    defaults = data.DataConfig()
+    source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=1,
+                                      ahead=defaults.dali_read_ahead)
+    pipe = dali.train_pipeline(source=source, image_shape=(3, 224, 224), mean=defaults.rgb_mean, std=defaults.rgb_std,
+                               batch_size=batch_size, num_threads=threads, device_id=None, seed=1,
+                               prefetch_queue_depth=defaults.dali_prefetch_queue)
+    pipe.build()
+    batches = dali.DaliBatches(pipe, mx.cpu(), share=share)
+    times = []
+    for _ in range(defaults.dali_prefetch_queue + steps):
+        time.sleep(step_ms / 1000)
+        start = time.perf_counter()
+        images, _ = batches.next()
+        times.append(time.perf_counter() - start)
+        images.wait_to_read()  # as a step reads its batch before the next is drawn
+    return 1000 * statistics.median(times[defaults.dali_prefetch_queue:])
+
+
+def handover(args, rec, idx):
+    """--handover: DaliBatches.next() with the batch shared with MXNet against copied, alternating in each round."""
+    rows = {"shared": True, "copied": False}
+    rounds = [{name: handover_ms(rec, idx, args.batch_size, args.threads, share, args.steps, args.step_ms)
+               for name, share in rows.items()} for _ in range(args.repeats)]
+    print(f"ms per batch of {args.batch_size} (3x224x224 float32) on the training step's thread in "
+          f"DaliBatches.next(), {args.threads} DALI threads, {args.step_ms:g} ms of compute between batches (more "
+          f"than the pipeline needs per batch, or the wait for it is timed too), medians of {args.repeats} rounds, "
+          f"{rec}")
+    result = {}
+    for name in rows:
+        result[name] = statistics.median(r[name] for r in rounds)
+        print(f"batch {name:<14} {result[name]:8.2f} ms")
+    print(json.dumps({"handover_ms": result, "batch_size": args.batch_size, "threads": args.threads,
+                      "step_ms": args.step_ms, "rounds": rounds}))
+
+
 def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, threads, cores):
     """The pipeline against decoding alone and against linear scaling, and the cores a GPU needs."""
     share = one_thread / decode_rate
@@ -268,9 +317,14 @@ def main():
                              "read ahead)")
     parser.add_argument("--read-ahead", type=cli.batches_ahead,
                         help="--step-thread: batches read ahead (default: train.py's --dali-read-ahead)")
-    parser.add_argument("--steps", type=int, default=15, help="--step-thread: batches timed per round")
-    parser.add_argument("--step-ms", type=float, default=100, help="--step-thread: compute per step, in ms")
+    parser.add_argument("--steps", type=int, default=15, help="--step-thread, --handover: batches timed per round")
+    parser.add_argument("--step-ms", type=float, default=100,
+                        help="--step-thread, --handover: compute per step, in ms")
     parser.add_argument("--cold", action="store_true", help="--step-thread: empty the page cache first (root)")
+    parser.add_argument("--handover", action="store_true",
+                        help="time instead what the step's thread spends per batch in DaliBatches.next() of the "
+                             "training pipeline, the batch shared with MXNet (the default on CPU) vs copied "
+                             "(--steps, --step-ms: give more ms than the pipeline needs per batch)")
     parser.add_argument("--dont-use-mmap", action="store_true", help="--step-thread: plain reads, not mmap")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
@@ -298,6 +352,8 @@ def main():
     idx = os.path.splitext(rec)[0] + ".idx"
     if args.step_thread:
         return step_thread(args, rec, idx)
+    if args.handover:
+        return handover(args, rec, idx)
     policies = args.auto_augment.split(",")
     # (row name, backend, policy, threads, devices): a DALI training pipeline once per policy, everything else once
     configs = [(backend if policy == "none" else f"{backend}+{policy}", backend, policy, args.threads, 1)
