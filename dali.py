@@ -1,8 +1,9 @@
-"""DALI pipelines reading ImageNet RecordIO, and the copy of their outputs into MXNet NDArrays.
+"""DALI pipelines reading ImageNet RecordIO, and the hand-over of their outputs to MXNet NDArrays.
 
 DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliBatches` hands DALI's outputs to MXNet itself:
-a GPU pipeline's by copying straight into the NDArray's device memory, a CPU pipeline's into host memory (pinned
-when the batch goes on to a GPU). Imports nothing of the kit:
+a CPU pipeline's batch for the CPU as it is (an NDArray on DALI's memory, no copy), a GPU pipeline's by copying
+straight into the NDArray's device memory, a CPU pipeline's for a GPU into pinned host memory, then to the GPU.
+Imports nothing of the kit:
 data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
 import concurrent.futures
@@ -245,8 +246,8 @@ class DaliBatches:
 
     A CPU pipeline's batch for ``mx.cpu()`` is taken as it is, without a copy: an NDArray on DALI's own output
     memory (DLPack), which DALI's dynamic executor keeps valid for as long as the NDArray lives, as DALI's PyTorch
-    plugin takes its outputs (DALI 1.44's zero-copy outputs). A copy of a 224 px float32 batch cost 0.08 ms an
-    image on the step's thread. Such a batch holds DALI's memory until MXNet is done with it, so a consumer bounds
+    plugin takes its outputs (DALI 1.44's zero-copy outputs). The copy cost 0.15 ms an image of a 224 px float32
+    batch on the step's thread (bench_io.py --handover). Such a batch holds DALI's memory until MXNet is done with it, so a consumer bounds
     how far it runs ahead: the kit's loops read a result of every step (the loss, the top-k counts), and test_io
     waits for each batch. Otherwise batches are copied into ``buffers`` sets of NDArrays used in turn, as
     DALI's old plugin and MXNet's own iterators do (a fresh 40 MB array per batch costs a third of the CPU
@@ -260,7 +261,7 @@ class DaliBatches:
         self.ctx = ctx
         # DLPack's CPU arrays come to MXNet as cpu(0); another CPU context (--cpu-contexts) takes the copy.
         # share=False: always copy (bench_io.py --handover times both).
-        self.share = share and pipeline.exec_dynamic and ctx == mx.cpu(0)
+        self.share = bool(share and pipeline.exec_dynamic and ctx == mx.cpu(0))
         self._slots = [[None, None] for _ in range(max(1, buffers))]  # the arrays copy_to_external writes
         self._device = [[None, None] for _ in range(max(1, buffers))]  # their copies on ctx, when staged
         self._next_slot = 0

@@ -127,7 +127,7 @@ def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_i
                 if first_pass:
                     correct1, correct5, loss_sum = correct1 + c1, correct5 + c5, loss_sum + batch_loss
                     num_classes = logits.shape[1]
-                    if valid:  # copies: the data pipeline reuses its label buffers for the next batches
+                    if valid:  # copies: a copying data pipeline reuses its label buffers for the next batches
                         pairs.append((logits[:valid].argmax(axis=1), label[:valid].copy()))
         count += sum(valids) if first_pass else 0
         now = time.time()

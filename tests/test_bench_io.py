@@ -79,3 +79,4 @@ def test_handover_rows(tmp_path):
     assert len(report["rounds"]) == 1 and report["rounds"][0] == report["handover_ms"]
     assert all(ms > 0 for ms in report["handover_ms"].values())
     assert "batch shared" in out and "batch copied" in out
+    assert report["image_shape"] == [3, 64, 64] and "(3x64x64 float32)" in out  # bench()'s --image-shape

@@ -57,17 +57,26 @@ def test_cpu_batches_are_shared_not_copied_and_outlive_later_batches(unique_labe
     shared, copied = batches(mx.cpu()), batches(mx.cpu(1))
     assert shared.share and not copied.share
     kept, pending = [], []
+    slow = mx.nd.ones((400, 400))
     for step in range(24):
         (images, labels), (ref_images, ref_labels) = shared.next(), copied.next()
         assert images.context == mx.cpu() and ref_images.context == mx.cpu(1)
         np.testing.assert_array_equal(images.asnumpy(), ref_images.asnumpy())
         np.testing.assert_array_equal(labels.asnumpy(), ref_labels.asnumpy())
         if step < 4:
-            kept.append((images, images.asnumpy().copy()))
-        # an operation still queued when our last reference goes: MXNet's engine frees DALI's memory after it
-        pending.append((mx.nd.sum(images * 2), float(ref_images.asnumpy().sum()) * 2))
+            kept.append((images, labels, images.asnumpy().copy(), labels.asnumpy().copy()))
+        # reads still queued (behind a chain of matrix products) when our last reference goes: MXNet's engine
+        # must free DALI's memory after them, not before
+        delay = slow
+        for _ in range(6):
+            delay = mx.nd.dot(delay, slow) / 400
+        gate = 1 + mx.nd.sum(delay) * 0  # 1, ready only when the chain is done
+        pending.append((mx.nd.sum(mx.nd.broadcast_mul(images, gate.reshape((1, 1, 1, 1)))) * 2 +
+                        mx.nd.sum(mx.nd.broadcast_mul(labels, gate)),
+                        float(ref_images.asnumpy().sum()) * 2 + float(ref_labels.asnumpy().sum())))
         del images, labels
-    for images, copy in kept:
-        np.testing.assert_array_equal(images.asnumpy(), copy)  # not overwritten by the 20 batches since
+    for images, labels, image_copy, label_copy in kept:  # not overwritten by the 20 batches since
+        np.testing.assert_array_equal(images.asnumpy(), image_copy)
+        np.testing.assert_array_equal(labels.asnumpy(), label_copy)
     for total, expected in pending:
         assert abs(total.asscalar() - expected) <= 1e-4 * max(1.0, abs(expected))

@@ -29,7 +29,7 @@ compute between batches; ``--cold`` empties the page cache before each (root onl
 network file system would find it.
 
 ``--handover`` times what the step's thread spends per batch in DaliBatches.next() of the whole DALI CPU training
-pipeline (train.py's defaults, 224 px float32), the batch handed to MXNet shared (an NDArray on DALI's memory, the
+pipeline (train.py's defaults, float32 of --image-shape), the batch handed to MXNet shared (an NDArray on DALI's memory, the
 default on CPU) and copied into reused NDArrays (what a GPU's batch still takes, through pinned memory).
 """
 import argparse
@@ -183,12 +183,13 @@ def step_thread(args, rec, idx):
                       "mmap": not args.dont_use_mmap, "rounds": rounds}))
 
 
-def handover_ms(rec, idx, batch_size, threads, share, steps, step_ms):
+def handover_ms(rec, idx, batch_size, image_shape, threads, share, steps, step_ms):
     """Median ms per batch that the step's thread spends in DaliBatches.next() of the DALI CPU training pipeline
-    (train.py's defaults, 3x224x224 float32): DALI's run() of a batch it has made meanwhile, then the batch handed
-    to MXNet, shared (an NDArray on DALI's memory) or copied into reused NDArrays, with step_ms of compute (a
-    sleep) after each; DALI's prefetch fill is skipped."""
+    (train.py's defaults, float32 of ``image_shape``): DALI's run() of a batch it has made meanwhile, then the
+    batch handed to MXNet, shared (an NDArray on DALI's memory) or copied into reused NDArrays, with step_ms of
+    compute (a sleep) after each; DALI's prefetch fill is skipped."""
     sys.path.insert(0, ROOT)
+    import gc
     import mxnet as mx
     import dali
     import data
@@ -196,7 +197,7 @@ def handover_ms(rec, idx, batch_size, threads, share, steps, step_ms):
     defaults = data.DataConfig()
     source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=1,
                                       ahead=defaults.dali_read_ahead)
-    pipe = dali.train_pipeline(source=source, image_shape=(3, 224, 224), mean=defaults.rgb_mean, std=defaults.rgb_std,
+    pipe = dali.train_pipeline(source=source, image_shape=image_shape, mean=defaults.rgb_mean, std=defaults.rgb_std,
                                batch_size=batch_size, num_threads=threads, device_id=None, seed=1,
                                prefetch_queue_depth=defaults.dali_prefetch_queue)
     pipe.build()
@@ -208,15 +209,18 @@ def handover_ms(rec, idx, batch_size, threads, share, steps, step_ms):
         images, _ = batches.next()
         times.append(time.perf_counter() - start)
         images.wait_to_read()  # as a step reads its batch before the next is drawn
+    del images, batches, pipe
+    gc.collect()  # the resize's python_function holds the pipeline in a cycle: free its batches before the next row
     return 1000 * statistics.median(times[defaults.dali_prefetch_queue:])
 
 
 def handover(args, rec, idx):
     """--handover: DaliBatches.next() with the batch shared with MXNet against copied, alternating in each round."""
     rows = {"shared": True, "copied": False}
-    rounds = [{name: handover_ms(rec, idx, args.batch_size, args.threads, share, args.steps, args.step_ms)
+    shape = tuple(int(n) for n in args.image_shape.split(","))
+    rounds = [{name: handover_ms(rec, idx, args.batch_size, shape, args.threads, share, args.steps, args.step_ms)
                for name, share in rows.items()} for _ in range(args.repeats)]
-    print(f"ms per batch of {args.batch_size} (3x224x224 float32) on the training step's thread in "
+    print(f"ms per batch of {args.batch_size} ({'x'.join(map(str, shape))} float32) on the training step's thread in "
           f"DaliBatches.next(), {args.threads} DALI threads, {args.step_ms:g} ms of compute between batches (more "
           f"than the pipeline needs per batch, or the wait for it is timed too), medians of {args.repeats} rounds, "
           f"{rec}")
@@ -224,7 +228,7 @@ def handover(args, rec, idx):
     for name in rows:
         result[name] = statistics.median(r[name] for r in rounds)
         print(f"batch {name:<14} {result[name]:8.2f} ms")
-    print(json.dumps({"handover_ms": result, "batch_size": args.batch_size, "threads": args.threads,
+    print(json.dumps({"handover_ms": result, "batch_size": args.batch_size, "image_shape": shape, "threads": args.threads,
                       "step_ms": args.step_ms, "rounds": rounds}))
 
 
