@@ -162,6 +162,17 @@ def step_thread_ms(rec, idx, batch_size, ahead, use_mmap, cold, steps, step_ms):
     return 1000 * statistics.median(times[prefetch:])
 
 
+def timed_rows(rows, measure, repeats, label="{}"):
+    """``measure(value)`` (ms) for each of ``rows`` ({name: value}), the rows alternating within each of ``repeats``
+    rounds (a load change on a shared machine hits them all); prints each row's median (name through ``label``)
+    and returns ({name: median}, the rounds)."""
+    rounds = [{name: measure(value) for name, value in rows.items()} for _ in range(repeats)]
+    result = {name: statistics.median(r[name] for r in rounds) for name in rows}
+    for name, ms in result.items():
+        print(f"{label.format(name):<20} {ms:8.2f} ms")
+    return result, rounds
+
+
 def step_thread(args, rec, idx):
     """--step-thread: the records read in the call against read ahead, alternating within each round."""
     if args.cold and os.geteuid() != 0:
@@ -169,16 +180,12 @@ def step_thread(args, rec, idx):
     import data  # the step-thread timings run in this process
     read_ahead = data.DataConfig.dali_read_ahead if args.read_ahead is None else args.read_ahead
     rows = {"read in the call": 0, f"read ahead {read_ahead}": read_ahead}
-    rounds = [{name: step_thread_ms(rec, idx, args.batch_size, ahead, not args.dont_use_mmap, args.cold,
-                                    args.steps, args.step_ms) for name, ahead in rows.items()}
-              for _ in range(args.repeats)]
     print(f"ms per batch of {args.batch_size} on the training step's thread, records "
           f"{'read' if args.dont_use_mmap else 'mapped'} from a {'cold' if args.cold else 'warm'} page cache, "
           f"{args.step_ms:g} ms of compute between batches, medians of {args.repeats} rounds, {rec}")
-    result = {}
-    for name in rows:
-        result[name] = statistics.median(r[name] for r in rounds)
-        print(f"{name:<20} {result[name]:8.2f} ms")
+    result, rounds = timed_rows(rows, lambda ahead: step_thread_ms(rec, idx, args.batch_size, ahead,
+                                                                   not args.dont_use_mmap, args.cold, args.steps,
+                                                                   args.step_ms), args.repeats)
     print(json.dumps({"step_thread_ms": result, "batch_size": args.batch_size, "cold": args.cold,
                       "mmap": not args.dont_use_mmap, "rounds": rounds}))
 
@@ -218,16 +225,12 @@ def handover(args, rec, idx):
     """--handover: DaliBatches.next() with the batch shared with MXNet against copied, alternating in each round."""
     rows = {"shared": True, "copied": False}
     shape = tuple(int(n) for n in args.image_shape.split(","))
-    rounds = [{name: handover_ms(rec, idx, args.batch_size, shape, args.threads, share, args.steps, args.step_ms)
-               for name, share in rows.items()} for _ in range(args.repeats)]
     print(f"ms per batch of {args.batch_size} ({'x'.join(map(str, shape))} float32) on the training step's thread in "
           f"DaliBatches.next(), {args.threads} DALI threads, {args.step_ms:g} ms of compute between batches (more "
           f"than the pipeline needs per batch, or the wait for it is timed too), medians of {args.repeats} rounds, "
           f"{rec}")
-    result = {}
-    for name in rows:
-        result[name] = statistics.median(r[name] for r in rounds)
-        print(f"batch {name:<14} {result[name]:8.2f} ms")
+    result, rounds = timed_rows(rows, lambda share: handover_ms(rec, idx, args.batch_size, shape, args.threads, share,
+                                                                args.steps, args.step_ms), args.repeats, "batch {}")
     print(json.dumps({"handover_ms": result, "batch_size": args.batch_size, "image_shape": shape, "threads": args.threads,
                       "step_ms": args.step_ms, "rounds": rounds}))
 
