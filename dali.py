@@ -247,12 +247,14 @@ class DaliBatches:
     A CPU pipeline's batch for ``mx.cpu()`` is taken as it is, without a copy: an NDArray on DALI's own output
     memory (DLPack), which DALI's dynamic executor keeps valid for as long as the NDArray lives, as DALI's PyTorch
     plugin takes its outputs (DALI 1.44's zero-copy outputs). The copy cost 0.15 ms an image of a 224 px float32
-    batch on the step's thread (bench_io.py --handover). Such a batch holds DALI's memory until MXNet is done with it, so a consumer bounds
-    how far it runs ahead: the kit's loops read a result of every step (the loss, the top-k counts), and test_io
-    waits for each batch. Otherwise batches are copied into ``buffers`` sets of NDArrays used in turn, as
-    DALI's old plugin and MXNet's own iterators do (a fresh 40 MB array per batch costs a third of the CPU
-    pipeline's speed in page faults): a batch stays valid until ``buffers`` more are drawn; copy it to keep it
-    longer. A CPU pipeline's batch for a GPU goes through pinned host buffers (``staging_context``), then to the GPU.
+    batch on the step's thread (bench_io.py --handover). Such a batch holds DALI's memory until MXNet is done with
+    it, so a consumer bounds how far it runs ahead: the kit's loops read a result of every step (the loss, the
+    top-k counts), and test_io waits for each batch.
+
+    Otherwise batches are copied into ``buffers`` sets of NDArrays used in turn, as DALI's old plugin and MXNet's
+    own iterators do (a fresh 40 MB array per batch costs a third of the CPU pipeline's speed in page faults): a
+    batch stays valid until ``buffers`` more are drawn; copy it to keep it longer. A CPU pipeline's batch for a GPU
+    goes through pinned host buffers (``staging_context``), then to the GPU.
     """
 
     def __init__(self, pipeline, ctx, buffers=2, share=True):

@@ -29,8 +29,8 @@ compute between batches; ``--cold`` empties the page cache before each (root onl
 network file system would find it.
 
 ``--handover`` times what the step's thread spends per batch in DaliBatches.next() of the whole DALI CPU training
-pipeline (train.py's defaults, float32 of --image-shape), the batch handed to MXNet shared (an NDArray on DALI's memory, the
-default on CPU) and copied into reused NDArrays (what a GPU's batch still takes, through pinned memory).
+pipeline (train.py's defaults, float32 of --image-shape), the batch handed to MXNet shared (an NDArray on DALI's
+memory, the default on CPU) and copied into reused NDArrays (what a GPU's batch still takes, through pinned memory).
 """
 import argparse
 import json
@@ -231,8 +231,8 @@ def handover(args, rec, idx):
           f"{rec}")
     result, rounds = timed_rows(rows, lambda share: handover_ms(rec, idx, args.batch_size, shape, args.threads, share,
                                                                 args.steps, args.step_ms), args.repeats, "batch {}")
-    print(json.dumps({"handover_ms": result, "batch_size": args.batch_size, "image_shape": shape, "threads": args.threads,
-                      "step_ms": args.step_ms, "rounds": rounds}))
+    print(json.dumps({"handover_ms": result, "batch_size": args.batch_size, "image_shape": shape,
+                      "threads": args.threads, "step_ms": args.step_ms, "rounds": rounds}))
 
 
 def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, threads, cores):
