@@ -35,6 +35,57 @@ def _normalize(images, image_shape, mean, std, dtype, layout, mirror, crop=True)
         mean=list(mean), std=list(std), mirror=mirror, pad_output=channels == 4)
 
 
+NORMALIZE_WHERE = ("auto", "pipeline", "device")
+
+
+def normalizes_on_device(where, pipeline_device, ctx):
+    """Whether a pipeline's crops leave it as uint8 HWC, normalized after the hand-over by MXNet on ``ctx``
+    (DeviceNormalize), for ``where`` (--dali-normalize). "auto": for a CPU pipeline feeding a GPU, whose copy then
+    carries a quarter of float32's bytes and whose normalization costs the GPU next to nothing (timm's
+    PrefetchLoader and NVIDIA's PyTorch ResNet-50 loader do the same); a CPU keeps DALI's crop_mirror_normalize,
+    twice as fast there as MXNet's image.to_tensor and image.normalize. A GPU pipeline normalizes on its GPU."""
+    if where not in NORMALIZE_WHERE:
+        raise ValueError(f"unknown --dali-normalize {where!r}; choose one of {', '.join(NORMALIZE_WHERE)}")
+    if pipeline_device == "gpu":
+        return False
+    return ctx.device_type == "gpu" if where == "auto" else where == "device"
+
+
+class DeviceNormalize:
+    """What crop_mirror_normalize does at a pipeline's end, done by MXNet on the batch's own device: a batch of
+    uint8 NHWC crops to (x - mean) / std, float32 (float16 for ``dtype`` float16), NCHW or NHWC, with a fourth
+    channel of zeros for a 4-channel ``image_shape`` (DALI's pad_output)."""
+
+    def __init__(self, image_shape, mean, std, dtype="float32", layout="NCHW"):
+        self.channels = image_shape[0]
+        self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
+        self.dtype = "float16" if dtype == "float16" else "float32"
+        self.layout = layout
+        self._constants = {}  # context -> (mean, 1 / std) shaped to broadcast over NHWC
+
+    def __call__(self, images):
+        if self.layout == "NCHW":  # MXNet's image operators: NHWC uint8 -> NCHW float32 / 255, then per channel
+            out = mx.nd.image.normalize(mx.nd.image.to_tensor(images), mean=tuple(m / 255 for m in self.mean),
+                                        std=tuple(s / 255 for s in self.std))
+        else:
+            mean, inverse_std = self._nhwc_constants(images.context)
+            out = mx.nd.broadcast_mul(mx.nd.broadcast_sub(images.astype("float32"), mean), inverse_std)
+        if self.dtype != "float32":
+            out = out.astype(self.dtype)
+        if self.channels == 4:
+            axis = 1 if self.layout == "NCHW" else 3
+            shape = list(out.shape)
+            shape[axis] = 1
+            out = mx.nd.concat(out, mx.nd.zeros(shape, ctx=out.context, dtype=self.dtype), dim=axis)
+        return out
+
+    def _nhwc_constants(self, ctx):
+        if ctx not in self._constants:
+            self._constants[ctx] = (mx.nd.array(self.mean, ctx=ctx).reshape((1, 1, 1, -1)),
+                                    mx.nd.array([1 / s for s in self.std], ctx=ctx).reshape((1, 1, 1, -1)))
+        return self._constants[ctx]
+
+
 AUTO_AUGMENT = ("none", "autoaugment", "randaugment", "trivialaugment")
 
 
@@ -99,7 +150,8 @@ def decode_crop_window(jpegs, random_area, random_aspect_ratio, device="cpu", nv
 
 
 class _OpenCVResize:
-    """A batch of uint8 HWC images to ``size`` (width, height), bilinear without antialiasing, over a pool of as
+    """A batch of uint8 HWC images to ``size`` (width, height), bilinear without antialiasing, each flipped
+    left-right where ``flips`` (the python_function's second input, if given) is 1, over a pool of as
     many threads as ``pipeline`` has (cv2.resize releases the GIL). The pool is the pipeline's own, so the pipelines
     of several devices resize at once, and it ends with the pipeline (one is built per epoch), not with this object,
     which DALI's python_function keeps in a reference cycle until the next garbage collection."""
@@ -113,26 +165,31 @@ class _OpenCVResize:
             self.pool = concurrent.futures.ThreadPoolExecutor(pipeline.num_threads, thread_name_prefix="opencv-resize")
             weakref.finalize(pipeline, self.pool.shutdown, wait=False)
 
-    def one(self, image):
-        return self.cv2.resize(image, self.size, interpolation=self.cv2.INTER_LINEAR)
+    def one(self, image, flip=0):
+        out = self.cv2.resize(image, self.size, interpolation=self.cv2.INTER_LINEAR)
+        return self.cv2.flip(out, 1) if flip else out
 
-    def __call__(self, images):
+    def __call__(self, images, flips=None):
+        flips = [0] * len(images) if flips is None else flips
         if self.pool is not None:
             try:
-                return list(self.pool.map(self.one, images))
+                return list(self.pool.map(self.one, images, flips))
             except RuntimeError:  # the pool already shut down (interpreter exit, a batch still in flight)
                 pass
-        return [self.one(image) for image in images]
+        return [self.one(image, flip) for image, flip in zip(images, flips)]
 
 
-def resize_crops(images, height, width, device="cpu", cpu_resize="opencv"):
-    """Each crop window to height x width, bilinear without an antialiasing filter. On the CPU OpenCV's resize by
-    default, in a DALI python_function: the same pixels as DALI's fn.resize (within one grey level) at a quarter of
-    its time (0.23 vs about 1 ms per 224 px image: DALI 2.4's CPU resampler is scalar code), which took the CPU
-    pipeline on one core from 0.42 to 0.69-0.85 of decoding alone. On the GPU, DALI's."""
+def resize_crops(images, height, width, device="cpu", cpu_resize="opencv", mirror=None):
+    """Each crop window to height x width, bilinear without an antialiasing filter, flipped left-right where
+    ``mirror`` (a 0/1 per sample, or None) says. On the CPU OpenCV's resize by default, in a DALI python_function:
+    the same pixels as DALI's fn.resize (within one grey level) at a quarter of its time (0.23 vs about 1 ms per
+    224 px image: DALI 2.4's CPU resampler is scalar code), which took the CPU pipeline on one core from 0.42 to
+    0.69-0.85 of decoding alone; its flip is cv2.flip in the same call. On the GPU, DALI's."""
     if device == "gpu" or cpu_resize == "dali":
-        return fn.resize(images, resize_x=width, resize_y=height, antialias=False)
-    return fn.python_function(images, function=_OpenCVResize((width, height), Pipeline.current()),
+        images = fn.resize(images, resize_x=width, resize_y=height, antialias=False)
+        return images if mirror is None else fn.flip(images, horizontal=mirror)
+    inputs = (images,) if mirror is None else (images, mirror)
+    return fn.python_function(*inputs, function=_OpenCVResize((width, height), Pipeline.current()),
                               batch_processing=True, output_layouts="HWC")
 
 
@@ -140,7 +197,7 @@ def resize_crops(images, height, width, device="cpu", cpu_resize="opencv"):
 def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW", device="cpu",
                    random_area=(0.08, 1.0), random_aspect_ratio=(0.75, 4 / 3), random_mirror=True, fuse_decoder=True,
                    nvjpeg_padding_mb=64, auto_augment="none", randaugment=(2, 9), color_jitter=(0.0, 0.0, 0.0),
-                   cpu_resize="opencv"):
+                   cpu_resize="opencv", normalize=True):
     # The records come from ``source`` (a ShuffledShardSource), not fn.readers.mxnet: the reader gives each
     # shard a contiguous range of the file and shuffles only within a 1024-record window, so on a file stored
     # in label order each worker would see a few classes (see ShuffledShardSource).
@@ -149,9 +206,14 @@ def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW
     # Training resizes bilinearly without an antialiasing filter (as ImageRecordIter does): on CPU the filter
     # costs about a third of the pipeline's throughput, and a random crop is an augmentation anyway.
     # Validation keeps DALI's antialiased resize: it is what accuracy is measured on.
+    mirror = fn.random.coin_flip(probability=0.5) if random_mirror else None
+    # Crops that leave as uint8 (normalize=False: DeviceNormalize does the rest) are flipped with the fused
+    # decoder's resize (OpenCV's, 8 % faster than fn.flip after it), before automatic augmentation and jitter,
+    # whose distributions are left-right symmetric.
+    flip_with_resize = mirror is not None and not normalize and fuse_decoder
     if fuse_decoder:
         images = decode_crop_window(jpegs, random_area, random_aspect_ratio, device, nvjpeg_padding_mb)
-        images = resize_crops(images, height, width, device, cpu_resize)
+        images = resize_crops(images, height, width, device, cpu_resize, mirror if flip_with_resize else None)
     else:
         images = fn.decoders.image(jpegs, **decoder_options(device, nvjpeg_padding_mb))
         images = fn.random_resized_crop(images, size=(height, width), random_area=list(random_area),
@@ -159,8 +221,10 @@ def train_pipeline(source, image_shape, mean, std, dtype="float32", layout="NCHW
     if auto_augment != "none":  # built with enable_conditionals=True (see needs_conditionals)
         images = _auto_augment(images, auto_augment, (height, width), randaugment)
     images = _color_jitter(images, color_jitter)
-    mirror = fn.random.coin_flip(probability=0.5) if random_mirror else 0
-    images = _normalize(images, image_shape, mean, std, dtype, layout, mirror)
+    if normalize:
+        images = _normalize(images, image_shape, mean, std, dtype, layout, 0 if mirror is None else mirror)
+    elif mirror is not None and not flip_with_resize:
+        images = fn.flip(images, horizontal=mirror)
     return images, labels.gpu() if device == "gpu" else labels
 
 
@@ -172,7 +236,8 @@ def needs_conditionals(auto_augment):
 
 @pipeline_def
 def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, std, dtype="float32",
-                 layout="NCHW", device="cpu", resize_shorter=256, nvjpeg_padding_mb=64, dont_use_mmap=False):
+                 layout="NCHW", device="cpu", resize_shorter=256, nvjpeg_padding_mb=64, dont_use_mmap=False,
+                 normalize=True):
     # pad_last_batch + stick_to_shard: each shard's epoch ends on a batch boundary (the tail is padded with
     # copies of its last sample, which DaliIterator trims), so every sample is seen exactly once.
     jpegs, labels = fn.readers.mxnet(path=[rec_path], index_path=[idx_path], shard_id=shard_id,
@@ -183,7 +248,8 @@ def val_pipeline(rec_path, idx_path, shard_id, num_shards, image_shape, mean, st
     # faster on CPU than resizing the whole image, same output).
     _, height, width = image_shape
     images = fn.resize_crop_mirror(images, resize_shorter=resize_shorter, crop=(height, width))
-    images = _normalize(images, image_shape, mean, std, dtype, layout, mirror=0, crop=False)
+    if normalize:
+        images = _normalize(images, image_shape, mean, std, dtype, layout, mirror=0, crop=False)
     return images, labels.gpu() if device == "gpu" else labels
 
 
@@ -257,7 +323,7 @@ class DaliBatches:
     goes through pinned host buffers (``staging_context``), then to the GPU.
     """
 
-    def __init__(self, pipeline, ctx, buffers=2, share=True):
+    def __init__(self, pipeline, ctx, buffers=2, share=True, normalize=None):
         self.pipeline = pipeline
         self.batch_size = pipeline.max_batch_size
         self.ctx = ctx
@@ -267,6 +333,7 @@ class DaliBatches:
         self._slots = [[None, None] for _ in range(max(1, buffers))]  # the arrays copy_to_external writes
         self._device = [[None, None] for _ in range(max(1, buffers))]  # their copies on ctx, when staged
         self._next_slot = 0
+        self.normalize = normalize  # DeviceNormalize, for a pipeline built with normalize=False
 
     def next(self):
         """(images, labels) of the next batch; a pipeline failure (e.g. an image that does not decode) raises
@@ -290,7 +357,8 @@ class DaliBatches:
                 out.append(device[i])
             else:
                 out.append(slot[i])
-        return out[0], out[1].reshape((-1,))
+        images = out[0] if self.normalize is None else self.normalize(out[0])
+        return images, out[1].reshape((-1,))
 
 
 def reader_epoch_size(pipeline):

@@ -37,9 +37,15 @@ def test_the_ceiling_and_every_row(tmp_path):
         1000 / ceiling["pipeline_1_thread"] - 1000 / ceiling["dali_decode_only"])
     assert ceiling["pipeline_all_threads"] == pytest.approx(results["dali-cpu"]["images_per_sec"])
     assert ceiling["scaling"] == pytest.approx(ceiling["pipeline_all_threads"] / (2 * ceiling["pipeline_1_thread"]))
-    per_core = ceiling["pipeline_all_threads"] / min(2, len(os.sched_getaffinity(0)))
+    # the pipeline as it feeds a GPU (uint8 crops, normalized on the GPU): its own rows, and the cores a GPU needs
+    for_gpu = ceiling["for_gpu"]
+    assert for_gpu["share_of_decode"] == pytest.approx(for_gpu["pipeline_1_thread"] / ceiling["decode_only"])
+    assert for_gpu["scaling"] == pytest.approx(for_gpu["pipeline_all_threads"] / (2 * for_gpu["pipeline_1_thread"]))
+    assert for_gpu["pipeline_all_threads"] != ceiling["pipeline_all_threads"]  # a run of its own
+    per_core = for_gpu["pipeline_all_threads"] / min(2, len(os.sched_getaffinity(0)))
     assert ceiling["cores_per_gpu"] == {"V100": math.ceil(1442 / per_core), "A100": math.ceil(3410 / per_core)}
     assert "of decoding alone (target 0.85)" in out and "of linear (target 0.9)" in out
+    assert "for a GPU (uint8 crops, normalized on the GPU), 2 threads" in out
     assert "DALI's crop-window decoder alone, 1 core" in out
 
 
@@ -47,6 +53,8 @@ def test_one_thread_and_no_ceiling(tmp_path):
     report, out = bench(tmp_path, "--threads", "1", "--backends", "dali-cpu")
     assert report["ceiling"]["pipeline_1_thread"] == pytest.approx(report["results"]["dali-cpu"]["images_per_sec"])
     assert "scaling" not in report["ceiling"] and "scaling over threads not measured" in out
+    per_core = report["ceiling"]["for_gpu"]["pipeline_1_thread"]
+    assert report["ceiling"]["cores_per_gpu"]["V100"] == math.ceil(1442 / per_core)
     report, out = bench(tmp_path, "--threads", "1", "--backends", "dali-cpu", "--no-ceiling")
     assert "ceiling" not in report and "decoding alone" not in out
 

@@ -221,3 +221,73 @@ def test_resize_after_its_pool_shut_down():
     image = PHOTOS[0][:50, :60]
     [out] = resize([image])
     np.testing.assert_array_equal(out, cv2.resize(image, (24, 16), interpolation=cv2.INTER_LINEAR))
+
+
+# --- --dali-normalize device: uint8 crops out of the pipeline, normalized by MXNet after the hand-over ---------
+
+TRAIN_VARIANTS = {"train": {}, "train, DALI's resize": {"cpu_resize": "dali"}, "train, unfused": {"fuse_decoder": False}}
+
+
+def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, count=3):
+    """``count`` batches (numpy images, labels) of a seeded CPU pipeline through DaliBatches to the CPU, normalized
+    in the pipeline (DALI's crop_mirror_normalize) or after it (dali.DeviceNormalize)."""
+    common = dict(image_shape=image_shape, mean=MEAN, std=STD, dtype=dtype, layout=layout, batch_size=8,
+                  num_threads=2, device_id=None, seed=11, normalize=normalize)
+    if kind in TRAIN_VARIANTS:
+        source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
+        pipe = dali.train_pipeline(source=source, **TRAIN_VARIANTS[kind], **common)
+    else:
+        pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, resize_shorter=128,
+                                 **common)
+    pipe.build()
+    after = None if normalize else dali.DeviceNormalize(image_shape, MEAN, STD, dtype, layout)
+    batches = dali.DaliBatches(pipe, mx.cpu(), normalize=after)
+    out = []
+    for _ in range(count):
+        images, labels = batches.next()
+        out.append((images.asnumpy(), labels.asnumpy()))
+    return out
+
+
+@pytest.mark.parametrize("kind,dtype,layout,channels", [
+    (kind, *case) for kind in ("train", "val")
+    for case in [("float32", "NCHW", 3), ("float16", "NHWC", 4), ("float32", "NHWC", 3), ("float16", "NCHW", 4)]] + [
+    (kind, "float32", "NCHW", 3) for kind in ("train, DALI's resize", "train, unfused")])
+def test_normalizing_after_the_pipeline_gives_dalis_batches(photo_rec, kind, dtype, layout, channels):
+    """The same seeded pipeline, normalized by DALI's crop_mirror_normalize or by MXNet after the hand-over (what
+    a GPU gets by default from dali-cpu): the same crops, flips (the training pipeline mirrors half of them: with
+    OpenCV's resize, with DALI's, or after an unfused crop), labels, dtype, layout and zero fourth channel, values
+    within float rounding."""
+    rec, idx, _ = photo_rec
+    shape = (channels, 112, 112) if kind == "val" else (channels, 96, 96)
+    in_pipeline = pipeline_batches(kind, True, shape, dtype, layout, rec, idx)
+    after = pipeline_batches(kind, False, shape, dtype, layout, rec, idx)
+    tolerance = 1e-5 if dtype == "float32" else 4e-3  # float16 spacing near |x| = 2.6 is 2e-3
+    for (images, labels), (ref_images, ref_labels) in zip(after, in_pipeline):
+        np.testing.assert_array_equal(labels, ref_labels)
+        assert images.dtype == ref_images.dtype == np.dtype(dtype) and images.shape == ref_images.shape
+        np.testing.assert_allclose(images.astype(np.float32), ref_images.astype(np.float32), rtol=0, atol=tolerance)
+        assert np.abs(ref_images).max() > 1.5  # normalized, not 0..255 nor 0..1
+        if channels == 4:
+            assert not np.take(images, 3, axis=layout.index("C")).any()
+
+
+def test_dali_normalize_flag_picks_where(photo_rec):
+    """--dali-normalize through data.get_data_iterators: "device" on the CPU hands over uint8 crops and
+    normalizes them after; "auto" keeps DALI's on the CPU and moves it off the pipeline for a GPU (mx.gpu(0) is only
+    named here: the choice is made before any array exists on it); the batches are the same."""
+    import config
+    import train
+    rec, idx, _ = photo_rec
+    first = {}
+    for where in ("pipeline", "device", "auto"):
+        args = train.parse_args(["--data-backend", "dali-cpu", "--data-val", rec, "--data-val-idx", idx,
+                                 "--batch-size", "4", "--image-shape", "3,64,64", "--data-val-resize", "72",
+                                 "--dali-threads", "1", "--dali-validation-threads", "1", "--dali-normalize", where])
+        _, val_iter = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+        first[where] = (val_iter.batches.normalize, next(iter(val_iter)).data[0].asnumpy())
+    assert first["pipeline"][0] is None and first["auto"][0] is None
+    assert isinstance(first["device"][0], dali.DeviceNormalize)
+    np.testing.assert_allclose(first["device"][1], first["pipeline"][1], rtol=0, atol=1e-5)
+    assert dali.normalizes_on_device("auto", "cpu", mx.gpu(0))
+    assert not dali.normalizes_on_device("device", "gpu", mx.gpu(0))  # dali-gpu normalizes on its GPU anyway

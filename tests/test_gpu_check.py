@@ -81,3 +81,18 @@ def test_driver_and_architecture_verdicts(monkeypatch):
     assert verdict == "pass" and detail.startswith("8 x NVIDIA A100-SXM4-80GB, driver 535.104.05")
     # V100, T4, A100, A10, L4 have cubins in the mxnet-cu112 wheel; H100 does not
     assert [gpu_check.wheel_covers(arch) for arch in (70, 75, 80, 86, 89, 90)] == [True] * 5 + [False]
+
+
+def test_the_data_gpu_checks_batches_on_the_cpu(tmp_path):
+    """data-gpu's dali-cpu batch normalized after the hand-over (its default for a GPU), built as that check
+    builds it, for the CPU here: float16 NHWC 4-channel, within float16 rounding of the pipeline-normalized one,
+    and a batch that is off fails the comparison."""
+    import mxnet as mx
+    machine = types.SimpleNamespace(gpu=False, num_gpus=0, workdir=str(tmp_path))
+    rec, idx = gpu_check.validation_records(machine, types.SimpleNamespace(data_val=None))
+    reference, labels, _ = gpu_check.dali_batch(rec, idx, "cpu", mx.cpu())
+    images, got_labels, where = gpu_check.dali_batch(rec, idx, "cpu", mx.cpu(), "float16", "NHWC", 4,
+                                                     normalize="device")
+    assert where[1] == "float16" and tuple(where[2]) == (8, 224, 224, 4)
+    assert (got_labels == labels).all() and gpu_check.pixel_error(images, reference) < 0.1
+    assert gpu_check.pixel_error(images * 1.02, reference) > 1  # 2 % off is seen

@@ -72,6 +72,8 @@ def make_photo_rec(prefix, count, seed=0):
 # ResNet-50 v1.5 float16 training images/s of one GPU published for the original MXNet example (V100 16 GB in a
 # DGX-1, batch 208; A100 80 GB): the rate its input pipeline must keep up with.
 GPU_RATES = {"V100": 1442, "A100": 3410}
+# The rows that time the DALI CPU training pipeline as it feeds a GPU (uint8 crops, normalized on the GPU).
+FOR_GPU = "dali-cpu for a GPU"
 # What the DALI CPU pipeline should reach (each measured fraction is printed beside these).
 SHARE_OF_DECODE_TARGET = 0.85
 SCALING_TARGET = 0.9
@@ -235,28 +237,41 @@ def handover(args, rec, idx):
                       "threads": args.threads, "step_ms": args.step_ms, "rounds": rounds}))
 
 
-def ceiling_summary(decode_rate, dali_decode_rate, one_thread, all_threads, threads, cores):
-    """The pipeline against decoding alone and against linear scaling, and the cores a GPU needs."""
+def pipeline_summary(name, decode_rate, dali_decode_rate, one_thread, all_threads, threads, cores):
+    """One DALI CPU training pipeline against decoding alone and against linear scaling: (lines, result)."""
     share = one_thread / decode_rate
     after_decode_ms = 1000 / one_thread - 1000 / dali_decode_rate
-    lines = [f"decoding alone (OpenCV, 1 thread on 1 core): {decode_rate:.1f} images/s",
-             f"DALI's crop-window decoder alone, 1 core: {dali_decode_rate:.1f} images/s; the pipeline's resize "
-             f"and crop-mirror-normalize add {after_decode_ms:.2f} ms per image",
-             f"dali-cpu training pipeline, 1 thread on 1 core: {one_thread:.1f} images/s = {share:.2f} of decoding "
-             f"alone (target {SHARE_OF_DECODE_TARGET})"]
-    result = {"decode_only": decode_rate, "dali_decode_only": dali_decode_rate, "after_decode_ms": after_decode_ms,
-              "pipeline_1_thread": one_thread, "share_of_decode": share}
-    per_core = one_thread
+    lines = [f"{name}, 1 thread on 1 core: {one_thread:.1f} images/s = {share:.2f} of decoding alone (target "
+             f"{SHARE_OF_DECODE_TARGET}); after the decoder {after_decode_ms:.2f} ms per image"]
+    result = {"after_decode_ms": after_decode_ms, "pipeline_1_thread": one_thread, "share_of_decode": share}
     if threads > 1:
         scaling = all_threads / (threads * one_thread)
         result.update(pipeline_threads=threads, pipeline_all_threads=all_threads, scaling=scaling)
-        lines.append(f"dali-cpu training pipeline, {threads} threads: {all_threads:.1f} images/s = {scaling:.2f} of "
-                     f"linear (target {SCALING_TARGET})" + ("" if threads < cores else
-                                                            f"; {cores} cores here: the {threads} threads share them "
-                                                            f"with DALI's executor and the step's thread"))
-        per_core = all_threads / min(threads, cores)
-    else:
+        lines.append(f"{name}, {threads} threads: {all_threads:.1f} images/s = {scaling:.2f} of linear (target "
+                     f"{SCALING_TARGET})" + ("" if threads < cores else f"; {cores} cores here: the {threads} "
+                                             f"threads share them with DALI's executor and the step's thread"))
+    return lines, result
+
+
+def ceiling_summary(decode_rate, dali_decode_rate, for_cpu, for_gpu, threads, cores):
+    """The training pipeline as it feeds the CPU's own training and as it feeds a GPU (each (1 thread, all
+    threads) images/s; for_gpu None when not timed) against decoding alone, and the cores a GPU needs."""
+    lines = [f"decoding alone (OpenCV, 1 thread on 1 core): {decode_rate:.1f} images/s",
+             f"DALI's crop-window decoder alone, 1 core: {dali_decode_rate:.1f} images/s"]
+    cpu_lines, result = pipeline_summary("dali-cpu training pipeline for the CPU (normalized in the pipeline)",
+                                         decode_rate, dali_decode_rate, *for_cpu, threads, cores)
+    lines += cpu_lines
+    result.update(decode_only=decode_rate, dali_decode_only=dali_decode_rate)
+    feeding = for_cpu
+    if for_gpu is not None:
+        gpu_lines, result["for_gpu"] = pipeline_summary(
+            "dali-cpu training pipeline for a GPU (uint8 crops, normalized on the GPU)", decode_rate,
+            dali_decode_rate, *for_gpu, threads, cores)
+        lines += gpu_lines
+        feeding = for_gpu
+    if threads == 1:
         lines.append(f"scaling over threads not measured: --threads 1 (give --threads {max(2, cores)})")
+    per_core = feeding[0] if threads == 1 else feeding[1] / min(threads, cores)
     result["cores_per_gpu"] = {gpu: math.ceil(rate / per_core) for gpu, rate in GPU_RATES.items()}
     lines.append("cores of this kind to feed one GPU's training: " + ", ".join(
         f"{gpu} ({rate:,} images/s) {result['cores_per_gpu'][gpu]}" for gpu, rate in GPU_RATES.items()))
@@ -280,16 +295,23 @@ def devices_summary(devices, threads_each, rate, one_rate, all_threads_rate, cor
     return line, result
 
 
-def run_one(argv):
-    """In a child process: build one backend's iterators and time them (train.py's parser, data.test_io)."""
+def run_one(argv, for_gpu=False):
+    """In a child process: build one backend's iterators and time them (train.py's parser, data.test_io).
+    ``for_gpu``: time the CPU's part of feeding a GPU, the DALI pipeline's uint8 crops copied into reused host
+    arrays (as DaliBatches copies them into pinned memory); their copy to the GPU and normalization there, GPU work,
+    are left out (no GPU here)."""
     sys.path.insert(0, ROOT)
     import config
     import data
     import train
-    args = train.parse_args(argv)
+    args = train.parse_args(argv + ["--dali-normalize", "device"] if for_gpu else argv)
     cfg = config.from_args(args)
     # --kv-store device --cpu-contexts N: a pipeline per context, as train.py builds them
     train_iter, val_iter = data.get_data_iterators_per_device(cfg, 0, 1, 0, 1, train.contexts(cfg.fit, 0, 1, 0))
+    if for_gpu:
+        for iterator in (train_iter, val_iter):
+            for part in getattr(iterator, "iterators", [iterator]) if iterator is not None else []:
+                part.batches.normalize, part.batches.share = None, False
     result = data.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
     print(json.dumps(dict(result, backend=args.data_backend, auto_augment=args.auto_augment)))
 
@@ -334,11 +356,12 @@ def main():
                              "(--steps, --step-ms: give more ms than the pipeline needs per batch)")
     parser.add_argument("--dont-use-mmap", action="store_true", help="--step-thread: plain reads, not mmap")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.add_argument("--one-for-gpu", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
     parser.add_argument("--dali-decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one is not None:
-        return run_one(args.one)
+    if args.one is not None or args.one_for_gpu is not None:
+        return run_one(args.one if args.one is not None else args.one_for_gpu, for_gpu=args.one is None)
     if args.decode_only is not None:
         return decode_only(*args.decode_only)
     if args.dali_decode_only is not None:
@@ -371,9 +394,11 @@ def main():
     # (the plain DALI CPU training pipeline must be one of the rows: it is the ceiling's multi-thread figure)
     ceiling = args.mode == "train" and "dali-cpu" in backends and not args.no_ceiling
     if ceiling:
-        configs += [("decode-only", None, "none", 1, 1), ("dali decode-only", None, "none", 1, 1)]
+        configs += [("decode-only", None, "none", 1, 1), ("dali decode-only", None, "none", 1, 1),
+                    (FOR_GPU, "dali-cpu", "none", args.threads, 1)]
         if args.threads > 1:
-            configs.append(("dali-cpu 1 thread", "dali-cpu", "none", 1, 1))
+            configs += [("dali-cpu 1 thread", "dali-cpu", "none", 1, 1),
+                        (FOR_GPU + " 1 thread", "dali-cpu", "none", 1, 1)]
     # Per-device pipelines (--kv-store device) against one pipeline with the threads each of them has.
     share = args.threads // args.devices
     per_device, one_of_share = f"dali-cpu {args.devices} devices", f"dali-cpu {share} thread" + "s" * (share > 1)
@@ -399,7 +424,7 @@ def main():
                 argv += ["--dali-cpu-resize", args.dali_cpu_resize]
             if devices > 1:
                 argv += ["--kv-store", "device", "--cpu-contexts", str(devices)]
-            command = [sys.executable, __file__, "--one", *argv]
+            command = [sys.executable, __file__, "--one-for-gpu" if name.startswith(FOR_GPU) else "--one", *argv]
             env = dict(os.environ, OMP_NUM_THREADS=str(threads * devices))
         # A core per thread (the first ones): DALI's executor, the step's thread and the resize share them, so a
         # one-thread rate is a rate per core, as the ceiling's share and scaling need.
@@ -431,9 +456,11 @@ def main():
     def median(name):
         return statistics.median(r[name] for r in rounds)
     if ceiling:
-        one_thread = median("dali-cpu 1 thread") if args.threads > 1 else median("dali-cpu")
-        lines, report["ceiling"] = ceiling_summary(median("decode-only"), median("dali decode-only"), one_thread,
-                                                   median("dali-cpu"), args.threads, len(os.sched_getaffinity(0)))
+        def one_and_all(name):
+            return (median(f"{name} 1 thread") if args.threads > 1 else median(name)), median(name)
+        lines, report["ceiling"] = ceiling_summary(median("decode-only"), median("dali decode-only"),
+                                                   one_and_all("dali-cpu"), one_and_all(FOR_GPU), args.threads,
+                                                   len(os.sched_getaffinity(0)))
         print("\n".join(lines))
     if args.devices > 1:
         line, report["devices"] = devices_summary(args.devices, share, median(per_device), median(one_of_share),

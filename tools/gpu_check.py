@@ -342,16 +342,20 @@ def validation_records(machine, args):
 MEAN, STD = (123.68, 116.779, 103.939), (58.393, 57.12, 57.375)
 
 
-def dali_batch(rec, idx, device, ctx, dtype="float32", layout="NCHW", channels=3, batch=8):
-    """The first batch of the validation pipeline on ``device`` ("cpu"/"gpu"), through DaliBatches to ``ctx``,
-    as float32 NCHW 3-channel numpy, with its labels."""
+def dali_batch(rec, idx, device, ctx, dtype="float32", layout="NCHW", channels=3, batch=8, normalize="auto"):
+    """The first batch of the validation pipeline on ``device`` ("cpu"/"gpu"), through DaliBatches to ``ctx``
+    (normalized where --dali-normalize ``normalize`` puts it, as data.py builds it), as float32 NCHW 3-channel
+    numpy, with its labels."""
     import dali
-    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(channels, 224, 224),
-                             mean=MEAN, std=STD, dtype=dtype, layout=layout, device=device, resize_shorter=256,
-                             batch_size=batch, num_threads=2, device_id=ctx.device_id if device == "gpu" else None,
-                             seed=1)
+    on_device = dali.normalizes_on_device(normalize, device, ctx)
+    shape = (channels, 224, 224)
+    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=shape, mean=MEAN,
+                             std=STD, dtype=dtype, layout=layout, device=device, resize_shorter=256, batch_size=batch,
+                             num_threads=2, device_id=ctx.device_id if device == "gpu" else None, seed=1,
+                             normalize=not on_device)
     pipe.build()
-    images, labels = dali.DaliBatches(pipe, ctx).next()
+    after = dali.DeviceNormalize(shape, MEAN, STD, dtype, layout) if on_device else None
+    images, labels = dali.DaliBatches(pipe, ctx, normalize=after).next()
     where = (str(images.context), str(images.dtype.__name__ if hasattr(images.dtype, "__name__") else images.dtype),
              images.shape)
     out = images.asnumpy().astype("float32")
@@ -398,19 +402,22 @@ def check_data_cpu(machine, args):
 
 
 def check_data_gpu(machine, args):
-    """dali-gpu (nvJPEG) and dali-cpu staged through pinned memory, both into MXNet on gpu(0) as float16 NHWC
-    4-channel batches, against dali-cpu on the CPU."""
+    """dali-gpu (nvJPEG), dali-cpu's uint8 crops normalized on the GPU (its default for a GPU) and dali-cpu
+    normalized in the pipeline, staged through pinned memory, all into MXNet on gpu(0) as float16 NHWC 4-channel
+    batches, against dali-cpu on the CPU."""
     import mxnet as mx
     rec, idx = validation_records(machine, args)
     reference, labels, _ = dali_batch(rec, idx, "cpu", mx.cpu())
     found, worst, parts = {"records": rec}, 0.0, []
-    for device in ("gpu", "cpu"):
-        images, got_labels, where = dali_batch(rec, idx, device, mx.gpu(0), "float16", "NHWC", 4)
+    for name, device, normalize in [("dali-gpu", "gpu", "auto"), ("dali-cpu", "cpu", "auto"),
+                                    ("dali-cpu --dali-normalize pipeline", "cpu", "pipeline")]:
+        images, got_labels, where = dali_batch(rec, idx, device, mx.gpu(0), "float16", "NHWC", 4,
+                                               normalize=normalize)
         error = pixel_error(images, reference)
         same_labels = bool((got_labels == labels).all())
-        found[f"dali-{device}"] = {"mean_abs_pixel_error": error, "batch": str(where), "labels_equal": same_labels}
+        found[name] = {"mean_abs_pixel_error": error, "batch": str(where), "labels_equal": same_labels}
         worst = max(worst, error if same_labels else float("inf"))
-        parts.append(f"dali-{device} -> {where[0]} {where[1]} {tuple(where[2])}: {error:.2f}")
+        parts.append(f"{name} -> {where[0]} {where[1]} {tuple(where[2])}: {error:.2f}")
     return ("pass" if worst <= PIXEL_TOLERANCE else "fail"), (
         f"vs dali-cpu on the CPU (mean absolute, 0-255 units, tolerance {PIXEL_TOLERANCE:g}): " + "; ".join(parts)), found
 
