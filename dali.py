@@ -2,7 +2,8 @@
 
 DALI 2.x ships no MXNet plugin (it ended with DALI 1.39), so `DaliBatches` hands DALI's outputs to MXNet itself:
 a CPU pipeline's batch for the CPU as it is (an NDArray on DALI's memory, no copy), a GPU pipeline's by copying
-straight into the NDArray's device memory, a CPU pipeline's for a GPU into pinned host memory, then to the GPU.
+straight into the NDArray's device memory, a CPU pipeline's for a GPU into pinned host memory, then to the GPU (by
+default as uint8 crops, normalized there by DeviceNormalize).
 Imports nothing of the kit:
 data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
