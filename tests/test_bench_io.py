@@ -83,8 +83,8 @@ def test_per_device_pipelines(tmp_path):
 
 def test_handover_rows(tmp_path):
     report, out = bench(tmp_path, "--handover", "--steps", "3", "--step-ms", "1", "--batch-size", "4", "--threads", "1")
-    assert set(report["handover_ms"]) == {"shared", "copied"}
+    assert set(report["handover_ms"]) == {"shared", "copied", "uint8 copied, for a GPU"}
     assert len(report["rounds"]) == 1 and report["rounds"][0] == report["handover_ms"]
     assert all(ms > 0 for ms in report["handover_ms"].values())
     assert "batch shared" in out and "batch copied" in out
-    assert report["image_shape"] == [3, 64, 64] and "(3x64x64 float32)" in out  # bench()'s --image-shape
+    assert report["image_shape"] == [3, 64, 64] and "(3x64x64)" in out  # bench()'s --image-shape

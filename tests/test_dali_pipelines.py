@@ -225,7 +225,8 @@ def test_resize_after_its_pool_shut_down():
 
 # --- --dali-normalize device: uint8 crops out of the pipeline, normalized by MXNet after the hand-over ---------
 
-TRAIN_VARIANTS = {"train": {}, "train, DALI's resize": {"cpu_resize": "dali"}, "train, unfused": {"fuse_decoder": False}}
+TRAIN_VARIANTS = {"train": {}, "train, DALI's resize": {"cpu_resize": "dali"},
+                  "train, unfused": {"fuse_decoder": False}}
 
 
 def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, count=3):

@@ -30,7 +30,8 @@ network file system would find it.
 
 ``--handover`` times what the step's thread spends per batch in DaliBatches.next() of the whole DALI CPU training
 pipeline (train.py's defaults, float32 of --image-shape), the batch handed to MXNet shared (an NDArray on DALI's
-memory, the default on CPU) and copied into reused NDArrays (what a GPU's batch still takes, through pinned memory).
+memory, the default on CPU) and copied into reused NDArrays, and the uint8 crops a GPU gets copied (as into its
+pinned memory; normalized on the GPU).
 """
 import argparse
 import json
@@ -170,8 +171,9 @@ def timed_rows(rows, measure, repeats, label="{}"):
     and returns ({name: median}, the rounds)."""
     rounds = [{name: measure(value) for name, value in rows.items()} for _ in range(repeats)]
     result = {name: statistics.median(r[name] for r in rounds) for name in rows}
+    width = max(20, *(len(label.format(name)) for name in rows))
     for name, ms in result.items():
-        print(f"{label.format(name):<20} {ms:8.2f} ms")
+        print(f"{label.format(name):<{width}} {ms:8.2f} ms")
     return result, rounds
 
 
@@ -192,11 +194,12 @@ def step_thread(args, rec, idx):
                       "mmap": not args.dont_use_mmap, "rounds": rounds}))
 
 
-def handover_ms(rec, idx, batch_size, image_shape, threads, share, steps, step_ms):
+def handover_ms(rec, idx, batch_size, image_shape, threads, share, normalized, steps, step_ms):
     """Median ms per batch that the step's thread spends in DaliBatches.next() of the DALI CPU training pipeline
-    (train.py's defaults, float32 of ``image_shape``): DALI's run() of a batch it has made meanwhile, then the
-    batch handed to MXNet, shared (an NDArray on DALI's memory) or copied into reused NDArrays, with step_ms of
-    compute (a sleep) after each; DALI's prefetch fill is skipped."""
+    (train.py's defaults, float32 of ``image_shape``, or its uint8 crops for a GPU when not ``normalized``): DALI's
+    run() of a batch it has made meanwhile, then the batch handed to MXNet, shared (an NDArray on DALI's memory) or
+    copied into reused NDArrays (as into pinned memory for a GPU), with step_ms of compute (a sleep) after each;
+    DALI's prefetch fill is skipped."""
     sys.path.insert(0, ROOT)
     import gc
     import mxnet as mx
@@ -208,7 +211,7 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, steps, step_m
                                       ahead=defaults.dali_read_ahead)
     pipe = dali.train_pipeline(source=source, image_shape=image_shape, mean=defaults.rgb_mean, std=defaults.rgb_std,
                                batch_size=batch_size, num_threads=threads, device_id=None, seed=1,
-                               prefetch_queue_depth=defaults.dali_prefetch_queue)
+                               prefetch_queue_depth=defaults.dali_prefetch_queue, normalize=normalized)
     pipe.build()
     batches = dali.DaliBatches(pipe, mx.cpu(), share=share)
     times = []
@@ -224,15 +227,16 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, steps, step_m
 
 
 def handover(args, rec, idx):
-    """--handover: DaliBatches.next() with the batch shared with MXNet against copied, alternating in each round."""
-    rows = {"shared": True, "copied": False}
+    """--handover: DaliBatches.next() with the batch shared with MXNet, copied, and copied as the uint8 crops a GPU
+    gets (normalized there), alternating in each round."""
+    rows = {"shared": (True, True), "copied": (False, True), "uint8 copied, for a GPU": (False, False)}
     shape = tuple(int(n) for n in args.image_shape.split(","))
-    print(f"ms per batch of {args.batch_size} ({'x'.join(map(str, shape))} float32) on the training step's thread in "
+    print(f"ms per batch of {args.batch_size} ({'x'.join(map(str, shape))}) on the training step's thread in "
           f"DaliBatches.next(), {args.threads} DALI threads, {args.step_ms:g} ms of compute between batches (more "
           f"than the pipeline needs per batch, or the wait for it is timed too), medians of {args.repeats} rounds, "
           f"{rec}")
-    result, rounds = timed_rows(rows, lambda share: handover_ms(rec, idx, args.batch_size, shape, args.threads, share,
-                                                                args.steps, args.step_ms), args.repeats, "batch {}")
+    result, rounds = timed_rows(rows, lambda how: handover_ms(rec, idx, args.batch_size, shape, args.threads, *how,
+                                                              args.steps, args.step_ms), args.repeats, "batch {}")
     print(json.dumps({"handover_ms": result, "batch_size": args.batch_size, "image_shape": shape,
                       "threads": args.threads, "step_ms": args.step_ms, "rounds": rounds}))
 
@@ -352,8 +356,9 @@ def main():
     parser.add_argument("--cold", action="store_true", help="--step-thread: empty the page cache first (root)")
     parser.add_argument("--handover", action="store_true",
                         help="time instead what the step's thread spends per batch in DaliBatches.next() of the "
-                             "training pipeline, the batch shared with MXNet (the default on CPU) vs copied "
-                             "(--steps, --step-ms: give more ms than the pipeline needs per batch)")
+                             "training pipeline, the batch shared with MXNet (the default on CPU) vs copied, and "
+                             "copied as the uint8 crops a GPU gets (--steps, --step-ms: give more ms than the "
+                             "pipeline needs per batch)")
     parser.add_argument("--dont-use-mmap", action="store_true", help="--step-thread: plain reads, not mmap")
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--one-for-gpu", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
