@@ -229,9 +229,10 @@ TRAIN_VARIANTS = {"train": {}, "train, DALI's resize": {"cpu_resize": "dali"},
                   "train, unfused": {"fuse_decoder": False}}
 
 
-def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, count=3):
+def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, count=3, share=True):
     """``count`` batches (numpy images, labels) of a seeded CPU pipeline through DaliBatches to the CPU, normalized
-    in the pipeline (DALI's crop_mirror_normalize) or after it (dali.DeviceNormalize)."""
+    in the pipeline (DALI's crop_mirror_normalize) or after it (dali.DeviceNormalize); ``share=False``: copied into
+    reused arrays first, as a GPU's batch is into pinned memory."""
     common = dict(image_shape=image_shape, mean=MEAN, std=STD, dtype=dtype, layout=layout, batch_size=8,
                   num_threads=2, device_id=None, seed=11, normalize=normalize)
     if kind in TRAIN_VARIANTS:
@@ -242,7 +243,7 @@ def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, coun
                                  **common)
     pipe.build()
     after = None if normalize else dali.DeviceNormalize(image_shape, MEAN, STD, dtype, layout)
-    batches = dali.DaliBatches(pipe, mx.cpu(), normalize=after)
+    batches = dali.DaliBatches(pipe, mx.cpu(), normalize=after, share=share)
     out = []
     for _ in range(count):
         images, labels = batches.next()
@@ -253,16 +254,19 @@ def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, coun
 @pytest.mark.parametrize("kind,dtype,layout,channels", [
     (kind, *case) for kind in ("train", "val")
     for case in [("float32", "NCHW", 3), ("float16", "NHWC", 4), ("float32", "NHWC", 3), ("float16", "NCHW", 4)]] + [
-    (kind, "float32", "NCHW", 3) for kind in ("train, DALI's resize", "train, unfused")])
+    (kind, "float32", "NCHW", 3) for kind in ("train, DALI's resize", "train, unfused", "train, copied")])
 def test_normalizing_after_the_pipeline_gives_dalis_batches(photo_rec, kind, dtype, layout, channels):
     """The same seeded pipeline, normalized by DALI's crop_mirror_normalize or by MXNet after the hand-over (what
     a GPU gets by default from dali-cpu): the same crops, flips (the training pipeline mirrors half of them: with
     OpenCV's resize, with DALI's, or after an unfused crop), labels, dtype, layout and zero fourth channel, values
-    within float rounding."""
+    within float rounding; also when the uint8 batch is copied first. (With colour jitter or automatic augmentation
+    the flip comes before them: the same distribution, other random draws.)"""
     rec, idx, _ = photo_rec
     shape = (channels, 112, 112) if kind == "val" else (channels, 96, 96)
+    share = kind != "train, copied"  # the uint8 batch copied into a reused slot, then normalized
+    kind = "train" if kind == "train, copied" else kind
     in_pipeline = pipeline_batches(kind, True, shape, dtype, layout, rec, idx)
-    after = pipeline_batches(kind, False, shape, dtype, layout, rec, idx)
+    after = pipeline_batches(kind, False, shape, dtype, layout, rec, idx, share=share)
     tolerance = 1e-5 if dtype == "float32" else 4e-3  # float16 spacing near |x| = 2.6 is 2e-3
     for (images, labels), (ref_images, ref_labels) in zip(after, in_pipeline):
         np.testing.assert_array_equal(labels, ref_labels)

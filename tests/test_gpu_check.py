@@ -83,16 +83,25 @@ def test_driver_and_architecture_verdicts(monkeypatch):
     assert [gpu_check.wheel_covers(arch) for arch in (70, 75, 80, 86, 89, 90)] == [True] * 5 + [False]
 
 
-def test_the_data_gpu_checks_batches_on_the_cpu(tmp_path):
+def test_the_data_gpu_checks_batches_on_the_cpu(tmp_path, monkeypatch):
     """data-gpu's dali-cpu batch normalized after the hand-over (its default for a GPU), built as that check
-    builds it, for the CPU here: float16 NHWC 4-channel, within float16 rounding of the pipeline-normalized one,
-    and a batch that is off fails the comparison."""
+    builds it, for the CPU here: uint8 crops handed over and normalized once, float16 NHWC 4-channel, within
+    float16 rounding of the pipeline-normalized one, and a batch that is off fails the comparison."""
     import mxnet as mx
+    import dali
+    handed_over = []
+    real_call = dali.DeviceNormalize.__call__
+
+    def normalize(self, images):
+        handed_over.append(images.dtype)
+        return real_call(self, images)
+    monkeypatch.setattr(dali.DeviceNormalize, "__call__", normalize)
     machine = types.SimpleNamespace(gpu=False, num_gpus=0, workdir=str(tmp_path))
     rec, idx = gpu_check.validation_records(machine, types.SimpleNamespace(data_val=None))
     reference, labels, _ = gpu_check.dali_batch(rec, idx, "cpu", mx.cpu())
     images, got_labels, where = gpu_check.dali_batch(rec, idx, "cpu", mx.cpu(), "float16", "NHWC", 4,
                                                      normalize="device")
     assert where[1] == "float16" and tuple(where[2]) == (8, 224, 224, 4)
+    assert handed_over == [np.uint8]
     assert (got_labels == labels).all() and gpu_check.pixel_error(images, reference) < 0.1
     assert gpu_check.pixel_error(images * 1.02, reference) > 1  # 2 % off is seen

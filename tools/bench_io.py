@@ -13,9 +13,11 @@ known.
 With a DALI CPU backend in a training run, each round also times the machine's ceiling: decoding alone (every
 record's JPEG through OpenCV's libjpeg-turbo, one thread, bytes read beforehand), DALI's crop-window decoder alone
 (the pipeline's first operator) and the DALI CPU training pipeline on one thread, each on one core (what runs beside
-the thread shares it), then prints the pipeline's share of decoding alone (per core), what its resize and normalize
-add per image, its scaling from one thread to --threads (against linear), and how many such cores feed a V100 or an
-A100 (their published ResNet-50 training rates). ``--dali-cpu-resize dali`` times DALI's resize instead of OpenCV's.
+the thread shares it), then prints the pipeline's share of decoding alone (per core), what it adds per image after
+the decoder and its scaling from one thread to --threads (against linear), for the pipeline as it feeds the CPU
+(normalized in the pipeline) and as it feeds a GPU (uint8 crops copied as into pinned memory, normalized on the GPU,
+which is not timed), and how many cores of the latter feed a V100 or an A100 (their published ResNet-50 training
+rates). ``--dali-cpu-resize dali`` times DALI's resize instead of OpenCV's.
 A benchmark, not a test: numbers depend on the machine.
 
 ``--devices N`` also times N per-device pipelines (``--kv-store device --cpu-contexts N``, as train.py builds them),
