@@ -7,11 +7,13 @@ default as uint8 crops, normalized there by DeviceNormalize).
 Imports nothing of the kit:
 data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
+import atexit
 import concurrent.futures
 import contextlib
 import ctypes
 import os
 import re
+import threading
 import warnings
 import weakref
 
@@ -20,6 +22,34 @@ import numpy as np
 from nvidia.dali import Pipeline, fn, pipeline_def, types
 
 READER_NAME = "Reader"
+
+_pipelines_to_shut_down = []  # pipelines finalized off the main thread, shut down by it later
+_dali_pipeline_del = Pipeline.__del__
+
+
+def _pipeline_del(pipeline):
+    """DALI 2.4's Pipeline.__del__ shuts the pipeline down, joining its threads. A garbage collection can run it on
+    one of those threads (one running a python_function, such as the OpenCV resize) or on a thread they wait for
+    (the resize pool): a pipeline in a reference cycle (a traceback's frames, say) dropped while it still works
+    ahead. There the join fails (std::system_error "Resource deadlock avoided") and std::terminate aborts the
+    process. Off the main thread the pipeline is kept instead, and the main thread shuts it down at its next batch
+    or at exit (shut_down_finalized_pipelines; DALI's own exit handler no longer knows it: the collection cleared
+    its weak reference)."""
+    if threading.current_thread() is threading.main_thread():
+        _dali_pipeline_del(pipeline)
+    else:
+        _pipelines_to_shut_down.append(pipeline)  # alive again: __del__ will not run a second time
+
+
+def shut_down_finalized_pipelines():
+    """On the main thread: shut down the pipelines finalized elsewhere (see _pipeline_del)."""
+    if threading.current_thread() is threading.main_thread():
+        while _pipelines_to_shut_down:
+            _pipelines_to_shut_down.pop()._shutdown()
+
+
+Pipeline.__del__ = _pipeline_del
+atexit.register(shut_down_finalized_pipelines)  # runs before DALI's handler, registered at its import
 
 # DALI's decoder (nvImageCodec) writes its own messages to stderr in ANSI colours, warnings included, which in a
 # log file are escape codes around lines about images it decodes anyway. The kit keeps its errors only (1, the
@@ -342,6 +372,7 @@ class DaliBatches:
     def next(self):
         """(images, labels) of the next batch; a pipeline failure (e.g. an image that does not decode) raises
         DALI's RuntimeError."""
+        shut_down_finalized_pipelines()
         images, labels = self.pipeline.run()
         index = self._next_slot
         slot, device = self._slots[index], self._device[index]

@@ -1,11 +1,14 @@
 """Our DALI-to-MXNet iterator on real DALI CPU pipelines."""
 import collections
+import subprocess
+import sys
 
 import mxnet as mx
 import pytest
 
 import dali
 import data
+from conftest import HANG_S, ROOT, venv_env
 
 
 def val_labels(rec, idx, shard_id, num_shards, batch_size):
@@ -80,3 +83,57 @@ def test_cpu_batches_are_shared_not_copied_and_outlive_later_batches(unique_labe
         np.testing.assert_array_equal(labels.asnumpy(), label_copy)
     for total, expected in pending:
         assert abs(total.asscalar() - expected) <= 1e-4 * max(1.0, abs(expected))
+
+
+FINALIZED_OFF_MAIN = r'''
+import gc, sys, threading
+sys.path.insert(0, sys.argv[1])
+import mxnet as mx
+import dali
+from nvidia.dali import fn, pipeline_def
+
+off_main = []
+
+
+def collect(x):  # a collection on DALI's thread, as an allocation in the OpenCV resize may start one
+    gc.collect()
+    return x
+
+
+@pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=3)
+def working():
+    return fn.python_function(fn.random.uniform(range=[0, 1], shape=[4]), function=collect)
+
+
+@pipeline_def(batch_size=2, num_threads=1, device_id=None)
+def plain():
+    return fn.random.uniform(range=[0, 1], shape=[4]), fn.random.uniform(range=[0, 1], shape=[1])
+
+
+for _ in range(4):
+    pipe = working()
+    pipe.build()
+    pipe.run()  # it goes on working ahead
+    cycle = {"pipe": pipe}
+    cycle["self"] = cycle  # dropped into a reference cycle, as a traceback's frames hold one
+    del pipe, cycle
+kept = list(dali._pipelines_to_shut_down)
+batches = dali.DaliBatches(plain(), mx.cpu())
+batches.pipeline.build()
+batches.next()  # the main thread shuts down what was finalized elsewhere
+print("kept", len(kept), "left", len(dali._pipelines_to_shut_down), "shut", sum(p._pipe is None for p in kept))
+'''
+
+
+def test_a_pipeline_collected_on_its_own_thread_does_not_abort_the_process(tmp_path):
+    """DALI's Pipeline.__del__ joins the pipeline's threads: run by a collection on one of them (a pipeline in a
+    reference cycle, dropped while its python_function works ahead) it aborted the process ("terminate called",
+    Resource deadlock avoided). dali.py keeps such a pipeline and the main thread shuts it down at its next batch."""
+    script = tmp_path / "finalized_off_main.py"
+    script.write_text(FINALIZED_OFF_MAIN)
+    result = subprocess.run([sys.executable, str(script), ROOT], env=venv_env(), capture_output=True, text=True,
+                            timeout=HANG_S)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Resource deadlock" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
+    kept, left, shut = (int(word) for word in result.stdout.split()[1::2])
+    assert kept >= 1 and left == 0 and shut == kept  # collected off the main thread, then shut down by it
