@@ -11,6 +11,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import ctypes
+import gc
 import os
 import re
 import threading
@@ -23,33 +24,60 @@ from nvidia.dali import Pipeline, fn, pipeline_def, types
 
 READER_NAME = "Reader"
 
-_pipelines_to_shut_down = []  # pipelines finalized off the main thread, shut down by it later
+_finalized_off_main = []  # pipelines and resize pools finalized off the main thread, shut down by it later
 _dali_pipeline_del = Pipeline.__del__
+
+
+def _on_main_thread():
+    return threading.get_ident() == threading.main_thread().ident
 
 
 def _pipeline_del(pipeline):
     """DALI 2.4's Pipeline.__del__ shuts the pipeline down, joining its threads. A garbage collection can run it on
-    one of those threads (one running a python_function, such as the OpenCV resize) or on a thread they wait for
-    (the resize pool): a pipeline in a reference cycle (a traceback's frames, say) dropped while it still works
-    ahead. There the join fails (std::system_error "Resource deadlock avoided") and std::terminate aborts the
-    process. Off the main thread the pipeline is kept instead, and the main thread shuts it down at its next batch
-    or at exit (shut_down_finalized_pipelines; DALI's own exit handler no longer knows it: the collection cleared
-    its weak reference)."""
-    if threading.current_thread() is threading.main_thread():
+    any thread: on one of those threads (one running a python_function, such as the OpenCV resize) the join fails
+    (std::system_error "Resource deadlock avoided") and std::terminate aborts the process; on a thread they wait for
+    (the resize pool) it hangs. It happens to a pipeline in a reference cycle (a traceback's frames, say) dropped
+    while it still works ahead. Off the main thread the pipeline is kept instead, and the main thread shuts it down
+    at its next batch, at the next iterators' build, or at exit (shut_down_finalized_pipelines; DALI's own exit
+    handler no longer knows it: the collection cleared its weak reference)."""
+    if _on_main_thread():
         _dali_pipeline_del(pipeline)
     else:
-        _pipelines_to_shut_down.append(pipeline)  # alive again: __del__ will not run a second time
+        _finalized_off_main.append(pipeline)  # alive again: __del__ will not run a second time
+
+
+def _shut_down_pool(pool):
+    """The resize pool's end, with its pipeline's: on the main thread now; elsewhere later, as for the pipeline (a
+    collection inside pool.submit on a worker holds the pool's lock that shutdown takes: it would hang)."""
+    if _on_main_thread():
+        pool.shutdown(wait=False)
+    else:
+        _finalized_off_main.append(pool)
 
 
 def shut_down_finalized_pipelines():
-    """On the main thread: shut down the pipelines finalized elsewhere (see _pipeline_del)."""
-    if threading.current_thread() is threading.main_thread():
-        while _pipelines_to_shut_down:
-            _pipelines_to_shut_down.pop()._shutdown()
+    """On the main thread: shut down the pipelines (and resize pools) finalized elsewhere (see _pipeline_del). A
+    failure to shut one down is a warning, not the caller's error."""
+    if not _on_main_thread():
+        return
+    while _finalized_off_main:
+        finalized = _finalized_off_main.pop(0)
+        try:
+            if isinstance(finalized, Pipeline):
+                finalized._shutdown()
+            else:
+                finalized.shutdown(wait=False)
+        except Exception as error:  # noqa: BLE001 (whatever DALI raises, the batch being drawn is not at fault)
+            warnings.warn(f"a DALI pipeline finalized off the main thread did not shut down cleanly: {error}")
+
+
+def _shut_down_at_exit():
+    gc.collect()  # what is still in cycles is finalized here, on the main thread, not by a DALI thread later
+    shut_down_finalized_pipelines()
 
 
 Pipeline.__del__ = _pipeline_del
-atexit.register(shut_down_finalized_pipelines)  # runs before DALI's handler, registered at its import
+atexit.register(_shut_down_at_exit)  # runs before DALI's handler, registered at its import
 
 # DALI's decoder (nvImageCodec) writes its own messages to stderr in ANSI colours, warnings included, which in a
 # log file are escape codes around lines about images it decodes anyway. The kit keeps its errors only (1, the
@@ -194,7 +222,7 @@ class _OpenCVResize:
         self.pool = None
         if pipeline.num_threads > 1:
             self.pool = concurrent.futures.ThreadPoolExecutor(pipeline.num_threads, thread_name_prefix="opencv-resize")
-            weakref.finalize(pipeline, self.pool.shutdown, wait=False)
+            weakref.finalize(pipeline, _shut_down_pool, self.pool)
 
     def one(self, image, flip=0):
         out = self.cv2.resize(image, self.size, interpolation=self.cv2.INTER_LINEAR)

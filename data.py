@@ -633,6 +633,7 @@ _warned_partial_epochs = set()
 def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx):
     """Train and val iterators for this rank (dali-gpu or dali-cpu). ``feed.batch_size`` is the global batch."""
     import dali  # only now: DALI is a large import, and only its backends need it
+    dali.shut_down_finalized_pipelines()  # the last epoch's, if a collection off the main thread finalized it
     record_files = open_record_files(cfg)
     device = backends.get(cfg.data_backend).pipeline_device
     if device == "gpu" and ctx.device_type != "gpu":
