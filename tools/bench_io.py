@@ -203,7 +203,6 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, normalized, s
     copied into reused NDArrays (as into pinned memory for a GPU), with step_ms of compute (a sleep) after each;
     DALI's prefetch fill is skipped."""
     sys.path.insert(0, ROOT)
-    import gc
     import mxnet as mx
     import dali
     import data
@@ -223,8 +222,7 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, normalized, s
         images, _ = batches.next()
         times.append(time.perf_counter() - start)
         images.wait_to_read()  # as a step reads its batch before the next is drawn
-    del images, batches, pipe
-    gc.collect()  # the resize's python_function holds the pipeline in a cycle: free its batches before the next row
+    del images, batches, pipe  # the pipeline and its batches go now, before the next row's
     return 1000 * statistics.median(times[defaults.dali_prefetch_queue:])
 
 
