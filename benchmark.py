@@ -210,7 +210,19 @@ def run_settings(train_command):
                        real_data=backends.reads_records(found.data_backend),
                        data=None if not backends.reads_records(found.data_backend) else
                        OrderedDict((k, v) for k, v in (("train", found.data_train), ("val", found.data_val)) if v),
-                       kv_store=found.kv_store, load=found.load, image_shape=found.image_shape)
+                       kv_store=found.kv_store, load=found.load, image_shape=scored_shape(found, typed))
+
+
+def scored_shape(found, typed):
+    """The image shape the runs use: --image-shape where typed, else a --load checkpoint's own (train.py takes
+    it from the checkpoint's state), else train.py's default."""
+    if found.load and "image_shape" not in typed:
+        import settings  # imports MXNet: only for benchmarks of a checkpoint
+        state = settings.trained_settings(found.load) or {}
+        saved = (state.get("args") or {}).get("image_shape")
+        if saved:
+            return ",".join(str(v) for v in saved)
+    return found.image_shape
 
 
 def last_error(lines):

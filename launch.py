@@ -79,7 +79,8 @@ LAYOUT_FLAGS = ("--input-layout", "--conv-layout", "--batchnorm-layout", "--pool
 TRAIN_FLAGS_EPILOG = (
     "Every other flag goes to train.py (`python train.py --help` lists them all) and is checked before any worker "
     "starts. Common ones: --workspace DIR (default: runs/<model>), --resume auto|none|PATH, "
-    "--mode train_val|train|val|pred, --recipe nvidia|nvidia-2019|he, --seed N, --num-layers N or --model NAME, "
+    "--mode train_val|train|val|pred, --recipe " + "|".join(schedules.RECIPES) + ", --seed N, "
+    "--num-layers N or --model NAME, "
     "--num-classes N, --image-shape C,H,W, --data-val-resize N, --load PATH (val/pred), --keep-last K, "
     "--save-frequency N.")
 
@@ -647,8 +648,8 @@ def run_horovodrun(arguments):
         horovod_launch.run_commandline()
     except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
         codes = re.findall(r"Exit code: (-?\d+)", str(error))
-        if not codes:
-            raise
+        if not codes:  # horovodrun refused before starting workers (its reason per host is printed above)
+            return 1, f"horovodrun: {horovodrun_refusal(error)}", None
         workers = re.findall(r"Process name: (\S+)", str(error))
         first = (int(workers[0]), int(codes[0])) if workers and workers[0].isdigit() else None  # rank, status
         return int(codes[0]), (f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
@@ -659,6 +660,15 @@ def run_horovodrun(arguments):
         stop.done.set()
         restore()
     return (INTERRUPTED, "interrupted", None) if stop.interrupted else (0, "", None)
+
+
+def horovodrun_refusal(error):
+    """One line for a horovodrun failure before any worker started, with what to do where it is known."""
+    message = " ".join(str(error).split())
+    if "via ssh" in message:
+        return (f"{message}: each host in -H/--hostfile must accept `ssh HOST true` without a password from this "
+                "machine (README, Multi-node), or use --launcher mpi")
+    return message
 
 
 class StopRelay:

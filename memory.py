@@ -107,8 +107,8 @@ def check(net, input_shape, dtype, global_batch, devices, processes_here, budget
     if budget is None or need <= budget:
         return None, need
     fits = largest_batch(params, activations, dtype, budget)
-    advice = (f"use --batch-size {fits * devices} (global; {fits} per device) or fewer" if fits else
-              "no batch fits: use a smaller network or image shape")
+    advice = (f"use --batch-size {fits * devices} (global; {fits} per device: runner's -b {fits}) or fewer"
+              if fits else "no batch fits: use a smaller network or image shape")
     return (f"training needs about {gib(need)} per device ({per_device} images of {'x'.join(map(str, input_shape[1:]))}"
             f" in {dtype}: {gib(activations * DTYPE_BYTES.get(dtype, 4) * ACTIVATION_FACTOR * per_device)} of "
             f"activations, {params / 1e6:.1f} M parameters) and {where} has {gib(budget)}; {advice} "

@@ -158,7 +158,10 @@ def read_outcome(path):
 
 if __name__ == "__main__":
     import sys
+    usage = "usage: python run_lock.py WORKSPACE   (prints how the run there ended, or that it runs)"
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        sys.exit(print(usage))
     if len(sys.argv) != 2:
-        sys.exit("usage: python run_lock.py WORKSPACE   (prints how the run there ended, or that it runs)")
+        sys.exit(usage)
     state = run_state(sys.argv[1])
     print(json.dumps(state) if state else f"no run has held {sys.argv[1]}")

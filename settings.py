@@ -172,6 +172,10 @@ def complete(args, given, num_gpus):
         return None
     if not os.path.isfile(path):
         raise ValueError(f"--load {path} does not exist")
+    try:  # a damaged file is refused before its state's settings (or the defaults) are taken for it
+        checkpoint.check_loadable(path)
+    except checkpoint.CheckpointError as error:
+        raise ValueError(str(error))
     state = trained_settings(path)
     if state is not None:
         apply_trained_settings(args, state, given, path)

@@ -245,6 +245,8 @@ def header(cfg, size, report_path):
                 f"results in {checkpoint.workspace_path(fit_cfg.workspace, report_path)}")
     data_files = data_cfg.data_backend if not backends.reads_records(data_cfg.data_backend) else \
         ", ".join(f for f in (data_cfg.data_train, data_cfg.data_val) if f)
+    if data_cfg.test_io:  # no model runs: the pipeline's batches only
+        return f"Timing the input pipeline ({data_cfg.test_io_mode}) for {model} on {machine}; data {data_files}"
     return (f"Training {model} on {machine}; recipe {fit_cfg.recipe}, LR {fit_cfg.lr:g}, {fit_cfg.num_epochs} "
             f"epochs; data {data_files}; results in {os.path.join(fit_cfg.workspace, '')}")
 

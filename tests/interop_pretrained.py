@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import resnet_reference as ref
-from test_pretrained import X, assert_logits, load, logits, refusal
+# tv18 is a fixture: imported for pytest to find it by name
+from test_pretrained import X, assert_logits, load, logits, refusal, tv18  # noqa: F401
 
 
 def test_pth_with_pytorch_gives_reference_logits(tv18, tmp_path):

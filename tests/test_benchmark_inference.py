@@ -12,6 +12,7 @@ import pytest
 
 from conftest import HANG_S, ROOT, venv_env, write_record_file
 
+import benchmark
 import config
 import data
 import distributed
@@ -114,6 +115,14 @@ def test_real_data_loaded_checkpoint(tmp_path, data_root, checkpoint):
     report = check_real_data_cell(data, out, data_root, iters, "mxnet")
     assert data["weights"] == report["weights"] == str(checkpoint)
     assert f"weights {checkpoint}" in result.stdout
+
+
+def test_the_report_names_the_image_shape_a_loaded_checkpoint_is_scored_at(checkpoint):
+    # train.py takes the shape from the checkpoint when --image-shape is not typed; a flag typed wins
+    command = f"python train.py --mode val --load {checkpoint} --data-backend dali-cpu"
+    assert benchmark.run_settings(command)["image_shape"] == "3,32,32"  # TINY_MODEL's, not train.py's 3,224,224
+    assert benchmark.run_settings(command + " --image-shape 3,40,40")["image_shape"] == "3,40,40"
+    assert benchmark.run_settings("python train.py --mode val")["image_shape"] == "3,224,224"
 
 
 def test_a_missing_checkpoint_is_refused_before_any_run(tmp_path, data_root):

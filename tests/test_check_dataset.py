@@ -79,6 +79,7 @@ def test_checker_names_each_planted_fault(planted):
     for key, kind in EXPECTED_WARNINGS.items():
         assert kind in warnings[key], (key, warnings.get(key))
     assert not {0, 1} & set(warnings)
+    assert 3 not in warnings  # garbage is an error only: no "re-encode it as JPEG" for what does not decode
 
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)

@@ -115,6 +115,8 @@ def test_train_py_test_io_runs_without_a_model(digits_data):
          "--num-examples", "640", "--test-io"], cwd=ROOT, env=venv_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "test-io train backend mxnet: 576 images" in result.stdout
+    assert "INFO Timing the input pipeline (train) for resnet50_v1.5" in result.stderr  # no training, no epochs
+    assert "Training" not in result.stderr and "epochs" not in result.stderr
 
 
 @pytest.mark.slow

@@ -140,6 +140,12 @@ def test_damaged_checkpoints_are_skipped_with_a_warning_and_refused_for_load(dig
         assert result.returncode == 2, result.stderr[-3000:]
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"train.py: error: {damaged} {why}"), result.stderr[-3000:]
+        # train.py alone, no model flags: refused before it takes the state's (or its default) settings
+        result = run([sys.executable, os.path.join(ROOT, "train.py"), "--mode", "val", "--load", str(damaged),
+                      "--data-root", str(digits_data)])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+        assert lines[0].startswith(f"train.py: error: {damaged} {why}"), result.stderr[-3000:]
 
     # --resume auto: back to the newest whole checkpoint, each bad file named once (by rank 0)
     command = runner_command(digits_data, workspace, epochs=5, examples=examples, extra=["--keep-last", "0"])

@@ -1,5 +1,6 @@
 """runner's answers to bad input: one line, non-zero exit, no traceback."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -172,3 +173,15 @@ def test_a_failing_worker_ends_in_its_own_message_and_one_runner_line(tmp_path):
     assert f"--data-train {missing} does not exist" in result.stderr  # train.py's own one-line message
     last = result.stderr.strip().splitlines()[-1]  # the first failure a worker recorded (faults.py), with its rank
     assert last.startswith("runner: error: rank ") and f"--data-train {missing} does not exist" in last, last
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="no ssh client (apt-get install openssh-client); CI has one")
+def test_a_host_ssh_cannot_reach_is_one_runner_line(tmp_path):
+    # horovodrun checks every remote host over ssh before starting any worker, and raises when one fails.
+    result = run_runner("-n", "2", "-H", "nosuchhost.invalid:1,localhost:1", "-b", "2", "-e", "1",
+                        "--data-backend", "synthetic", "--workspace", str(tmp_path))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "ssh not successful for host nosuchhost.invalid" in result.stdout  # horovodrun names the host
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("runner: error: horovodrun: could not connect to some hosts via ssh") and "ssh HOST" in last

@@ -480,6 +480,17 @@ def fraction(key, ips, ceilings, model, image_size):
     return ips * GFLOP_PER_IMAGE[kind] / ceiling if ceiling else None
 
 
+def above_ceiling_note(results):
+    """A line for a share of the ceiling above 100 %: not faster than the hardware, but a ceiling measured while
+    the machine was busier than during that timing."""
+    over = [key for key, r in results.items() if (r["ceiling_fraction"] or 0) > 1]
+    if not over:
+        return None
+    return (f"note: {', '.join(over)} above 100 % of the ceiling: the ceiling was measured while the machine was "
+            "busier than during that timing (load lowers every measure; see the least ceiling below); run again "
+            "on a quiet machine")
+
+
 def ratios(results):
     pairs = [("float32 training step", "float32 training step"), ("bfloat16 training step", "bfloat16 training step"),
              ("float32 inference", "float32 inference"), ("bfloat16 inference", "bfloat16 inference"),
@@ -588,6 +599,9 @@ def main(argv=None):
     for key, r in results.items():
         share = f"{100 * r['ceiling_fraction']:5.0f} % of ceiling" if r["ceiling_fraction"] else ""
         print(f"{key:<34}{r['median']:>8.2f}  [{r['min']:.2f}-{r['max']:.2f}]  {share}")
+    note = above_ceiling_note(results)
+    if note:
+        print(note)
     for w in workers:
         if w.unavailable:
             print(f"not measured: {w.kind}: {w.unavailable}")

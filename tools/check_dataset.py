@@ -116,6 +116,8 @@ def check_payload(payload, num_classes, limits):
     if decoded is None or decoded.size == 0:
         errors.append(("undecodable image", f"{kind} data of {len(image)} bytes does not decode"))
         info["reencode"] = False
+        # nothing to re-encode: the error alone says what to do (--fix drops it)
+        warnings = [w for w in warnings if w[0] not in ("not a JPEG", "CMYK JPEG")]
         return errors, warnings, info
     height, width = decoded.shape[:2]
     info["size"] = (width, height)

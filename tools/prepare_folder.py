@@ -235,9 +235,9 @@ def main(argv=None):
         from helptext import HelpFormatter
     except ImportError:  # helptext is the kit's; keep the tool usable on its own
         HelpFormatter = argparse.HelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter,
-                                     epilog="Then: train.py --data-train OUT/train.rec --data-train-idx OUT/train.idx "
-                                            "--data-val OUT/val.rec --data-val-idx OUT/val.idx --num-classes N")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
+                                     formatter_class=HelpFormatter,
+                                     epilog="Then: ./runner --data-root OUT --num-classes N (README, Your own dataset)")
     parser.add_argument("root", metavar="ROOT", help="folder of class folders: ROOT/<class>/<image>")
     parser.add_argument("out", metavar="OUT", help="where the record files, classes.txt and prepare.json go")
     parser.add_argument("--val-fraction", type=float, default=0.1,
