@@ -67,9 +67,9 @@ def augment_problem(data_backend, auto_augment="none", color_jitter=(0.0,)):
                                    ("--color-jitter", any(color_jitter or ()))) if on]
     if asked and data_backend and not backends.get(data_backend).auto_augment:
         able = " or ".join(name for name, backend in backends.BACKENDS.items() if backend.auto_augment)
-        verb = "run" if len(asked) > 1 else "runs"
+        verb, them = ("run", "them") if len(asked) > 1 else ("runs", "it")
         return (f"{' and '.join(asked)} {verb} in the DALI pipelines only, not with --data-backend {data_backend}; "
-                f"use --data-backend {able}, or leave {'them' if len(asked) > 1 else 'it'} out")
+                f"use --data-backend {able}, or leave {them} out")
     return None
 
 

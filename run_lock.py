@@ -160,7 +160,8 @@ if __name__ == "__main__":
     import sys
     usage = "usage: python run_lock.py WORKSPACE   (prints how the run there ended, or that it runs)"
     if sys.argv[1:] in (["-h"], ["--help"]):
-        sys.exit(print(usage))
+        print(usage)
+        sys.exit(0)
     if len(sys.argv) != 2:
         sys.exit(usage)
     state = run_state(sys.argv[1])

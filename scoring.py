@@ -183,7 +183,7 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
         return None
     if not os.path.isfile(path):
         raise ScoringError(f"--load {path} does not exist")
-    checkpoint.check_loadable(path)  # faults: a damaged file is refused in one line
+    # a damaged file was refused in one line by settings.complete, before its settings were taken
     checkpoint.load_params(net, path, ctxs)  # on every device the network was initialised on
     if dist.is_primary:
         log.info("Loaded %s", path)

@@ -98,11 +98,15 @@ def check_payload(payload, num_classes, limits):
         errors.append(("empty payload", "the record has a label but no image bytes"))
         return errors, warnings, info
     kind = info["format"] = image_format(image)
+    # libjpeg decodes a truncated JPEG with only a warning, so look for the end-of-image marker.
+    if kind == "JPEG" and image.rfind(b"\xff\xd9", max(0, len(image) - 4096)) < 0:
+        errors.append(("truncated image", f"JPEG of {len(image)} bytes has no end-of-image marker"))
+        return errors, warnings, info
+    decoded = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
+    if decoded is None or decoded.size == 0:  # an error only: there is nothing to re-encode (--fix drops it)
+        errors.append(("undecodable image", f"{kind} data of {len(image)} bytes does not decode"))
+        return errors, warnings, info
     if kind == "JPEG":
-        # libjpeg decodes a truncated JPEG with only a warning, so look for the end-of-image marker.
-        if image.rfind(b"\xff\xd9", max(0, len(image) - 4096)) < 0:
-            errors.append(("truncated image", f"JPEG of {len(image)} bytes has no end-of-image marker"))
-            return errors, warnings, info
         components = jpeg_components(image)
         if components == 4:
             warnings.append(("CMYK JPEG", "4-component (CMYK/YCCK) JPEG; re-encode it as RGB (--fix)"))
@@ -112,13 +116,6 @@ def check_payload(payload, num_classes, limits):
     else:
         warnings.append(("not a JPEG", f"{kind} image; re-encode it as JPEG (--fix)"))
         info["reencode"] = True
-    decoded = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
-    if decoded is None or decoded.size == 0:
-        errors.append(("undecodable image", f"{kind} data of {len(image)} bytes does not decode"))
-        info["reencode"] = False
-        # nothing to re-encode: the error alone says what to do (--fix drops it)
-        warnings = [w for w in warnings if w[0] not in ("not a JPEG", "CMYK JPEG")]
-        return errors, warnings, info
     height, width = decoded.shape[:2]
     info["size"] = (width, height)
     short, long_ = min(width, height), max(width, height)

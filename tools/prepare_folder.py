@@ -235,7 +235,7 @@ def main(argv=None):
         from helptext import HelpFormatter
     except ImportError:  # helptext is the kit's; keep the tool usable on its own
         HelpFormatter = argparse.HelpFormatter
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter,
                                      epilog="Then: ./runner --data-root OUT --num-classes N (README, Your own dataset)")
     parser.add_argument("root", metavar="ROOT", help="folder of class folders: ROOT/<class>/<image>")
