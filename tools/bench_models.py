@@ -481,14 +481,14 @@ def fraction(key, ips, ceilings, model, image_size):
 
 
 def above_ceiling_note(results):
-    """A line for a share of the ceiling above 100 %: not faster than the hardware, but a ceiling measured while
-    the machine was busier than during that timing."""
+    """A line for a share of the ceiling above 100 %: the ceiling is a large matrix product's rate, not the
+    hardware's peak, and each measure of it can be lowered by load."""
     over = [key for key, r in results.items() if (r["ceiling_fraction"] or 0) > 1]
     if not over:
         return None
-    return (f"note: {', '.join(over)} above 100 % of the ceiling: the ceiling was measured while the machine was "
-            "busier than during that timing (load lowers every measure; see the least ceiling below); run again "
-            "on a quiet machine")
+    return (f"note: {', '.join(over)} above 100 % of the ceiling: the ceiling is a {CEILING_SIZE}-square matrix "
+            "product's rate, not the hardware's peak; fused kernels can pass it, and load while it was measured "
+            "lowers it (compare its best and least below)")
 
 
 def ratios(results):
