@@ -500,7 +500,7 @@ def configure(args, given, num_gpus):
     if problem:
         raise UsageError(problem)
     for note in fill_hyper_parameters(args, given):
-        if args.mode in ("train", "train_val"):
+        if args.mode in ("train", "train_val") and not args.test_io:  # --test-io trains nothing
             logging.info("%s", note)  # rank 0 only logs at INFO
     cfg = config.from_args(args)
     check_config(cfg)

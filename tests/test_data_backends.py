@@ -117,6 +117,7 @@ def test_train_py_test_io_runs_without_a_model(digits_data):
     assert "test-io train backend mxnet: 576 images" in result.stdout
     assert "INFO Timing the input pipeline (train) for resnet50_v1.5" in result.stderr  # no training, no epochs
     assert "Training" not in result.stderr and "epochs" not in result.stderr
+    assert "recipe nvidia" not in result.stderr  # no LR is used, so none is explained
 
 
 @pytest.mark.slow
