@@ -49,6 +49,12 @@ class Distributed:
         mx.nd.waitall()
         self.sum([0.0], "finish")
 
+    def shutdown(self):
+        """Horovod shut down on every rank in step: one rank's request ends every rank's background loop at their
+        next cycle (Horovod 0.28.1, Controller::ComputeResponseList), so no rank sees a peer vanish mid-cycle."""
+        if self.hvd is not None:
+            self.hvd.shutdown()
+
     def broadcast_parameters(self, net):
         if self.hvd is not None and self.size > 1:
             self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)

@@ -83,10 +83,20 @@ def record_failure(line, kind="error", **extra):
 
 
 def fail(prog, message, status=2):
-    """``prog: error: message`` (cli.fail's line), recorded; a worker among several then ends at once, as its
-    exit would wait in Horovod's and MXNet's shutdown for ranks that wait for it."""
+    """``prog: error: message`` (cli.fail's line), recorded, then the end of this process (see ``end``)."""
+    announce(prog, message)
+    end(status)
+
+
+def announce(prog, message):
+    """``prog: error: message`` (cli.fail's line) on stderr, and recorded for runner."""
     record_failure(message)
     _say(f"{prog}: error: {message}")
+
+
+def end(status):
+    """Exit with ``status``: a worker among several at once, as its exit would wait in Horovod's and MXNet's
+    shutdown for ranks that wait for it."""
     if _is_worker():
         try:
             sys.stdout.flush()

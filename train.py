@@ -389,9 +389,7 @@ def hold_workspace(fit_cfg, dist):
         except run_lock.WorkspaceBusy as error:
             busy = str(error)
     if dist.sum([1.0 if busy else 0.0], "workspace.lock")[0]:
-        if not dist.is_primary:
-            sys.exit(2)  # rank 0 says why
-        raise UsageError(busy)
+        refuse_together(dist, busy)
     fit.catch_stop_signals(EARLY_STOPS)  # from here on a SIGTERM/SIGUSR1 means: save at the next step boundary
     return lock
 
@@ -460,6 +458,18 @@ def write_confusion_png(report, report_file):
     return path
 
 
+def refuse_together(dist, message):
+    """A refusal every rank reached at the same collective: rank 0 says why, then Horovod shuts down on every
+    rank in step, so none prints Horovod's "background loop uncaught exception" for a peer that left first, and
+    every rank ends with status 2. One process: the UsageError, as for any bad flag."""
+    if dist.hvd is None or dist.size == 1:
+        raise UsageError(message)
+    if dist.is_primary:
+        faults.announce("train.py", message)  # before the shutdown: no rank can end, and be reported, first
+    dist.shutdown()
+    faults.end(2)
+
+
 def check_memory(cfg, net, ctxs, dist):
     """Training only: the estimated memory of this batch per device against the device's (a GPU's memory, or the
     memory available on this machine shared by its workers); refused or warned in one line with a batch that
@@ -477,16 +487,11 @@ def check_memory(cfg, net, ctxs, dist):
     shape = scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
     problem, _ = memory.check(net, shape, fit_cfg.dtype, fit_cfg.batch_size, dist.size * len(ctxs),
                               dist.local_size, budget, where)
-    refused = dist.sum([1.0 if problem and fit_cfg.memory_check == "refuse" else 0.0], "memory.check")[0]
+    if dist.sum([1.0 if problem and fit_cfg.memory_check == "refuse" else 0.0], "memory.check")[0]:
+        refuse_together(dist, problem or "another worker's machine has too little memory for this batch (its "
+                        "estimate: see memory.py); lower --batch-size, or --memory-check warn to try anyway")
     if problem and dist.is_primary:
-        if fit_cfg.memory_check == "refuse":
-            raise UsageError(problem)
         logging.warning("%s", problem.replace(" (--memory-check warn to try anyway)", ""))
-    if refused and dist.is_primary:
-        raise UsageError("another worker's machine has too little memory for this batch (its estimate: see "
-                         "memory.py); lower --batch-size, or --memory-check warn to try anyway")
-    if refused:
-        sys.exit(2)  # rank 0 says why
 
 
 def configure(args, given, num_gpus):

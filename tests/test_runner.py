@@ -185,3 +185,17 @@ def test_a_host_ssh_cannot_reach_is_one_runner_line(tmp_path):
     assert "ssh not successful for host nosuchhost.invalid" in result.stdout  # horovodrun names the host
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("runner: error: horovodrun: could not connect to some hosts via ssh") and "ssh HOST" in last
+
+
+def test_a_refusal_every_worker_reaches_is_its_one_line_without_horovods_noise(tmp_path):
+    # ResNet-50 at 4096 images per worker needs about 488 GiB: every worker's memory check refuses it together.
+    result = run_runner("-n", "2", "-b", "4096", "-e", "1", "--data-backend", "synthetic", "--mode", "train",
+                        "--workspace", str(tmp_path))
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "Traceback" not in output
+    assert output.count("train.py: error: training needs about") == 1, output[-3000:]
+    # A worker that leaves while a peer's Horovod loop still runs makes that peer print a C++ error line.
+    assert "uncaught exception" not in output and "Connection reset" not in output, output[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("runner: error: rank 0 ") and "training needs about" in last and "runner's -b" in last
