@@ -176,12 +176,13 @@ def detect_machine():
 # --- checks --------------------------------------------------------------------------------------------------
 
 def peek_extra(extra):
-    """The train.py flags runner must know about (mode, explicit data files, workspace), left in `extra` as they
-    are."""
+    """The train.py flags runner must know about (mode, explicit data files, workspace, --test-io), left in
+    `extra` as they are."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--mode", "--data-train", "--data-val", "--workspace", "--fuse-bn-relu", "--image-shape",
                  "--gpus", *LAYOUT_FLAGS):
         parser.add_argument(flag)
+    parser.add_argument("--test-io", action="store_true")
     return parser.parse_known_args(extra)[0]
 
 
@@ -523,7 +524,7 @@ def main(argv=None, kit_dir=KIT_DIR):
 def refuse_busy_workspace(given):
     """A training run on a workspace another run holds is refused before any worker starts (rank 0 checks again,
     and a run without --workspace is checked there only: its default is train.py's)."""
-    if (given.mode or "train_val") in ("train_val", "train") and given.workspace:
+    if (given.mode or "train_val") in ("train_val", "train") and given.workspace and not given.test_io:
         holder = run_lock.holder(given.workspace)
         if holder is not None:
             fail(run_lock.busy_message(given.workspace, holder))

@@ -371,16 +371,17 @@ def train_iterator_factory(cfg, dist, ctxs, first):
     return make
 
 
-def hold_workspace(fit_cfg, dist):
-    """Training writes into --workspace: rank 0 (the writer) locks it for this run, so a second run there is
-    refused at once. Every rank learns the answer, so none is left waiting in a collective."""
-    if fit_cfg.mode not in ("train", "train_val"):
+def hold_workspace(workspace, trains, dist):
+    """Training writes into ``workspace``: rank 0 (the writer) locks it for this run, so a second run there is
+    refused at once. Every rank learns the answer, so none is left waiting in a collective. A run that does not
+    train (scoring, prediction, --test-io) takes no lock, and its stop signals end it at once."""
+    if not trains:
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
         if EARLY_STOPS:
             os.kill(os.getpid(), EARLY_STOPS[0])
         return None
-    lock, busy = run_lock.WorkspaceLock(fit_cfg.workspace), ""
+    lock, busy = run_lock.WorkspaceLock(workspace), ""
     if dist.is_primary:
         try:
             if not lock.acquire():
@@ -546,15 +547,16 @@ def main(args, command=None, given=()):
         if why:
             raise UsageError(why)
     info = run_info(cfg, json_values(args), typed, given, command)
-    if fit_cfg.mode in ("train", "train_val"):
+    trains = fit_cfg.mode in ("train", "train_val") and not cfg.data.test_io  # --test-io writes nothing
+    if trains:
         os.makedirs(fit_cfg.workspace, exist_ok=True)
         # --model-prefix may name a folder inside the workspace: make it now, not at the first checkpoint
         os.makedirs(os.path.dirname(checkpoint.workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)) or ".",
                     exist_ok=True)
-    if fit_cfg.mode != "pred":
+    if fit_cfg.mode != "pred" and not cfg.data.test_io:
         report_file = os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))
         os.makedirs(os.path.dirname(report_file), exist_ok=True)
-    lock = hold_workspace(fit_cfg, dist)
+    lock = hold_workspace(fit_cfg.workspace, trains, dist)
     if fit_cfg.seed is not None:
         random.seed(fit_cfg.seed)
         mx.random.seed(fit_cfg.seed)
@@ -568,18 +570,20 @@ def main(args, command=None, given=()):
     if dist.is_primary and fit_cfg.mode != "pred":
         logging.info("%s", header(cfg, dist.size, info.report_path))
 
-    # bfloat16 runs through AMP's patched operators, but for scoring's fused graph (models.to_bfloat16)
-    net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
-    check_memory(cfg, net, ctxs, dist)
     stopped = False
     try:
+        if cfg.data.test_io:  # time the data pipeline alone: no network
+            train_iter, val_iter = data.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
+                                                                      dist.local_size, ctxs)
+            return Outcome(io=data.test_io(cfg, train_iter, val_iter, dist))
+        # bfloat16 runs through AMP's patched operators, but for scoring's fused graph (models.to_bfloat16)
+        net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
+        check_memory(cfg, net, ctxs, dist)
         if fit_cfg.mode == "pred":
             model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None))
             return Outcome(net=model.net, prediction=scoring.predict_image(cfg, model, ctxs))
         train_iter, val_iter = data.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
                                                                   dist.local_size, ctxs)
-        if cfg.data.test_io:  # time the data pipeline alone
-            return Outcome(net=net, io=data.test_io(cfg, train_iter, val_iter, dist))
         if fit_cfg.mode == "val":
             model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, train_iter))
             net = model.net

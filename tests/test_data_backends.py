@@ -108,12 +108,15 @@ def test_test_io_counts_every_image(digits_data):
 
 
 @pytest.mark.slow
-def test_train_py_test_io_runs_without_a_model(digits_data):
+def test_train_py_test_io_runs_without_a_model(digits_data, tmp_path):
+    workspace = tmp_path / "ws"
     result = subprocess.run(
         [sys.executable, "train.py", "--data-backend", "mxnet", "--data-train", str(digits_data / "train.rec"),
          "--data-train-idx", str(digits_data / "train.idx"), "--batch-size", "64", "--image-shape", "3,32,32",
-         "--num-examples", "640", "--test-io"], cwd=ROOT, env=venv_env(), capture_output=True, text=True)
+         "--num-examples", "640", "--test-io", "--workspace", str(workspace)], cwd=ROOT, env=venv_env(),
+        capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert not workspace.exists()  # it writes nothing: no folder, no run lock (a training run there is not refused)
     assert "test-io train backend mxnet: 576 images" in result.stdout
     assert "INFO Timing the input pipeline (train) for resnet50_v1.5" in result.stderr  # no training, no epochs
     assert "Training" not in result.stderr and "epochs" not in result.stderr
