@@ -476,7 +476,7 @@ def check_memory(cfg, net, ctxs, dist):
     memory available on this machine shared by its workers); refused or warned in one line with a batch that
     fits. Every rank learns the answer (their snapshots of free memory differ)."""
     fit_cfg = cfg.fit
-    if fit_cfg.mode not in ("train", "train_val") or fit_cfg.memory_check == "off" or cfg.data.test_io:
+    if fit_cfg.mode not in ("train", "train_val") or fit_cfg.memory_check == "off":
         return
     gpu = ctxs[0].device_type == "gpu"
     if gpu:
@@ -572,7 +572,7 @@ def main(args, command=None, given=()):
 
     stopped = False
     try:
-        if cfg.data.test_io:  # time the data pipeline alone: no network
+        if cfg.data.test_io and fit_cfg.mode != "pred":  # time the data pipeline alone: no network
             train_iter, val_iter = data.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
                                                                       dist.local_size, ctxs)
             return Outcome(io=data.test_io(cfg, train_iter, val_iter, dist))
