@@ -48,19 +48,22 @@ def add_watchdog_args(parser):
 
 
 def where(frame):
-    """(the innermost frames of the kit, 'fit.py:203 Distributed.sum < fit.py:520 StopFlag.vote', and whether
-    the thread is waiting in a collective)."""
-    kit, waiting = [], False
+    """(the innermost frames of the kit, 'fit.py:203 Distributed.sum < fit.py:520 StopFlag.vote', and how the
+    thread waits: "collective" (in Horovod, or the kit's Distributed), "engine" (inside an MXNet call: a read
+    waits for the engine, which may wait for the collectives the step queued, or for a stuck device), or None)."""
+    in_mxnet = frame is not None and f"{os.sep}mxnet{os.sep}" in frame.f_code.co_filename
+    kit, waiting = [], None
     while frame is not None:
         code = frame.f_code
         name = getattr(code, "co_qualname", code.co_name)
         if os.path.dirname(os.path.abspath(code.co_filename)) == KIT_DIR:
             kit.append(f"{os.path.basename(code.co_filename)}:{frame.f_lineno} {name}")
-            waiting = waiting or name.startswith("Distributed.") or "broadcast" in name
+            if name.startswith("Distributed.") or "broadcast" in name:
+                waiting = "collective"
         elif "horovod" in code.co_filename:
-            waiting = True
+            waiting = "collective"
         frame = frame.f_back
-    return " < ".join(kit[:3]) or "start-up", waiting
+    return " < ".join(kit[:3]) or "start-up", waiting or ("engine" if in_mxnet else None)
 
 
 class Watchdog(threading.Thread):
@@ -113,16 +116,17 @@ class Watchdog(threading.Thread):
         silent = faults.silent_ranks(exclude=self.rank)
         stuck = [r for r in faults.read_all(faults.directory()).values()
                  if r["rank"] != self.rank and not r.get("waiting", True) and r.get("kind") in (None, "stall")]
-        if not waiting:
-            culprit, line = me, f"{faults.who(me)} stalled: stuck in {place} {seen}"
-        elif silent:
+        # A rank without a heartbeat is frozen or gone: the cause, whatever this rank's own wait looks like.
+        if silent:
             culprit = min(silent, key=lambda r: r["alive"])
             line = (f"{faults.who(culprit)} stalled: no sign of life for {culprit['silent_for']:.0f} s (stopped, "
                     f"frozen, or its machine lost), last in {culprit.get('where', '?')}; seen by rank {self.rank} "
                     f"{seen}")
-        elif stuck:
+        elif waiting and stuck:  # this rank waits, another is stuck outside any wait
             culprit = stuck[0]
             line = f"{faults.who(culprit)} stalled: stuck in {culprit.get('where')}; seen by rank {self.rank} {seen}"
+        elif waiting != "collective":  # stuck in its own work, or its engine in its own device's
+            culprit, line = me, f"{faults.who(me)} stalled: stuck in {place} {seen}"
         else:
             culprit = None
             line = (f"a rank stalled (no record of the others tells which); {faults.who(me)} waited in {place} "
