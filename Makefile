@@ -39,7 +39,7 @@ demo: setup
 	$(BIN)/python runner -n 2 -b 32 -e 16 -l 0.8 --dtype float32 --data-backend dali-cpu --data-root $(DEMO_DATA) \
 		--num-layers 18 --num-classes 10 --image-shape 3,32,32 --data-val-resize 32 \
 		--min-random-area 0.5 --random-mirror 0 --warmup-epochs 2 --seed 1 --workspace $(DEMO_RUN)
-	@echo; $(BIN)/python report.py $(DEMO_RUN)/report.json
+	@echo; $(BIN)/python -m rn50kit.reporting.report $(DEMO_RUN)/report.json
 
 # Two pytest-xdist workers, each taking whole test files (their module fixtures are built once): much of the suite
 # waits on other processes (start-up, stall timeouts, launches over SSH), so two share even a 2-core machine well.

@@ -31,13 +31,13 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
-import backends
-import cli
-import devices
-from helptext import HelpFormatter
-import launch
-import rules
-from report import write_json
+from rn50kit.common import backends
+from rn50kit.common import cli
+from rn50kit.launch import devices
+from rn50kit.common.helptext import HelpFormatter
+from rn50kit.launch import launcher
+from rn50kit.common import rules
+from rn50kit.reporting.report import write_json
 
 HERE = Path(__file__).resolve().parent
 LATENCIES = ["latency_avg", "latency_50", "latency_90", "latency_95", "latency_99", "latency_100"]
@@ -166,10 +166,10 @@ def no_data_reason(executable, mode, passthrough):
     when no --data-backend is chosen."""
     if Path(executable).resolve() != (HERE / "runner").resolve() or "--data-backend" in passthrough:
         return None
-    args, extra = launch.get_args_parser().parse_known_args(passthrough + ["--mode", mode])
+    args, extra = launcher.get_args_parser().parse_known_args(passthrough + ["--mode", mode])
     args.data_backend = None
     try:
-        launch.check_data_root(args, launch.peek_extra(extra))
+        launcher.check_data_root(args, launcher.peek_extra(extra))
     except cli.UsageError as problem:
         return str(problem)
     return None
@@ -217,7 +217,7 @@ def scored_shape(found, typed):
     """The image shape the runs use: --image-shape where typed, else a --load checkpoint's own (train.py takes
     it from the checkpoint's state), else train.py's default."""
     if found.load and "image_shape" not in typed:
-        import settings  # imports MXNet: only for benchmarks of a checkpoint
+        from rn50kit.config import settings  # imports MXNet: only for benchmarks of a checkpoint
         state = settings.trained_settings(found.load) or {}
         saved = (state.get("args") or {}).get("image_shape")
         if saved:

@@ -13,20 +13,20 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-import checkpoint
-from checkpoint import workspace_path
-import cli
-from distributed import Distributed, average_over_devices
-from mlperf_log import MLPerfLog
+from rn50kit.training import checkpoint
+from rn50kit.training.checkpoint import workspace_path
+from rn50kit.common import cli
+from rn50kit.training.distributed import Distributed, average_over_devices
+from rn50kit.reporting.mlperf_log import MLPerfLog
 from models import running_stats
-import optimizers
-from precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
-from pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
-import schedules
-from scoring import evaluate, split, topk_counts, valid_counts
-import settings
-from progress import JsonLog, Progress, format_seconds
-from report import Report
+from rn50kit.training import optimizers
+from rn50kit.training.precision import LossScaler, StatsGuard, grads_finite, make_loss_scaler
+from rn50kit.weights.pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
+from rn50kit.common import schedules
+from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts
+from rn50kit.config import settings
+from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
+from rn50kit.reporting.report import Report
 
 log = logging.getLogger("rn50")
 

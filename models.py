@@ -24,7 +24,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import nn
 
-from cli import config_defaults, config_from
+from rn50kit.common.cli import config_defaults, config_from
 
 log = logging.getLogger("rn50")
 

@@ -1,12 +1,7 @@
-import glob
-import os
+from setuptools import find_packages, setup
 
-from setuptools import setup
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-# Every top-level module of the kit (the flat layout of the original), so an installed kit imports as the checkout.
-MODULES = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(HERE, "*.py"))
-                 if os.path.basename(path) != "setup.py")
+# The card's modules, where the original kit's users know them; everything else is in the rn50kit package.
+CARD_MODULES = ["train", "fit", "models", "dali", "benchmark"]
 
 ONNX = ["onnx==1.15.0", "onnxruntime==1.31.1", "protobuf==7.36.2", "flatbuffers==25.12.19"]
 
@@ -15,7 +10,8 @@ setup(
     version="0.1.0",
     description="ResNet training and benchmarking kit on MXNet Gluon, Horovod and NVIDIA DALI",
     python_requires=">=3.11,<3.12",
-    py_modules=MODULES,
+    py_modules=CARD_MODULES,
+    packages=find_packages(include=["rn50kit", "rn50kit.*"]),
     scripts=["runner"],
     # MXNet is left out on purpose: the CPU build (mxnet) and the GPU builds (mxnet-cu112, ...) are
     # different distributions of the same package; the Makefile installs the one asked for.

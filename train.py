@@ -31,8 +31,8 @@ if "int8" in sys.argv[1:]:
     # quantize.INT8_ENV: MXNet reads its oneDNN fusion switches once, as it loads, so they are set before the import.
     os.environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")
 if "OMP_NUM_THREADS" not in os.environ and __name__ == "__main__":
-    import devices
-    import world
+    from rn50kit.launch import devices
+    from rn50kit.launch import world
     if world.launched_world(os.environ) is None and not devices.nvidia_gpu_present():
         # Started alone on a CPU machine: without OMP_NUM_THREADS MXNet 1.9 takes half of the logical CPUs on x86,
         # assuming two hyper-threads a core (src/engine/openmp.cc): one core in two idle where there are none.
@@ -60,29 +60,29 @@ except ImportError:
 finally:
     sys.meta_path.remove(_WithoutScikitLearn)
 
-import backends
-import checkpoint
-import cli
-from cli import OneLineParser, UsageError
-import config
-import data
-import devices
-from distributed import Distributed
-import faults
+from rn50kit.common import backends
+from rn50kit.training import checkpoint
+from rn50kit.common import cli
+from rn50kit.common.cli import OneLineParser, UsageError
+from rn50kit.config import train_config
+from rn50kit.data import loaders
+from rn50kit.launch import devices
+from rn50kit.training.distributed import Distributed
+from rn50kit.reliability import faults
 import fit
-from helptext import HelpFormatter
-import memory
+from rn50kit.common.helptext import HelpFormatter
+from rn50kit.launch import memory
 import models
-import predict
-import pretrained
-import quantize
-import rules
-import run_lock
-import schedules
-import scoring
-import settings
-import watchdog
-import world
+from rn50kit.scoring import predict
+from rn50kit.weights import pretrained
+from rn50kit.scoring import quantize
+from rn50kit.common import rules
+from rn50kit.reliability import run_lock
+from rn50kit.common import schedules
+from rn50kit.scoring import scoring
+from rn50kit.config import settings
+from rn50kit.reliability import watchdog
+from rn50kit.launch import world
 
 
 def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
@@ -91,9 +91,9 @@ def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
     models.add_model_args(parser)
     fit.add_fit_args(parser)
     pretrained.add_pretrained_args(parser)
-    data.add_data_args(parser)
-    data.add_dali_args(parser)
-    data.add_data_aug_args(parser)
+    loaders.add_data_args(parser)
+    loaders.add_dali_args(parser)
+    loaders.add_data_aug_args(parser)
     quantize.add_quantize_args(parser)
     predict.add_pred_args(parser)
     watchdog.add_watchdog_args(parser)  # faults: --stall-timeout
@@ -170,7 +170,7 @@ def check_flags(argv):
         args.num_epochs = 1
     fill_hyper_parameters(args, settings.given_flags(get_args_parser(), argv))
     try:
-        check_config(config.from_args(args))
+        check_config(train_config.from_args(args))
     except UsageError as error:
         cli.fail("train.py", str(error))
 
@@ -257,8 +257,8 @@ def warn_about(cfg, primary):
     error, warning = None, None
     if fit_cfg.mode != "pred":
         try:
-            labels = data.record_labels(cfg.data)  # the index check reads every record header, label included
-        except data.DataError as bad:
+            labels = loaders.record_labels(cfg.data)  # the index check reads every record header, label included
+        except loaders.DataError as bad:
             raise UsageError(str(bad))
         error, warning = settings.class_count_problem(cfg.data.data_train, cfg.data.data_val,
                                                       cfg.model.num_classes, labels)
@@ -270,7 +270,7 @@ def warn_about(cfg, primary):
         logging.warning(warning)
     if fit_cfg.mode in ("train", "train_val") and backends.reads_records(cfg.data.data_backend) and \
             cfg.data.data_train:
-        records = len(data.open_record_files(cfg.data)["train"])
+        records = len(loaders.open_record_files(cfg.data)["train"])
         if fit_cfg.batch_size > records:
             logging.warning("--batch-size %d (global) is larger than the %d training records: every step repeats "
                             "records to fill the batch; use --batch-size %d or less", fit_cfg.batch_size, records,
@@ -299,12 +299,12 @@ def validate_args(cfg, num_workers):
     if problem and fit_cfg.mode in ("train", "train_val"):
         raise UsageError(problem)
     try:
-        data.check_train_size(data_cfg)
-        data.check_augmentation(data_cfg)
+        loaders.check_train_size(data_cfg)
+        loaders.check_augmentation(data_cfg)
     except ValueError as error:
         raise UsageError(str(error))
     if backends.reads_records(data_cfg.data_backend):
-        missing = data.check_data_files(data_cfg)
+        missing = loaders.check_data_files(data_cfg)
         if missing:
             raise UsageError(missing)
         if not data_cfg.data_train and not data_cfg.data_val:
@@ -347,10 +347,10 @@ def train_iterator_factory(cfg, dist, ctxs, first):
     if cfg.fit.seed is None and not sized:
         return lambda epoch: first  # one pipeline for the whole run
     held = [first]
-    built = {"size": data.epoch_train_size(cfg.data, 0), "iterator": None}
+    built = {"size": loaders.epoch_train_size(cfg.data, 0), "iterator": None}
 
     def make(epoch):
-        size = data.epoch_train_size(cfg.data, epoch)
+        size = loaders.epoch_train_size(cfg.data, epoch)
         if epoch == 0 and held:
             if cfg.fit.seed is None:
                 built["iterator"] = held[0]  # reused while the size stays
@@ -365,7 +365,7 @@ def train_iterator_factory(cfg, dist, ctxs, first):
         if cfg.fit.seed is not None:
             changes.update(fit__seed=cfg.fit.seed + 100003 * epoch)
         built["iterator"] = None  # let the previous pipeline go before the next one is built
-        built.update(size=size, iterator=data.get_data_iterators_per_device(
+        built.update(size=size, iterator=loaders.get_data_iterators_per_device(
             cfg.replace(**changes), dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs)[0])
         return built["iterator"]
     return make
@@ -386,7 +386,7 @@ def hold_workspace(workspace, trains, dist):
         try:
             if not lock.acquire():
                 logging.warning("The file system of %s has no locks: nothing stops a second run from writing "
-                                "into this workspace", fit_cfg.workspace)
+                                "into this workspace", workspace)
         except run_lock.WorkspaceBusy as error:
             busy = str(error)
     if dist.sum([1.0 if busy else 0.0], "workspace.lock")[0]:
@@ -403,7 +403,7 @@ def calibration_batches(cfg, dist, ctxs, train_iter):
         if backends.reads_records(cfg.data.data_backend) and not cfg.data.data_train:
             raise UsageError("--dtype int8 calibrates on training records: give --data-train (or run once with it: "
                              "the INT8 graph is kept beside the checkpoint)")
-        return data.get_data_iterators(cfg, dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs[0])[0]
+        return loaders.get_data_iterators(cfg, dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs[0])[0]
     return batches
 
 
@@ -428,7 +428,7 @@ def build_network(cfg, ctxs, amp_graph):
     # Finish deferred shapes (so checkpoints load into every parameter) by shape inference, not a forward
     # pass: an inference-mode forward lets oneDNN reorder the weights into its own layout, which Horovod's
     # broadcast and allreduce cannot read on CPU.
-    net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=data.out_dtype(cfg.fit.dtype)))
+    net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=loaders.out_dtype(cfg.fit.dtype)))
     for param in net.collect_params().values():
         param._finish_deferred_init()
     return net
@@ -449,7 +449,7 @@ def write_confusion_png(report, report_file):
     it; a machine without matplotlib gets a warning."""
     if not report.per_class:
         return None
-    import report as reports
+    from rn50kit.reporting import report as reports
     try:
         path = reports.save_confusion_png(report.per_class, reports.confusion_png_path(report_file))
     except ImportError as error:
@@ -508,7 +508,7 @@ def configure(args, given, num_gpus):
     for note in fill_hyper_parameters(args, given):
         if args.mode in ("train", "train_val") and not args.test_io:  # --test-io trains nothing
             logging.info("%s", note)  # rank 0 only logs at INFO
-    cfg = config.from_args(args)
+    cfg = train_config.from_args(args)
     check_config(cfg)
     return cfg
 
@@ -573,16 +573,16 @@ def main(args, command=None, given=()):
     stopped = False
     try:
         if cfg.data.test_io and fit_cfg.mode != "pred":  # time the data pipeline alone: no network
-            train_iter, val_iter = data.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
+            train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
                                                                       dist.local_size, ctxs)
-            return Outcome(io=data.test_io(cfg, train_iter, val_iter, dist))
+            return Outcome(io=loaders.test_io(cfg, train_iter, val_iter, dist))
         # bfloat16 runs through AMP's patched operators, but for scoring's fused graph (models.to_bfloat16)
         net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
         check_memory(cfg, net, ctxs, dist)
         if fit_cfg.mode == "pred":
             model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None))
             return Outcome(net=model.net, prediction=scoring.predict_image(cfg, model, ctxs))
-        train_iter, val_iter = data.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
+        train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
                                                                   dist.local_size, ctxs)
         if fit_cfg.mode == "val":
             model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, train_iter))
@@ -599,7 +599,7 @@ def main(args, command=None, given=()):
                                       cfg.model.num_classes, cfg.finetune)
             if stopped and dist.is_primary:
                 print(f"Stopped by {stop_cause()} after saving a checkpoint; rerun the same command to resume")
-    except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, data.DataError,
+    except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, loaders.DataError,
             predict.PredictionError, pretrained.PretrainedError) as error:
         raise UsageError(str(error))
     dist.finish()

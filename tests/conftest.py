@@ -60,7 +60,7 @@ def mxnet_openmp_threads(env, start="import mxnet"):
 def alone_env():
     """venv_env() without OMP_NUM_THREADS, MXNet's own thread cap or any launcher's variables: a process started
     by hand."""
-    import world
+    from rn50kit.launch import world
     env = venv_env()
     for name in ["OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS"] + [v for launcher in world.LAUNCHERS for v in launcher[1:]]:
         env.pop(name, None)

@@ -12,10 +12,10 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import horovod.mxnet as hvd  # noqa: E402
 
-import distributed  # noqa: E402
+from rn50kit.training import distributed  # noqa: E402
 import fit  # noqa: E402
-from progress import JsonLog, Progress  # noqa: E402
-import precision  # noqa: E402
+from rn50kit.reporting.progress import JsonLog, Progress  # noqa: E402
+from rn50kit.training import precision  # noqa: E402
 from test_large_batch import ACCUM, CLASSES, CPU, MICRO, RUN, Batches, fit_config, learned, tiny_net  # noqa: E402
 
 

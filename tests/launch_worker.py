@@ -12,7 +12,7 @@ sys.path = [path for path in sys.path if os.path.abspath(path or ".") != HERE]
 import numpy as np  # noqa: E402
 
 import train  # noqa: E402
-import world  # noqa: E402
+from rn50kit.launch import world  # noqa: E402
 
 
 def check_flags(argv):

@@ -6,10 +6,10 @@ import signal
 import mxnet as mx
 import pytest
 
-import distributed
+from rn50kit.training import distributed
 import fit
-import precision
-from progress import JsonLog, Progress
+from rn50kit.training import precision
+from rn50kit.reporting.progress import JsonLog, Progress
 
 CPU = [mx.cpu()]
 RUN = fit.RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json",

@@ -6,9 +6,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import cli
-import data
-import rules
+from rn50kit.common import cli
+from rn50kit.data import loaders
+from rn50kit.common import rules
 import train
 from conftest import TINY_RUN, write_record_file
 
@@ -31,10 +31,10 @@ def square_rec(tmp_path_factory):
 
 def batches(rec, seed=3, n=2, layout="NCHW", **augment):
     rec_path, idx = rec
-    cfg = data.DataConfig(data_backend="dali-cpu", data_train=rec_path, data_train_idx=idx, image_shape=(3, 32, 32),
+    cfg = loaders.DataConfig(data_backend="dali-cpu", data_train=rec_path, data_train_idx=idx, image_shape=(3, 32, 32),
                           input_layout=layout, dali_threads=1, dali_prefetch_queue=2, min_random_area=1.0,
                           min_random_aspect_ratio=1.0, max_random_aspect_ratio=1.0, random_mirror=0, **augment)
-    train_iter, _ = data.get_dali_iterators(cfg, data.Feed(batch_size=8, seed=seed), 0, 1, 0, 1, mx.cpu())
+    train_iter, _ = loaders.get_dali_iterators(cfg, loaders.Feed(batch_size=8, seed=seed), 0, 1, 0, 1, mx.cpu())
     out = []
     for batch in train_iter:
         out.append((batch.data[0].asnumpy().copy(), batch.label[0].asnumpy().copy()))
@@ -97,10 +97,10 @@ def test_other_backends_refuse_in_one_line():
 
 def test_bad_augmentation_values_name_the_flag():
     with pytest.raises(ValueError, match="--color-jitter"):
-        data.check_augmentation(data.DataConfig(color_jitter=(0.1, 0.2)))
+        loaders.check_augmentation(loaders.DataConfig(color_jitter=(0.1, 0.2)))
     with pytest.raises(ValueError, match="--randaugment-m"):
-        data.check_augmentation(data.DataConfig(randaugment_m=31))
-    assert data.color_jitter3((0.4,)) == (0.4, 0.4, 0.4)
+        loaders.check_augmentation(loaders.DataConfig(randaugment_m=31))
+    assert loaders.color_jitter3((0.4,)) == (0.4, 0.4, 0.4)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -112,7 +112,7 @@ def test_the_image_grid_shows_the_batch_as_fed(tmp_path, layout):
     normalised = (pixels - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
     batch = normalised if layout == "NHWC" else normalised.transpose(0, 3, 1, 2)
     path = str(tmp_path / "grid.png")
-    data.save_image_grid(mx.nd.array(batch), path, MEAN, STD, layout, columns=4)
+    loaders.save_image_grid(mx.nd.array(batch), path, MEAN, STD, layout, columns=4)
     grid = cv2.imread(path)[:, :, ::-1]
     assert grid.shape == (3 * 12, 4 * 14, 3)
     for i in range(10):

@@ -11,11 +11,11 @@ from mxnet import recordio
 import numpy as np
 import pytest
 
-import data
-import records
+from rn50kit.data import loaders
+from rn50kit.data import records
 import train
 from conftest import HANG_S, ROOT, venv_env, write_record_file
-import config
+from rn50kit.config import train_config
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -75,8 +75,8 @@ def test_index_checked_against_the_file_before_any_pipeline(kind, backend, tmp_p
         args = train.parse_args(
             ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
              "--image-shape", "3,32,32"])
-        with pytest.raises(data.DataError) as error:
-            data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+        with pytest.raises(loaders.DataError) as error:
+            loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
         message = str(error.value)
         assert words in message and "tools/check_dataset.py" in message and "--fix" in message, message
         assert "\n" not in message
@@ -155,8 +155,8 @@ def test_iterators_name_the_record_that_does_not_decode(tmp_path, backend, split
     args = train.parse_args(
         ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
          "--image-shape", "3,32,32", "--data-val-resize", "32", "--dali-threads", "1", "--data-mxnet-threads", "1"])
-    with pytest.raises(data.DataError) as error:  # ImageRecordIter decodes its first batch when it is made
-        iterator = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())[0 if split == "train" else 1]
+    with pytest.raises(loaders.DataError) as error:  # ImageRecordIter decodes its first batch when it is made
+        iterator = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())[0 if split == "train" else 1]
         for _ in iterator:
             pass
     assert str(error.value).startswith(f"{rec} record 13 (byte ") and "does not decode" in str(error.value)
@@ -224,9 +224,9 @@ def test_a_pipeline_error_without_a_named_record_is_still_one_telling_line(tmp_p
     rec, idx = undecodable_file(tmp_path)
     args = train.parse_args(["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx",
                                                idx, "--batch-size", "8", "--image-shape", "3,32,32"])
-    iterator = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())[0]
+    iterator = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())[0]
     iterator.failing_record = None
-    with pytest.raises(data.DataError) as error:
+    with pytest.raises(loaders.DataError) as error:
         for _ in iterator:
             pass
     message = str(error.value)

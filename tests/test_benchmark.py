@@ -129,7 +129,7 @@ def test_only_inference_is_val_mode(tmp_path):
 
 
 def test_warmup_iterations_are_the_ones_the_report_leaves_out():
-    import report
+    from rn50kit.reporting import report
     assert benchmark.WARMUP_ITERS == report.WARMUP_ITERATIONS
     durations = [10.0] * benchmark.WARMUP_ITERS + [1.0, 2.0, 3.0]
     run = report.Report("m", 1, [])

@@ -13,11 +13,11 @@ import pytest
 from conftest import HANG_S, ROOT, venv_env, write_record_file
 
 import benchmark
-import config
-import data
-import distributed
+from rn50kit.config import train_config
+from rn50kit.data import loaders
+from rn50kit.training import distributed
 import models
-import scoring
+from rn50kit.scoring import scoring
 import train
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -165,7 +165,7 @@ def val_args(data_root, workspace, *extra):
 def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_root, tmp_path):
     args = val_args(data_root, tmp_path)
     args.no_metrics = False
-    _, val_iter = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+    _, val_iter = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
     net = models.get_model_from_args(args)
     net.initialize(mx.init.Xavier())
     # reference: one pass, numpy top-1 over the valid rows
@@ -194,8 +194,8 @@ def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_
 def test_fresh_weights_only_where_no_accuracy_is_reported(data_root, tmp_path):
     args = val_args(data_root, tmp_path)
     with pytest.raises(scoring.ScoringError, match="no checkpoint to score.*--no-metrics"):
-        scoring.load_weights(None, config.from_args(args).fit, args.data_backend, [mx.cpu()],
+        scoring.load_weights(None, train_config.from_args(args).fit, args.data_backend, [mx.cpu()],
                              distributed.Distributed(None))
     args.no_metrics = True
-    assert scoring.load_weights(None, config.from_args(args).fit, args.data_backend, [mx.cpu()],
+    assert scoring.load_weights(None, train_config.from_args(args).fit, args.data_backend, [mx.cpu()],
                                 distributed.Distributed(None)) is None

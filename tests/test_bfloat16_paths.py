@@ -15,9 +15,9 @@ from conftest import HANG_S, ROOT, venv_env
 
 import bench_models
 import benchmark
-import launch as runner
+from rn50kit.launch import launcher as runner
 import models
-import settings
+from rn50kit.config import settings
 import train
 
 NO_BFLOAT16 = settings.bfloat16_unsupported()  # None where this CPU has oneDNN's bfloat16 kernels
@@ -26,7 +26,7 @@ TINY_TRAIN = ["--kv-store", "local", "--data-backend", "synthetic", "--num-layer
               "--warmup-epochs", "0", "--seed", "7"]
 # train.py with its CPU check lifted: its bfloat16 code runs as far as this CPU lets it.
 UNGATED_TRAIN = """import sys
-import rules
+from rn50kit.common import rules
 rules.bfloat16_problem = lambda dtype, flags=None: None
 import train
 train.run(sys.argv[1:])

@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-import config
-import data
+from rn50kit.config import train_config
+from rn50kit.data import loaders
 import fit
-import schedules
+from rn50kit.common import schedules
 import train
 
 
@@ -17,7 +17,7 @@ def parser_dests():
 
 def test_every_flag_is_a_field_of_exactly_one_config():
     owners = {}
-    for concern, cls in config.CONFIGS.items():
+    for concern, cls in train_config.CONFIGS.items():
         for field in dataclasses.fields(cls):
             owners.setdefault(field.name, []).append(concern)
     shared = {name: concerns for name, concerns in owners.items() if len(concerns) > 1}
@@ -28,23 +28,23 @@ def test_every_flag_is_a_field_of_exactly_one_config():
 
 
 def test_each_config_builds_without_the_parser_and_is_frozen():
-    cfg = config.RunConfig()
+    cfg = train_config.RunConfig()
     assert cfg.model.name == "resnet50_v1.5" and cfg.fit.batch_size == 192 and cfg.data.image_shape == (3, 224, 224)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.fit.lr = 1.0
     changed = cfg.replace(fit__seed=7, data__data_val=None, model__num_classes=10)
     assert (changed.fit.seed, changed.model.num_classes) == (7, 10) and cfg.fit.seed is None
-    feed = data.feed_of(changed)
+    feed = loaders.feed_of(changed)
     assert (feed.batch_size, feed.seed, feed.num_classes) == (192, 7, 10)
 
 
 @pytest.mark.parametrize("recipe", sorted(schedules.RECIPES))
 def test_parsed_defaults_equal_the_config_defaults_and_the_recipe(recipe):
     """No flag given: the parser's values are the configs' defaults, except what the recipe sets."""
-    parsed = config.from_args(train.parse_args(["--recipe", recipe]))
+    parsed = train_config.from_args(train.parse_args(["--recipe", recipe]))
     recipe_values = schedules.recipe_defaults(recipe)
-    for concern, cls in config.CONFIGS.items():
-        default, got = getattr(config.RunConfig(), concern), getattr(parsed, concern)
+    for concern, cls in train_config.CONFIGS.items():
+        default, got = getattr(train_config.RunConfig(), concern), getattr(parsed, concern)
         for field in dataclasses.fields(cls):
             expected = recipe_values.get(field.name, getattr(default, field.name))
             expected = tuple(expected) if isinstance(expected, list) else expected
@@ -54,11 +54,11 @@ def test_parsed_defaults_equal_the_config_defaults_and_the_recipe(recipe):
 
 
 def test_a_typed_flag_lands_in_its_config():
-    cfg = config.from_args(train.parse_args(["--num-layers", "18", "--image-shape", "4,32,32", "--lr", "0.3",
+    cfg = train_config.from_args(train.parse_args(["--num-layers", "18", "--image-shape", "4,32,32", "--lr", "0.3",
                                              "--calib-mode", "entropy", "--data-pred", "x.jpg"]))
     assert cfg.model.num_layers == 18 and cfg.data.image_shape == (4, 32, 32) and cfg.fit.lr == 0.3
     assert cfg.quantize.calib_mode == "entropy" and cfg.predict.data_pred == "x.jpg"
-    assert config.owner("lr") == "fit" and config.owner("rgb_mean") == "data" and config.owner("nope") is None
+    assert train_config.owner("lr") == "fit" and train_config.owner("rgb_mean") == "data" and train_config.owner("nope") is None
 
 
 def test_fit_check_names_the_flag():

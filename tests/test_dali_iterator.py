@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 
 import dali
-import data
+from rn50kit.data import loaders
 from conftest import HANG_S, ROOT, venv_env
 
 
@@ -17,7 +17,7 @@ def val_labels(rec, idx, shard_id, num_shards, batch_size):
                              batch_size=batch_size, num_threads=1, device_id=None, seed=1)
     pipe.build()
     total = dali.reader_epoch_size(pipe)
-    iterator = data.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), data.shard_size(total, shard_id, num_shards))
+    iterator = loaders.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), loaders.shard_size(total, shard_id, num_shards))
     epochs = []
     for _ in range(2):  # a second epoch must give the same samples again
         labels = []
@@ -40,8 +40,8 @@ def test_validation_sees_every_sample_exactly_once_over_two_ranks(unique_label_r
 
 
 def test_shard_size_matches_reader_split():
-    assert sum(data.shard_size(53, s, 2) for s in range(2)) == 53
-    assert [data.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
+    assert sum(loaders.shard_size(53, s, 2) for s in range(2)) == 53
+    assert [loaders.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
 
 
 def test_cpu_batches_are_shared_not_copied_and_outlive_later_batches(unique_label_rec):

@@ -9,9 +9,9 @@ import pytest
 import sklearn.datasets
 
 import dali
-import data
-import records
-import rules
+from rn50kit.data import loaders
+from rn50kit.data import records
+from rn50kit.common import rules
 from conftest import wait_until, write_record_file
 
 PHOTOS = [cv2.imread(os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", name))
@@ -51,7 +51,7 @@ def run_val(rec, idx, dtype, layout, channels, batch_size=4):
                              mean=MEAN, std=STD, dtype=dtype, layout=layout, resize_shorter=128,
                              batch_size=batch_size, num_threads=1, device_id=None, seed=1)
     pipe.build()
-    iterator = data.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), 13)
+    iterator = loaders.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), 13)
     outputs = {}
     for batch in iterator:
         images = batch.data[0].asnumpy()
@@ -110,7 +110,7 @@ def crop_boxes(batches, size=200, out=32):
 
 
 def run_train(rec, idx, area, mirror, fuse, batches=4, batch_size=64):
-    source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=7)
+    source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=7)
     pipe = dali.train_pipeline(source=source, image_shape=(3, 32, 32),
                                mean=[0, 0, 0], std=[1, 1, 1], random_area=area, random_mirror=mirror,
                                fuse_decoder=fuse, batch_size=batch_size, num_threads=1, device_id=None, seed=7)
@@ -162,7 +162,7 @@ def test_gpu_pipeline_matches_cpu_pipeline(photo_rec):
                              mean=MEAN, std=STD, resize_shorter=128, device="gpu", batch_size=4, num_threads=1,
                              device_id=0, seed=1)
     pipe.build()
-    for batch in data.DaliIterator(dali.DaliBatches(pipe, mx.gpu(0)), 13):
+    for batch in loaders.DaliIterator(dali.DaliBatches(pipe, mx.gpu(0)), 13):
         assert batch.data[0].context == mx.gpu(0)
         images = batch.data[0].asnumpy()
         for i, label in enumerate(batch.label[0].asnumpy()[:4 - batch.pad].astype(int)):
@@ -176,7 +176,7 @@ def test_opencv_resize_matches_dalis(photo_rec):
     rec, idx, _ = photo_rec
     outputs = {}
     for cpu_resize, threads in [("dali", 1), ("opencv", 1), ("opencv", 2)]:
-        source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
+        source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
         pipe = dali.train_pipeline(source=source, image_shape=(3, 96, 96), mean=[0, 0, 0], std=[1, 1, 1],
                                    cpu_resize=cpu_resize, batch_size=8, num_threads=threads, device_id=None, seed=5)
         pipe.build()
@@ -199,7 +199,7 @@ def test_resize_threads_end_with_their_pipeline(photo_rec):
         return {t for t in threading.enumerate() if t.name.startswith("opencv-resize") and t.is_alive()}
     for epoch in range(3):
         before = resize_threads()  # (other tests' pipelines may still be collected)
-        source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=epoch)
+        source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=epoch)
         pipe = dali.train_pipeline(source=source, image_shape=(3, 64, 64), mean=[0, 0, 0], std=[1, 1, 1],
                                    batch_size=8, num_threads=2, device_id=None, seed=epoch)
         pipe.build()
@@ -236,7 +236,7 @@ def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, coun
     common = dict(image_shape=image_shape, mean=MEAN, std=STD, dtype=dtype, layout=layout, batch_size=8,
                   num_threads=2, device_id=None, seed=11, normalize=normalize)
     if kind in TRAIN_VARIANTS:
-        source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
+        source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
         pipe = dali.train_pipeline(source=source, **TRAIN_VARIANTS[kind], **common)
     else:
         pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, resize_shorter=128,
@@ -278,10 +278,10 @@ def test_normalizing_after_the_pipeline_gives_dalis_batches(photo_rec, kind, dty
 
 
 def test_dali_normalize_flag_picks_where(photo_rec):
-    """--dali-normalize through data.get_data_iterators: "device" on the CPU hands over uint8 crops and
+    """--dali-normalize through loaders.get_data_iterators: "device" on the CPU hands over uint8 crops and
     normalizes them after; "auto" keeps DALI's on the CPU and moves it off the pipeline for a GPU (mx.gpu(0) is only
     named here: the choice is made before any array exists on it); the batches are the same."""
-    import config
+    from rn50kit.config import train_config
     import train
     rec, idx, _ = photo_rec
     first = {}
@@ -289,7 +289,7 @@ def test_dali_normalize_flag_picks_where(photo_rec):
         args = train.parse_args(["--data-backend", "dali-cpu", "--data-val", rec, "--data-val-idx", idx,
                                  "--batch-size", "4", "--image-shape", "3,64,64", "--data-val-resize", "72",
                                  "--dali-threads", "1", "--dali-validation-threads", "1", "--dali-normalize", where])
-        _, val_iter = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+        _, val_iter = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
         first[where] = (val_iter.batches.normalize, next(iter(val_iter)).data[0].asnumpy())
     assert first["pipeline"][0] is None and first["auto"][0] is None
     assert isinstance(first["device"][0], dali.DeviceNormalize)

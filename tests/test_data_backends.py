@@ -1,4 +1,4 @@
-"""data.get_data_iterators for every CPU backend: the contract fit.py relies on, sharding, synthetic data, --test-io."""
+"""loaders.get_data_iterators for every CPU backend: the contract fit.py relies on, sharding, synthetic data, --test-io."""
 import collections
 import subprocess
 import sys
@@ -7,10 +7,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import data
+from rn50kit.data import loaders
 import train
 from conftest import ROOT, venv_env
-import config
+from rn50kit.config import train_config
 
 
 def parse(*argv):
@@ -31,7 +31,7 @@ def test_two_ranks_see_each_val_sample_once(unique_label_rec, backend, local_bat
     args = rec_args(backend, rec, idx, 2 * local_batch)
     seen, train_lengths = collections.Counter(), set()
     for rank in range(2):
-        train_iter, val_iter = data.get_data_iterators(config.from_args(args), rank, 2, 0, 1, mx.cpu())
+        train_iter, val_iter = loaders.get_data_iterators(train_config.from_args(args), rank, 2, 0, 1, mx.cpu())
         train_lengths.add(len(train_iter))
         for epoch in range(2):  # one epoch per `for`, the same samples each time
             batches = 0
@@ -53,7 +53,7 @@ def test_training_batches_are_full_and_in_requested_format(unique_label_rec, bac
     rec, idx, count = unique_label_rec
     args = rec_args(backend, rec, idx, 8, "--dtype", "float32", "--input-layout", "NHWC", "--image-shape", "4,16,16")
     args.dtype = "float16"  # fit.py owns --dtype; the pipelines follow args.dtype
-    train_iter, _ = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+    train_iter, _ = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
     steps = 0
     for batch in train_iter:
         image = batch.data[0]
@@ -66,19 +66,19 @@ def test_training_batches_are_full_and_in_requested_format(unique_label_rec, bac
 
 
 def test_mxnet_shard_size_matches_record_iter_split():
-    assert [data.mxnet_shard_size(13, r, 2) for r in range(2)] == [7, 6]
-    assert sum(data.mxnet_shard_size(53, r, 3) for r in range(3)) == 53
+    assert [loaders.mxnet_shard_size(13, r, 2) for r in range(2)] == [7, 6]
+    assert sum(loaders.mxnet_shard_size(53, r, 3) for r in range(3)) == 53
 
 
 def test_synthetic_validation_follows_the_training_rule():
     args = parse("--data-backend", "synthetic", "--batch-size", "64", "--image-shape", "3,16,16",
                  "--num-classes", "5", "--num-examples", "512", "--seed", "2")
-    train_iter, val_iter = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+    train_iter, val_iter = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
 
     def features(iterator):
         xs, ys = [], []
         for batch in iterator:
-            xs.append(data.quadrant_means(batch.data[0]).asnumpy())
+            xs.append(loaders.quadrant_means(batch.data[0]).asnumpy())
             ys.append(batch.label[0].asnumpy().astype(int))
         return np.concatenate(xs), np.concatenate(ys)
 
@@ -99,9 +99,9 @@ def test_test_io_counts_every_image(digits_data):
                  "--data-val-idx", digits_data / "val.idx", "--batch-size", "32", "--image-shape", "3,32,32",
                  "--data-val-resize", "32", "--dali-threads", "1", "--dali-validation-threads", "1",
                  "--test-io", "--test-io-mode", "val", "--disp-batches", "2")
-    train_iter, val_iter = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+    train_iter, val_iter = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
     lines = []
-    result = data.test_io(config.from_args(args), train_iter, val_iter, epochs=2, out=lines.append)
+    result = loaders.test_io(train_config.from_args(args), train_iter, val_iter, epochs=2, out=lines.append)
     assert result["images"] == 2 * 359 - 32  # the first batch is start-up, not timed
     assert result["images_per_sec"] > 0
     assert "images/s" in lines[-1] and any("ETA" in line for line in lines[:-1])

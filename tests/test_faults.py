@@ -85,7 +85,7 @@ def last_line(log_prefix):
 
 def assert_ended_cleanly(process, members, workspace):
     """After runner's exit: none of the run's processes left (the workers, the launcher's), the lock free."""
-    import run_lock
+    from rn50kit.reliability import run_lock
     assert process.returncode != 0
     wait_until(lambda: all(is_dead(m) for m in members), "every process of the run to be gone (runner waited for them)",
              5)
@@ -94,7 +94,7 @@ def assert_ended_cleanly(process, members, workspace):
 
 def assert_intact(workspace, tag):
     """The newest complete checkpoint is ``tag``, its files whole, and nothing half-written lies about."""
-    import checkpoint
+    from rn50kit.training import checkpoint
     problems = []
     latest = checkpoint.find_latest(str(workspace / "model"), problems=problems)
     assert latest is not None and latest["state_path"] == str(workspace / f"model-{tag}.state.json"), latest
@@ -161,7 +161,7 @@ def test_damaged_checkpoints_are_skipped_with_a_warning_and_refused_for_load(dig
 
 def save_tiny(prefix, epochs):
     import mxnet as mx
-    import checkpoint
+    from rn50kit.training import checkpoint
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(64, in_units=256))
     net.initialize()
@@ -174,7 +174,7 @@ def save_tiny(prefix, epochs):
 
 
 def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
-    import checkpoint
+    from rn50kit.training import checkpoint
     prefix = tmp_path / "model"
     save_tiny(prefix, [1, 2])
     assert checkpoint.find_latest(str(prefix))["epoch"] == 2
@@ -195,7 +195,7 @@ def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
 
 
 def test_a_save_on_a_full_disk_removes_its_part_and_says_so(tmp_path):
-    import checkpoint
+    from rn50kit.training import checkpoint
     prefix = tmp_path / "model"
     net, trainer = save_tiny(prefix, [1])
     before = sorted(os.listdir(tmp_path))
@@ -396,8 +396,8 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     assert line.startswith(f"runner: error: rank 1 (host hostB, pid {victim.pid}) "), line
     assert "rerun the same command to resume" in line
     wait_until(lambda: not run_members(workspace), "no process of the run left on either host")
-    import checkpoint
-    import run_lock
+    from rn50kit.training import checkpoint
+    from rn50kit.reliability import run_lock
     assert run_lock.holder(str(workspace)) is None
     latest = checkpoint.find_latest(str(workspace / "model"))
     print(f"{how}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
@@ -477,7 +477,7 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
 # --- runner's reading of the workers' records (no processes) -------------------------------------------------
 
 def test_runner_names_the_first_real_fault_not_the_teardown(tmp_path):
-    import faults
+    from rn50kit.reliability import faults
 
     def write(rank, **fields):
         (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,
@@ -509,7 +509,7 @@ def test_a_read_blocked_on_mxnets_engine_is_an_engine_wait():
     stopped: a wait, not this rank's own stall (the frames are MXNet's, not the kit's Distributed or Horovod)."""
     import threading
     import mxnet as mx
-    import watchdog
+    from rn50kit.reliability import watchdog
 
     release = threading.Event()
 
@@ -541,8 +541,8 @@ def test_a_read_blocked_on_mxnets_engine_is_an_engine_wait():
 
 
 def test_the_watchdog_names_a_silent_peer_before_its_own_wait(tmp_path, monkeypatch):
-    import faults
-    import watchdog
+    from rn50kit.reliability import faults
+    from rn50kit.reliability import watchdog
 
     def write(rank, **fields):
         (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,

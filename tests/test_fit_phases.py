@@ -6,12 +6,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import checkpoint
-import config
+from rn50kit.training import checkpoint
+from rn50kit.config import train_config
 import fit
 import loop_harness
 from loop_harness import CPU, RUN, keep_signal_handlers  # noqa: F401 (a fixture)
-import scoring
+from rn50kit.scoring import scoring
 import train
 
 CLASSES, BATCH, STEPS, STOP_AFTER = 4, 8, 6, 3
@@ -61,7 +61,7 @@ def args(tmp_path):
                                "--num-classes", str(CLASSES), "--seed", "3", "--ema-decay", "0.9",
                                "--workspace", str(tmp_path), "--disp-batches", "0", "--keep-last", "0"])
     train.fill_hyper_parameters(parsed)
-    return config.from_args(parsed).fit
+    return train_config.from_args(parsed).fit
 
 
 def start(args, net):

@@ -8,8 +8,8 @@ import pytest
 
 import fit
 import models
-import precision
-import schedules
+from rn50kit.training import precision
+from rn50kit.common import schedules
 
 
 def small_net():

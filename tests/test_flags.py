@@ -14,7 +14,8 @@ from conftest import HANG_S, ROOT, venv_env
 
 def kit_sources():
     """The kit's Python files (tests and tools' own parsers aside), without their add_*_args functions."""
-    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tools", "*.py"))
+    paths = (glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "rn50kit", "**", "*.py"), recursive=True)
+             + glob.glob(os.path.join(ROOT, "tools", "*.py")))
     code = []
     for path in paths:
         tree = ast.parse(open(path).read())
@@ -52,15 +53,15 @@ def modules_after(code):
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_runner_logic_and_benchmark_import_no_mxnet():
-    loaded = modules_after("import cli, launch, benchmark")
+    loaded = modules_after("from rn50kit.launch import launcher; import benchmark")
     assert not {"mxnet", "horovod", "nvidia"} & loaded
 
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_dali_is_imported_only_for_a_dali_backend():
-    build = ("import mxnet as mx, train, data, config\n"
+    build = ("import mxnet as mx, train\nfrom rn50kit.data import loaders\nfrom rn50kit.config import train_config\n"
              "args = train.parse_args(['--data-backend', 'synthetic', '--batch-size', '4', '--image-shape', '3,8,8'])\n"
              "args.dtype = 'float32'\n"
-             "data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())")
+             "loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())")
     assert "nvidia.dali" not in modules_after(build)
     assert "nvidia.dali" in modules_after("import dali")  # the check can see DALI when it is imported

@@ -16,7 +16,7 @@ import pytest
 
 import models
 from conftest import HANG_S, ROOT, venv_env
-import precision
+from rn50kit.training import precision
 
 TWO_DEVICES = [mx.cpu(0), mx.cpu(1)]
 

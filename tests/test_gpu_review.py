@@ -7,9 +7,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import backends
+from rn50kit.common import backends
 import dali
-import data
+from rn50kit.data import loaders
 
 
 # --- 1: a CPU pipeline's batch for a GPU is staged in pinned host memory, then copied to the GPU -------------
@@ -73,8 +73,8 @@ def test_dali_cpu_batches_for_a_gpu_rank_go_through_pinned_memory(unique_label_r
 
 # --- 2: flags runner adds are not the user's: scoring takes the image shape from the checkpoint --------------
 
-import launch as runner  # noqa: E402
-import settings  # noqa: E402
+from rn50kit.launch import launcher as runner  # noqa: E402
+from rn50kit.config import settings  # noqa: E402
 import train  # noqa: E402
 from test_settings import fake_checkpoint  # noqa: E402
 
@@ -162,7 +162,7 @@ def test_gpus_selects_each_horovod_ranks_gpu(data_root):
 
 def test_mxnet_backend_converts_on_the_device(monkeypatch):
     seen = []
-    real = data.to_layout
+    real = loaders.to_layout
 
     def to_layout(batch, *rest):
         seen.append(batch.context)
@@ -175,9 +175,9 @@ def test_mxnet_backend_converts_on_the_device(monkeypatch):
         def reset(self):
             pass
 
-    monkeypatch.setattr(data, "to_layout", to_layout)
+    monkeypatch.setattr(loaders, "to_layout", to_layout)
     device = mx.cpu(1)  # a context other than the reader's, standing in for the GPU
-    iterator = data.RecordIterator(Records(), 4, 2, device, channels=4, dtype="float16", layout="NHWC", wrap=True)
+    iterator = loaders.RecordIterator(Records(), 4, 2, device, channels=4, dtype="float16", layout="NHWC", wrap=True)
     batch = next(iter(iterator))
     assert seen == [device]
     assert batch.data[0].shape == (2, 8, 8, 4) and batch.data[0].dtype == np.float16
@@ -189,7 +189,7 @@ def test_mxnet_backend_converts_on_the_device(monkeypatch):
 def test_pipeline_threads_follow_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert data.default_threads(1) == 4 and data.default_threads(2) == 2
+    assert loaders.default_threads(1) == 4 and loaders.default_threads(2) == 2
 
 
 # --- 3: resuming a checkpoint of another dtype, layout or channel count is refused in one line ---------------
@@ -197,10 +197,10 @@ def test_pipeline_threads_follow_the_affinity_mask(monkeypatch):
 import gc  # noqa: E402
 import weakref  # noqa: E402
 
-import config  # noqa: E402
+from rn50kit.config import train_config  # noqa: E402
 import fit  # noqa: E402
-import scoring  # noqa: E402
-from distributed import Distributed  # noqa: E402
+from rn50kit.scoring import scoring  # noqa: E402
+from rn50kit.training.distributed import Distributed  # noqa: E402
 
 
 def run_info(**args):
@@ -226,7 +226,7 @@ def test_rn50_fp32_then_fp16_in_one_workspace_is_refused_before_anything_loads()
 
 
 def test_resume_settings_that_do_not_shape_the_state_are_not_refused():
-    import settings as settings_module
+    from rn50kit.config import settings as settings_module
     other_size = dict(FLOAT16_RUN, image_shape=[4, 160, 160], input_layout="NCHW")  # size and input layout
     assert settings_module.resume_problem(FLOAT16_RUN, other_size, "x") is None
     assert settings_module.resume_problem({}, FLOAT16_RUN, "x") is None  # an older state without the records
@@ -266,8 +266,8 @@ class Pipeline:
 
 
 def test_epoch_0_pipeline_is_not_kept_for_the_run(monkeypatch):
-    monkeypatch.setattr(data, "get_data_iterators_per_device", lambda *args: (Pipeline(), None))
-    cfg = config.RunConfig().replace(fit__seed=1)
+    monkeypatch.setattr(loaders, "get_data_iterators_per_device", lambda *args: (Pipeline(), None))
+    cfg = train_config.RunConfig().replace(fit__seed=1)
     dist = Distributed(None)
     first = Pipeline()
     gone = weakref.ref(first)
@@ -282,8 +282,8 @@ def test_epoch_0_pipeline_is_not_kept_for_the_run(monkeypatch):
 
 
 def test_a_resumed_run_lets_the_unused_epoch_0_pipeline_go(monkeypatch):
-    monkeypatch.setattr(data, "get_data_iterators_per_device", lambda *args: (Pipeline(), None))
-    cfg = config.RunConfig().replace(fit__seed=1)
+    monkeypatch.setattr(loaders, "get_data_iterators_per_device", lambda *args: (Pipeline(), None))
+    cfg = train_config.RunConfig().replace(fit__seed=1)
     first = Pipeline()
     gone = weakref.ref(first)
     make = train.train_iterator_factory(cfg, Distributed(None), [mx.cpu()], first)

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-import imagenet_classes
-import predict
+from rn50kit.common import imagenet_classes
+from rn50kit.scoring import predict
 from conftest import ROOT, venv_env
 
 
@@ -29,7 +29,7 @@ def test_names_for_imagenet_folders_only():
 
 @pytest.mark.slow  # launches a process
 def test_printed_list_reads_as_class_names(tmp_path):
-    out = subprocess.run([sys.executable, f"{ROOT}/imagenet_classes.py"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "rn50kit.common.imagenet_classes"], cwd=ROOT, capture_output=True, text=True,
                          env=venv_env(), check=True).stdout
     (tmp_path / "classes.txt").write_text(out)
     assert predict.class_names(str(tmp_path / "classes.txt"), None) == imagenet_classes.names()

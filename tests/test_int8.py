@@ -11,7 +11,7 @@ import pytest
 
 from conftest import HANG_S, ROOT, digits_run, venv_env
 
-import quantize
+from rn50kit.scoring import quantize
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -88,7 +88,7 @@ def test_int8_top1_close_to_float32_and_graph_reused(trained, digits_data):
 def test_bfloat16_fused_top1_close_to_float32(trained, digits_data):
     """One worker scores --dtype bfloat16 through oneDNN's fused bfloat16 graph; where the CPU has no bfloat16
     kernels the run is refused in one line instead."""
-    import settings
+    from rn50kit.config import settings
     missing = settings.bfloat16_unsupported()
     if missing:
         result = run(command(digits_data, trained, "--mode", "val", "--num-epochs", "1", "--dtype", "bfloat16",

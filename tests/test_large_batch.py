@@ -5,9 +5,9 @@ from mxnet import autograd, gluon
 import numpy as np
 import pytest
 
-import distributed
+from rn50kit.training import distributed
 import fit
-import schedules
+from rn50kit.common import schedules
 
 
 def small_net():
@@ -70,8 +70,8 @@ def test_lars_steps_equal_the_numpy_formula(eps):
 
 
 # ---- gradient accumulation, through the loop's own train_one_epoch ------------------------------------------------
-import checkpoint  # noqa: E402
-import config  # noqa: E402
+from rn50kit.training import checkpoint  # noqa: E402
+from rn50kit.config import train_config  # noqa: E402
 import loop_harness  # noqa: E402
 from loop_harness import CPU, RUN, keep_signal_handlers  # noqa: E402,F401 (a fixture)
 import train  # noqa: E402
@@ -126,7 +126,7 @@ def fit_config(tmp_path, batch, accum, *extra):
                                "--seed", "3", "--ema-decay", "0.9", "--workspace", str(tmp_path),
                                "--disp-batches", "0", "--keep-last", "0", *extra])
     train.fill_hyper_parameters(parsed)
-    return config.from_args(parsed).fit
+    return train_config.from_args(parsed).fit
 
 
 def start(cfg, net):
@@ -333,7 +333,7 @@ def test_mlperf_lr_from_mlcommons_points():
 def test_mlperf_recipe_sets_the_issue_table_and_its_lr_follows_the_effective_batch():
     args = train.parse_args(["--recipe", "mlperf", "--batch-size", "816", "--grad-accum-steps", "2"])
     how = " ".join(train.fill_hyper_parameters(args))
-    cfg = config.from_args(args)
+    cfg = train_config.from_args(args)
     f, d = cfg.fit, cfg.data
     assert (f.optimizer, f.lars_eta, f.lars_eps, f.mom, f.wd) == ("lars", 0.001, 0.0, 0.9, 5e-5)
     assert (f.lr_schedule, f.lr_power, f.lr_end, f.warmup_epochs, f.num_epochs) == ("poly", 2.0, 1e-4, 2.0, 37)

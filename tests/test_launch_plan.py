@@ -6,12 +6,12 @@ import os
 import mxnet as mx
 import pytest
 
-import config
-import devices
-import launch as runner  # runner's logic, importable
+from rn50kit.config import train_config
+from rn50kit.launch import devices
+from rn50kit.launch import launcher as runner  # runner's logic, importable
 import models
-import rules
-import settings
+from rn50kit.common import rules
+from rn50kit.config import settings
 import train
 from conftest import ROOT
 
@@ -171,8 +171,8 @@ def test_gpu_of_each_rank():
 
 def test_fused_bn_relu_is_refused_where_upstream_has_no_kernel():
     args = train.parse_args(["--fuse-bn-relu", "1"])
-    assert "CPUs only" in rules.fusion_problem(config.from_args(args).model.fuse_bn_relu, gpu=True)
-    assert rules.fusion_problem(config.from_args(args).model.fuse_bn_relu, gpu=False) is None
+    assert "CPUs only" in rules.fusion_problem(train_config.from_args(args).model.fuse_bn_relu, gpu=True)
+    assert rules.fusion_problem(train_config.from_args(args).model.fuse_bn_relu, gpu=False) is None
     args = train.parse_args(["--fuse-bn-relu", "1", "--conv-layout", "NHWC"])
     with pytest.raises(ValueError, match="axis 1 only"):
         models.get_model_from_args(args)

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import HANG_S, ROOT, venv_env
 
-import world
+from rn50kit.launch import world
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -255,13 +255,13 @@ def test_world_check_reads_each_launchers_variables(launcher):
 
 
 def test_runners_probe_of_horovods_build_agrees_with_horovods_own_check():
-    """runner asks Horovod's library what it was built with (launch.horovod_build, no MXNet import); horovodrun's
+    """runner asks Horovod's library what it was built with (launcher.horovod_build, no MXNet import); horovodrun's
     own check (a forked process per framework, importing it) must give the same answers."""
-    import launch
+    from rn50kit.launch import launcher
     code = ("from horovod.common.util import gloo_built, mpi_built; "
             "print(bool(gloo_built()), bool(mpi_built()))")
     own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, check=True)
-    build = launch.horovod_build()
+    build = launcher.horovod_build()
     assert own.stdout.split() == [str(build["gloo"]), str(build["mpi"])]
     assert build["gloo"]  # make setup builds it with Gloo
 

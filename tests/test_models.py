@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import models
-import rules
+from rn50kit.common import rules
 from conftest import ROOT, venv_env
 
 # Published trainable parameter counts for 1000 classes (torchvision / the ResNeXt paper's reference models).
@@ -284,7 +284,7 @@ def test_bfloat16_inference_close_to_float32(network):
     bfloat16 weights in every layer, 5x further from float32 (6 % of the largest logit against 1.2 %). Both the
     float32 network and the bfloat16 one scoring builds (its stem: EvenChannelStem)."""
     import json
-    import settings
+    from rn50kit.config import settings
     from mxnet.contrib import amp
     net = small_net("resnet50_v1.5", dtype=network)
     net.hybridize(static_alloc=True, static_shape=True)

@@ -11,12 +11,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import data
+from rn50kit.data import loaders
 import train
 from conftest import ROOT, venv_env
-import config
-import distributed
-import scoring
+from rn50kit.config import train_config
+from rn50kit.training import distributed
+from rn50kit.scoring import scoring
 
 TWO = [mx.cpu(0), mx.cpu(1)]
 
@@ -27,7 +27,7 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
         ["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx", idx, "--data-val", rec,
          "--data-val-idx", idx, "--batch-size", "4", "--image-shape", "3,16,16", "--data-val-resize", "16",
          "--dali-threads", "1", "--dali-validation-threads", "1", "--seed", "1"])
-    train_iter, val_iter = data.get_data_iterators_per_device(config.from_args(args), 0, 1, 0, 1, TWO)
+    train_iter, val_iter = loaders.get_data_iterators_per_device(train_config.from_args(args), 0, 1, 0, 1, TWO)
     # DALI's shards: device d of 2 reads records [count*d//2, count*(d+1)//2); labels are the record numbers.
     shards = [set(range(count * d // 2, count * (d + 1) // 2)) for d in range(2)]
     seen = [[], []]
@@ -50,7 +50,7 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
             break
         for d, labels in enumerate(batch.label):
             trained[d] |= set(labels.asnumpy().astype(int).tolist())
-    # One permutation of the whole file per epoch, cut into a shard per device (data.ShuffledShardSource): disjoint,
+    # One permutation of the whole file per epoch, cut into a shard per device (loaders.ShuffledShardSource): disjoint,
     # and each drawn from the whole file rather than from a contiguous range of records.
     assert not trained[0] & trained[1]
     for d in range(2):

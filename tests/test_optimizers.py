@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-import optimizers
+from rn50kit.training import optimizers
 
 SHAPES = {"conv_weight": (8, 4, 3, 3), "bn_gamma": (8,), "bn_beta": (8,), "fc_weight": (10, 72), "fc_bias": (10,)}
 LR, MOMENTUM, WD, BATCH = 0.1, 0.875, 3e-4, 4

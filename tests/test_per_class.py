@@ -11,13 +11,13 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import config
-import data
-import distributed
-import imagenet_classes
-import predict
-import report as reports
-import scoring
+from rn50kit.config import train_config
+from rn50kit.data import loaders
+from rn50kit.training import distributed
+from rn50kit.common import imagenet_classes
+from rn50kit.scoring import predict
+from rn50kit.reporting import report as reports
+from rn50kit.scoring import scoring
 import train
 from conftest import ROOT, venv_env
 
@@ -44,7 +44,7 @@ def test_confusion_equals_a_numpy_recount_of_the_logits(unique_label_rec, ctxs):
     args = train.parse_args(
         ["--data-backend", "dali-cpu", "--data-val", rec, "--data-val-idx", idx, "--batch-size", "8",
          "--image-shape", "3,16,16", "--data-val-resize", "16", "--dali-validation-threads", "1", "--seed", "1"])
-    val_iter = data.get_data_iterators_per_device(config.from_args(args), 0, 1, 0, 1, ctxs)[1]
+    val_iter = loaders.get_data_iterators_per_device(train_config.from_args(args), 0, 1, 0, 1, ctxs)[1]
     net = mx.gluon.nn.Dense(count, in_units=3 * 16 * 16, flatten=True)
     # Seeded, whatever ran before in this process: a random network is right about one of the 53 samples on
     # average and about none a third of the time (seed 2 here); seed 1's is right about some.
@@ -66,7 +66,7 @@ def test_no_metrics_has_no_confusion(unique_label_rec):
     args = train.parse_args(["--data-backend", "dali-cpu", "--data-val", rec, "--data-val-idx", idx, "--batch-size",
                              "16", "--image-shape", "3,16,16", "--data-val-resize", "16",
                              "--dali-validation-threads", "1"])
-    val_iter = data.get_data_iterators_per_device(config.from_args(args), 0, 1, 0, 1, [mx.cpu()])[1]
+    val_iter = loaders.get_data_iterators_per_device(train_config.from_args(args), 0, 1, 0, 1, [mx.cpu()])[1]
     net = mx.gluon.nn.Dense(count, in_units=3 * 16 * 16, flatten=True)
     net.initialize(ctx=mx.cpu())
     assert scoring.evaluate(net, val_iter, [mx.cpu()], distributed.Distributed(None), no_metrics=True)[

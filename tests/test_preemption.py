@@ -191,7 +191,7 @@ def test_sigkill_of_everything_then_rerun_reports_the_same(killed_run, reference
     # The kernel finishes killing a process after the signal (and after runner, its ancestor, is reaped): its
     # threads exit, then its files (and so the lock) are released. The lock must come free by itself.
     wait_until(lambda: pid_gone(record["pid"]), f"the SIGKILLed rank-0 worker (pid {record['pid']}) to die")
-    import run_lock
+    from rn50kit.reliability import run_lock
     wait_until(lambda: run_lock.holder(workspace) is None, f"the dead run's lock on {workspace} to come free")
     result = run(killed_run["command"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -204,7 +204,7 @@ def test_sigkill_of_everything_then_rerun_reports_the_same(killed_run, reference
 HOLD = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
-import run_lock
+from rn50kit.reliability import run_lock
 run_lock.WorkspaceLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -212,7 +212,7 @@ time.sleep(600)
 
 
 def test_lock_names_its_live_holder_and_is_taken_over_once_the_holder_is_killed(tmp_path):
-    import run_lock
+    from rn50kit.reliability import run_lock
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), ROOT], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -11,7 +11,7 @@ import pytest
 from mxnet import recordio
 
 import check_dataset
-import predict
+from rn50kit.scoring import predict
 import prepare_folder
 from conftest import ROOT, venv_env
 

@@ -9,10 +9,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import data
+from rn50kit.data import loaders
 import train
 from conftest import ROOT, venv_env
-import config
+from rn50kit.config import train_config
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -55,7 +55,7 @@ def test_pipelines_read_prepared_records_with_right_labels(prepared, backend):
         "--data-val", str(out / "val.rec"), "--data-val-idx", str(out / "val.idx"), "--batch-size", "4",
         "--image-shape", "3,32,32", "--data-val-resize", "36", "--rgb-mean", "0,0,0", "--rgb-std", "1,1,1",
         "--dali-threads", "1", "--dali-validation-threads", "1", "--data-mxnet-threads", "1", "--seed", "1"])
-    train_iter, val_iter = data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())
+    train_iter, val_iter = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
     for iterator, expected in ((val_iter, 9), (train_iter, 12)):
         seen = 0
         for batch in iterator:

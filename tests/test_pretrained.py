@@ -10,7 +10,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import models
-import pretrained
+from rn50kit.weights import pretrained
 import resnet_reference as ref
 
 import safetensors.numpy as safetensors_numpy

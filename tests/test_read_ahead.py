@@ -1,4 +1,4 @@
-"""The training records read ahead by data.ShuffledShardSource on the process's one reading thread: the same batches
+"""The training records read ahead by loaders.ShuffledShardSource on the process's one reading thread: the same batches
 in the same order as a numpy permutation computed here (one shard and two, mmap and plain reads, across epoch
 ends), intact through a real DALI pipeline while its buffers are reused, one thread however many sources (a
 pipeline per epoch), and a reading error raised in the call of its batch."""
@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-import data
-import records
+from rn50kit.data import loaders
+from rn50kit.data import records
 
 BATCH = 5  # divides neither shard of the 53 records (26 and 27)
 
@@ -35,7 +35,7 @@ def test_same_batches_in_the_same_order(unique_label_rec, shard_id, num_shards, 
     rec, idx, count = unique_label_rec
     record_file = records.RecordFile(rec, idx, use_mmap=use_mmap)
     batches = shard_batches(count, shard_id, num_shards)
-    source = data.ShuffledShardSource(record_file, shard_id, num_shards, BATCH, seed=3, remember=batches, ahead=2)
+    source = loaders.ShuffledShardSource(record_file, shard_id, num_shards, BATCH, seed=3, remember=batches, ahead=2)
     expected = expected_batches(count, shard_id, num_shards, 3, batches)
     for picks in expected:
         images, labels = source()
@@ -51,7 +51,7 @@ def test_batches_stay_intact_through_dali_while_the_buffers_are_reused(unique_la
     from nvidia.dali import fn, pipeline_def, types
     rec, idx, count = unique_label_rec
     record_file = records.RecordFile(rec, idx)
-    source = data.ShuffledShardSource(record_file, 0, 1, BATCH, seed=5, ahead=1)
+    source = loaders.ShuffledShardSource(record_file, 0, 1, BATCH, seed=5, ahead=1)
 
     @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None, prefetch_queue_depth=4)
     def passthrough():
@@ -75,7 +75,7 @@ def test_one_reading_thread_for_every_source(unique_label_rec):
     rec, idx, _ = unique_label_rec
     record_file = records.RecordFile(rec, idx)
     for epoch in range(12):  # train.py builds a pipeline, and its source, per epoch
-        source = data.ShuffledShardSource(record_file, epoch % 2, 2, BATCH, seed=epoch)
+        source = loaders.ShuffledShardSource(record_file, epoch % 2, 2, BATCH, seed=epoch)
         for _ in range(3):
             source()
     assert len(reading_threads()) == 1
@@ -88,7 +88,7 @@ def test_a_reading_error_is_raised_in_the_call_of_its_batch(unique_label_rec):
     first, second = expected_batches(count, 0, 1, 4, 2)
     record_file.offsets = record_file.offsets.copy()
     record_file.offsets[second[2]] = 10 ** 12  # a record offset past the end of the file: the read fails
-    source = data.ShuffledShardSource(record_file, 0, 1, BATCH, seed=4, ahead=3)
+    source = loaders.ShuffledShardSource(record_file, 0, 1, BATCH, seed=4, ahead=3)
     assert source()[1].ravel().astype(int).tolist() == first
     for _ in range(2):  # and again in later calls, rather than a wait for a batch that never comes
         with pytest.raises(ValueError, match="offset"):

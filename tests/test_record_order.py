@@ -6,12 +6,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import data
-import records
+from rn50kit.data import loaders
+from rn50kit.data import records
 import train
 from conftest import write_record_file
-import config
-import distributed
+from rn50kit.config import train_config
+from rn50kit.training import distributed
 
 NUM_RECORDS, NUM_CLASSES = 64, 4
 GLOBAL_BATCH = 16  # 2 ranks x 8: each shard of 32 records is exactly 4 batches
@@ -43,10 +43,10 @@ def epoch_labels(iterator):
 
 def rank_epochs(args, rank, epochs):
     """Labels each rank reads in its first ``epochs`` epochs, built as train.py builds them (factory per epoch)."""
-    first = data.get_data_iterators(config.from_args(args), rank, 2, 0, 1, mx.cpu())[0]
+    first = loaders.get_data_iterators(train_config.from_args(args), rank, 2, 0, 1, mx.cpu())[0]
     dist = distributed.Distributed(None)
     dist.rank, dist.size = rank, 2
-    make = train.train_iterator_factory(config.from_args(args), dist, [mx.cpu()], first)
+    make = train.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
     return [epoch_labels(make(epoch)) for epoch in range(epochs)]
 
 
@@ -72,10 +72,10 @@ def test_order_reproducible_with_seed_and_on_resume(sorted_rec):
     assert run_a == run_b
     # a run resumed at epoch 2 builds only that epoch's pipeline: the same records in the same order
     args = parse(rec, idx, "--seed", "5")
-    first = data.get_data_iterators(config.from_args(args), 0, 2, 0, 1, mx.cpu())[0]
+    first = loaders.get_data_iterators(train_config.from_args(args), 0, 2, 0, 1, mx.cpu())[0]
     dist = distributed.Distributed(None)
     dist.rank, dist.size = 0, 2
-    make = train.train_iterator_factory(config.from_args(args), dist, [mx.cpu()], first)
+    make = train.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
     assert epoch_labels(make(2)) == run_a[2]
     assert rank_epochs(parse(rec, idx, "--seed", "6"), 0, 1)[0] != run_a[0]
 
@@ -83,7 +83,7 @@ def test_order_reproducible_with_seed_and_on_resume(sorted_rec):
 def test_without_seed_the_epochs_continue_through_new_shuffles(sorted_rec):
     """Without --seed the same pipeline serves every epoch: each still covers the rank's shard of a new shuffle."""
     rec, idx = sorted_rec
-    iterators = [data.get_data_iterators(config.from_args(parse(rec, idx)), rank, 2, 0, 1, mx.cpu())[0] for rank in (0, 1)]
+    iterators = [loaders.get_data_iterators(train_config.from_args(parse(rec, idx)), rank, 2, 0, 1, mx.cpu())[0] for rank in (0, 1)]
     for _ in range(2):
         labels = [epoch_labels(iterator) for iterator in iterators]
         assert sorted(labels[0] + labels[1]) == list(range(NUM_RECORDS))
@@ -121,14 +121,14 @@ def test_mxnet_backend_refuses_a_label_ordered_file_with_several_workers(tmp_pat
     images = [cv2.imdecode(digits.image(i), cv2.IMREAD_COLOR) for i in order]
     rec, idx = write_record_file(str(tmp_path / "sorted"), images, digits.labels[order])
     args = parse(rec, idx, "--data-backend", "mxnet", "--data-mxnet-threads", "1", "--image-shape", "3,32,32")
-    with pytest.raises(data.DataError) as error:
-        data.get_data_iterators(config.from_args(args), 0, 2, 0, 1, mx.cpu())
+    with pytest.raises(loaders.DataError) as error:
+        loaders.get_data_iterators(train_config.from_args(args), 0, 2, 0, 1, mx.cpu())
     message = str(error.value)
     assert "label order" in message and "check_dataset.py" in message and "\n" not in message
-    assert data.get_data_iterators(config.from_args(args), 0, 1, 0, 1, mx.cpu())[0] is not None
+    assert loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())[0] is not None
     shuffled = parse(str(digits_data / "train.rec"), str(digits_data / "train.idx"), "--data-backend", "mxnet",
                      "--data-mxnet-threads", "1", "--image-shape", "3,32,32")
-    assert data.get_data_iterators(config.from_args(shuffled), 0, 2, 0, 1, mx.cpu())[0] is not None
+    assert loaders.get_data_iterators(train_config.from_args(shuffled), 0, 2, 0, 1, mx.cpu())[0] is not None
 
 
 @pytest.mark.parametrize("no_mmap", [False, True])
@@ -139,7 +139,7 @@ def test_each_image_arrives_with_its_own_label(tmp_path, no_mmap):
     flat = [np.full((24, 32, 3), 4 * i, dtype=np.uint8) for i in range(NUM_RECORDS)]
     rec, idx = write_record_file(str(tmp_path / "flat"), flat, range(NUM_RECORDS))
     extra = ["--rgb-mean", "0,0,0", "--rgb-std", "1,1,1", "--seed", "2"] + (["--dali-dont-use-mmap"] if no_mmap else [])
-    iterator = data.get_data_iterators(config.from_args(parse(rec, idx, *extra)), 0, 1, 0, 1, mx.cpu())[0]
+    iterator = loaders.get_data_iterators(train_config.from_args(parse(rec, idx, *extra)), 0, 1, 0, 1, mx.cpu())[0]
     seen = 0
     for batch in iterator:
         means = batch.data[0].asnumpy().mean(axis=(1, 2, 3))

@@ -31,7 +31,7 @@ def test_report_summary_names_the_best_epoch(tmp_path):
     report = tmp_path / "report.json"
     metrics = {"val.top1": [0.3, 0.9, 0.8], "train.total_ips": [10.0, 20.0, 30.0]}
     report.write_text(json.dumps({"model": "m", "ngpus": 2, "total_duration": 12, "cmd": [], "metrics": metrics}))
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "report.py"), str(report)],
+    result = subprocess.run([sys.executable, "-m", "rn50kit.reporting.report", str(report)], cwd=ROOT,
                             env=venv_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "Validation top-1: 0.8000 (best 0.9000, epoch 2)" in result.stdout

@@ -7,18 +7,18 @@ import pytest
 
 from conftest import TINY_RUN
 
-import backends
-import cli
-import data
-import launch
-import rules
-import schedules
+from rn50kit.common import backends
+from rn50kit.common import cli
+from rn50kit.data import loaders
+from rn50kit.launch import launcher
+from rn50kit.common import rules
+from rn50kit.common import schedules
 import train
 
 
 def runner_refusal(argv, gpus=0, cores=2):
     with pytest.raises(cli.UsageError) as error:
-        launch.plan_launch(["--data-backend", "synthetic", *argv], launch.Machine(gpus, cores), {})
+        launcher.plan_launch(["--data-backend", "synthetic", *argv], launcher.Machine(gpus, cores), {})
     return str(error.value)
 
 
@@ -43,7 +43,7 @@ def test_a_gpu_backend_is_refused_alike_without_a_gpu():
     assert mx.context.num_gpus() == 0  # this test is about a CPU machine
     expected = rules.backend_problem("dali-gpu", gpu=False)
     with pytest.raises(cli.UsageError) as error:
-        launch.plan_launch(["--data-backend", "dali-gpu", "--dtype", "float32"], launch.Machine(0, 2), {})
+        launcher.plan_launch(["--data-backend", "dali-gpu", "--dtype", "float32"], launcher.Machine(0, 2), {})
     assert str(error.value) == expected
     args = train.parse_args(["--kv-store", "local", "--dtype", "float32", "--data-backend", "dali-gpu",
                              "--data-train", __file__, "--data-train-idx", __file__, "--num-layers", "18"])
@@ -56,7 +56,7 @@ def test_the_backends_table_is_the_one_list():
     assert cli.DATA_BACKENDS == list(backends.BACKENDS)
     for name in backends.NAMES:
         build = backends.builder(name)
-        assert callable(build) and build.__module__ == "data"
+        assert callable(build) and build.__module__ == "rn50kit.data.loaders"
     assert [name for name in backends.NAMES if backends.needs_gpu(name)] == ["dali-gpu"]
     assert [name for name in backends.NAMES if not backends.reads_records(name)] == ["synthetic"]
     assert backends.default(gpu=True) == "dali-gpu" and backends.default(gpu=False) == "dali-cpu"
@@ -71,8 +71,8 @@ def test_the_backends_table_is_the_one_list():
 
 def test_one_lr_scaling_rule_for_runner_and_the_recipes(tmp_path):
     """runner's -l (per 256 images) and a recipe's LR per 256 become the same absolute LR for a global batch."""
-    _, _, command = launch.plan_launch(["-n", "2", "-b", "48", "-l", "0.256", "--data-backend", "synthetic",
-                                        "--dtype", "float32"], launch.Machine(0, 2), {})
+    _, _, command = launcher.plan_launch(["-n", "2", "-b", "48", "-l", "0.256", "--data-backend", "synthetic",
+                                        "--dtype", "float32"], launcher.Machine(0, 2), {})
     planned = float(command[command.index("--lr") + 1])
     assert planned == pytest.approx(0.256 * 96 / 256)
     assert schedules.recipe_lr("nvidia", 96) == pytest.approx(planned)  # the nvidia recipe: 0.256 per 256
@@ -93,5 +93,5 @@ def test_schedules_are_named_functions_checked_against_their_formulas():
 
 def test_the_data_check_leaves_the_gpu_rule_to_rules():
     """check_data_files names missing files only (the rule about GPUs is worded once, in rules.py)."""
-    cfg = data.DataConfig(data_backend="dali-gpu", data_train="/nonexistent.rec", data_train_idx="/nonexistent.idx")
-    assert "does not exist" in data.check_data_files(cfg)
+    cfg = loaders.DataConfig(data_backend="dali-gpu", data_train="/nonexistent.rec", data_train_idx="/nonexistent.idx")
+    assert "does not exist" in loaders.check_data_files(cfg)

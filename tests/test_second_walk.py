@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from conftest import write_record_file
-import backends
-import cli
-import config
-import schedules
+from rn50kit.common import backends
+from rn50kit.common import cli
+from rn50kit.config import train_config
+from rn50kit.common import schedules
 import train
 
 
@@ -24,7 +24,7 @@ def labelled_records(folder, labels):
 
 
 def record_config(files, backend, num_classes):
-    return config.RunConfig().replace(
+    return train_config.RunConfig().replace(
         data__data_backend=backend, data__data_train=files["train"][0], data__data_train_idx=files["train"][1],
         data__data_val=files["val"][0], data__data_val_idx=files["val"][1], model__num_classes=num_classes,
         fit__num_epochs=1, fit__warmup_epochs=0)
@@ -50,7 +50,7 @@ def test_model_best_holds_the_ema_weights_that_were_scored(tmp_path):
                                "--lr", "0.2", "--warmup-epochs", "0", "--num-classes", "4", "--seed", "3",
                                "--ema-decay", "0.9", "--workspace", str(tmp_path), "--disp-batches", "0"])
     train.fill_hyper_parameters(parsed)
-    args = config.from_args(parsed).fit
+    args = train_config.from_args(parsed).fit
     net = tiny_net(tmp_path / "init.params")
     state, loop = start(args, net)
     fit.train_one_epoch(args, loop, state, Batches(), epoch=0)
@@ -64,7 +64,7 @@ def test_model_best_holds_the_ema_weights_that_were_scored(tmp_path):
     models.load_parameters(best, str(tmp_path / "model-best.params"), CPU)
     for name, value in weights(best).items():
         np.testing.assert_allclose(value, state.ema.shadow[name].asnumpy(), rtol=1e-6, err_msg=name)
-    import scoring
+    from rn50kit.scoring import scoring
     assert scoring.evaluate(best, val, CPU, loop.dist, "float32")["top1"] == scored["top1"]
     assert any(not np.allclose(value, live[name]) for name, value in weights(best).items())
 
@@ -80,7 +80,7 @@ def built(num_layers, image, dtype="float32"):
 
 
 def test_memory_estimate_refuses_a_batch_that_cannot_fit_and_names_one_that_does():
-    import memory
+    from rn50kit.launch import memory
     net = built(50, 224)
     gib = 2 ** 30
     # The issue's run: ResNet-50, 224 px, batch 192 on a 24 GB machine (it grew to 21 GB resident).
@@ -102,10 +102,10 @@ def test_memory_estimate_refuses_a_batch_that_cannot_fit_and_names_one_that_does
 
 def test_train_refuses_in_one_line_a_batch_the_machine_cannot_hold(monkeypatch):
     import mxnet as mx
-    import distributed
-    import memory
+    from rn50kit.training import distributed
+    from rn50kit.launch import memory
     monkeypatch.setattr(memory, "cpu_budget", lambda processes: 1 * 2 ** 30)
-    cfg = config.RunConfig().replace(fit__batch_size=4096, fit__mode="train", data__image_shape=(3, 32, 32))
+    cfg = train_config.RunConfig().replace(fit__batch_size=4096, fit__mode="train", data__image_shape=(3, 32, 32))
     net = built(18, 32)
     with pytest.raises(cli.UsageError, match=r"this machine has 1.0 GiB; use --batch-size \d+ \(global"):
         train.check_memory(cfg, net, [mx.cpu()], distributed.Distributed(None))
@@ -114,8 +114,8 @@ def test_train_refuses_in_one_line_a_batch_the_machine_cannot_hold(monkeypatch):
 
 
 def test_cpu_defaults_are_a_batch_a_cpu_can_run():
-    import settings
-    import launch
+    from rn50kit.config import settings
+    from rn50kit.launch import launcher
     args = train.parse_args([])
     settings.machine_defaults(args, num_gpus=0, given=set())
     assert (args.batch_size, args.dtype, args.data_backend) == (settings.CPU_BATCH_SIZE, "float32", "dali-cpu")
@@ -125,9 +125,9 @@ def test_cpu_defaults_are_a_batch_a_cpu_can_run():
     args = train.parse_args([])
     settings.machine_defaults(args, num_gpus=8, given=set())
     assert (args.batch_size, args.dtype) == (192, "float16")
-    cpu, gpus = launch.Machine(gpus=0, cores=2), launch.Machine(gpus=8, cores=64)
-    assert "--batch-size 32" in " ".join(launch.plan_launch(["--data-backend", "synthetic"], cpu, {})[2])
-    assert "--batch-size 1536" in " ".join(launch.plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2])
+    cpu, gpus = launcher.Machine(gpus=0, cores=2), launcher.Machine(gpus=8, cores=64)
+    assert "--batch-size 32" in " ".join(launcher.plan_launch(["--data-backend", "synthetic"], cpu, {})[2])
+    assert "--batch-size 1536" in " ".join(launcher.plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2])
 
 
 # --- item 4: Ctrl-C on train.py, and the lock of a run that did not end cleanly --------------------------------
@@ -150,7 +150,7 @@ def steps_logged(workspace):
 @pytest.mark.slow
 def test_ctrl_c_on_train_py_saves_a_step_checkpoint_and_exits_130(tmp_path):
     import signal
-    import run_lock
+    from rn50kit.reliability import run_lock
     from conftest import HANG_S, wait_until
     process = start_train(tmp_path, "--num-epochs", "2", "--num-examples", "100000")
     try:
@@ -189,7 +189,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
 HOLD_THEN = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
-import run_lock
+from rn50kit.reliability import run_lock
 run_lock.WorkspaceLock(sys.argv[1]).acquire()
 print("held", flush=True)
 if sys.argv[3] == "fail":
@@ -202,7 +202,7 @@ time.sleep(600)
 def test_a_lock_whose_holder_crashed_or_was_killed_does_not_read_running(tmp_path):
     import subprocess
     import sys
-    import run_lock
+    from rn50kit.reliability import run_lock
     from conftest import HANG_S, ROOT, pid_gone, wait_until
     failed, killed = tmp_path / "failed", tmp_path / "killed"
     failed.mkdir(), killed.mkdir()
@@ -220,7 +220,7 @@ def test_a_lock_whose_holder_crashed_or_was_killed_does_not_read_running(tmp_pat
     wait_until(lambda: pid_gone(holder.pid), "the killed holder to be gone")
     assert run_lock.read_record(run_lock.lock_path(str(killed)))["state"] == "running"  # what it last wrote
     assert run_lock.run_state(str(killed))["state"] == "crashed"
-    shown = subprocess.run([sys.executable, os.path.join(ROOT, "run_lock.py"), str(killed)], capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "rn50kit.reliability.run_lock", str(killed)], cwd=ROOT, capture_output=True,
                            text=True, timeout=HANG_S)
     assert '"state": "crashed"' in shown.stdout
 
@@ -261,9 +261,9 @@ def train_refusal(*argv):
 
 
 def runner_refusal(*argv, gpus=0):
-    import launch
+    from rn50kit.launch import launcher
     with pytest.raises(cli.UsageError) as error:
-        launch.plan_launch(["--data-backend", "synthetic", "--dtype", "float32", *argv], launch.Machine(gpus, 2), {})
+        launcher.plan_launch(["--data-backend", "synthetic", "--dtype", "float32", *argv], launcher.Machine(gpus, 2), {})
     return str(error.value)
 
 
@@ -280,9 +280,9 @@ def test_what_a_cpu_cannot_run_is_refused_alike_by_runner_and_train(argv, expect
     assert runner_refusal(*argv) == by_train
     runner_refusal_on_gpus = None
     try:
-        import launch
+        from rn50kit.launch import launcher
         workers = ["-n", "2"] if "--gpus" in argv else []  # -n agrees with --gpus (devices.select_gpus)
-        launch.plan_launch(["--data-backend", "synthetic", *workers, *argv], launch.Machine(8, 64), {})
+        launcher.plan_launch(["--data-backend", "synthetic", *workers, *argv], launcher.Machine(8, 64), {})
     except cli.UsageError as error:
         runner_refusal_on_gpus = str(error)
     assert runner_refusal_on_gpus is None  # each runs on GPUs
@@ -371,17 +371,17 @@ def notes_lr(recipe):
 
 @pytest.mark.parametrize("recipe", ["he", "nvidia-2019"])
 def test_a_recipes_steps_are_scaled_to_a_shorter_run_unless_typed(recipe):
-    import settings
+    from rn50kit.config import settings
     argv = ["--recipe", recipe, "--num-epochs", "30"]
     args = train.parse_args(argv)
     note = " ".join(train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), argv)))
     assert args.lr_steps == [10, 20, 26.67] and "scaled to this run's 30" in note
-    train.check_config(config.from_args(args))  # no longer refused
+    train.check_config(train_config.from_args(args))  # no longer refused
     typed = argv + ["--lr-steps", "30,60,80"]
     args = train.parse_args(typed)
     assert train.fill_hyper_parameters(args, settings.given_flags(train.get_args_parser(), typed)) == [notes_lr(recipe)]
     with pytest.raises(cli.UsageError, match="lie at or beyond the last epoch"):  # typed: the user's, refused
-        train.check_config(config.from_args(args))
+        train.check_config(train_config.from_args(args))
     args = train.parse_args(["--recipe", recipe])  # the recipe's own length: its own steps
     assert train.fill_hyper_parameters(args) == [notes_lr(recipe)] and args.lr_steps == [30, 60, 80]
 
@@ -389,7 +389,7 @@ def test_a_recipes_steps_are_scaled_to_a_shorter_run_unless_typed(recipe):
 # --- item 7: a score per dtype and calibration ---------------------------------------------------------------
 
 def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp_path):
-    import settings
+    from rn50kit.config import settings
     from test_settings import fake_checkpoint, parse
     params = fake_checkpoint(tmp_path, 2, num_classes=10, image_shape=[3, 32, 32])
     reports = set()
@@ -424,7 +424,7 @@ def test_a_baseline_of_another_network_or_mode_is_warned_about():
 # --- item 11: messages that say which case it is --------------------------------------------------------------
 
 def test_a_bad_resume_says_which_case_what_exists_and_what_is_accepted(tmp_path):
-    import checkpoint
+    from rn50kit.training import checkpoint
     from test_settings import fake_checkpoint, touch
     fake_checkpoint(tmp_path, 2)
     touch(tmp_path / "model-best.params")
@@ -443,7 +443,7 @@ def test_a_bad_resume_says_which_case_what_exists_and_what_is_accepted(tmp_path)
 
 
 def test_a_data_root_naming_the_rec_file_says_give_its_folder(tmp_path):
-    import settings
+    from rn50kit.config import settings
     rec = tmp_path / "train.rec"
     rec.write_bytes(b"x")
     expected = f"--data-root {rec} is a file; give the folder that holds train.rec and val.rec (--data-root {tmp_path})"
@@ -467,7 +467,7 @@ def test_scoring_without_a_checkpoint_is_refused_before_any_scoring_line(tmp_pat
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_a_batch_larger_than_the_data_and_class_names_of_the_wrong_length_are_warned_about(tmp_path, caplog):
     import mxnet as mx
-    import predict
+    from rn50kit.scoring import predict
     files = labelled_records(tmp_path, [i % 10 for i in range(20)])
     with caplog.at_level("WARNING"):
         train.warn_about(record_config(files, "dali-cpu", 10).replace(fit__batch_size=32), primary=True)
@@ -496,7 +496,7 @@ def test_resuming_with_other_settings_is_noted():
 def test_report_py_says_a_benchmark_json_is_not_a_run_report_and_which_iterations_its_speed_covers(tmp_path,
                                                                                                   monkeypatch, capsys):
     import json
-    import report
+    from rn50kit.reporting import report
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps({"model": "resnet18_v1.5", "ngpus": [1], "bs": [8], "metric_keys": ["x"],
                                  "metrics": {}}))
@@ -510,7 +510,7 @@ def test_report_py_says_a_benchmark_json_is_not_a_run_report_and_which_iteration
 
 
 def test_the_first_line_says_global_batch_and_per_worker():
-    cfg = config.RunConfig().replace(fit__batch_size=64, fit__num_epochs=2, fit__lr=0.1, fit__workspace="ws",
+    cfg = train_config.RunConfig().replace(fit__batch_size=64, fit__num_epochs=2, fit__lr=0.1, fit__workspace="ws",
                                      data__data_backend="synthetic", fit__dtype="float32")
     assert "2 worker(s), global batch 64 (32 per worker), float32" in train.header(cfg, 2, "report.json")
     assert "1 worker(s), global batch 64, float32" in train.header(cfg, 1, "report.json")
@@ -562,14 +562,14 @@ def test_export_onnx_exports_model_best(tmp_path):
 
 def test_the_progress_line_says_which_epoch_of_how_many_and_that_its_eta_is_the_runs(caplog):
     import io
-    from progress import Progress
+    from rn50kit.reporting.progress import Progress
     with caplog.at_level("INFO", logger="rn50"):
         Progress(True, 1, stream=io.StringIO(), num_epochs=16).update(8, 3, 10, 12.5, 1.25, 0.1, 3725)
     assert "Epoch[8/16] Batch[3/10] 12.5 img/s loss 1.2500 lr 0.10000 run ETA 1:02:05" in caplog.text
 
 
 def test_the_int8_calibration_line_agrees_with_itself_and_shows_a_date(tmp_path):
-    import quantize
+    from rn50kit.scoring import quantize
     rec = tmp_path / "train.rec"
     rec.write_bytes(b"x" * 10)
     source = quantize.calibration_source("dali-cpu", str(rec))

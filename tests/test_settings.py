@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-import checkpoint
-import settings
+from rn50kit.training import checkpoint
+from rn50kit.config import settings
 import train
 
 

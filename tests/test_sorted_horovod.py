@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 
-import records
+from rn50kit.data import records
 from conftest import ROOT, venv_env, write_record_file
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end

@@ -37,7 +37,7 @@ print(net(mx.nd.ones((1, 3, 8, 8))).asnumpy().sum())
 def test_bfloat16_trains_close_to_float32_or_is_refused_where_onednn_cannot_run_it(tmp_path):
     """With AVX-512: bfloat16 really trains, close to float32 but not equal. Without: the user gets one line before
     any work, and the refusal is needed: MXNet's own bfloat16 convolution fails there (checked, not assumed)."""
-    import settings
+    from rn50kit.config import settings
     if settings.bfloat16_unsupported():
         plain = subprocess.run([sys.executable, "-c", BFLOAT16_CONVOLUTION], env=venv_env(), capture_output=True,
                                text=True, timeout=HANG_S)

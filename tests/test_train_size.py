@@ -8,9 +8,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import data
-import schedules
-import settings
+from rn50kit.data import loaders
+from rn50kit.common import schedules
+from rn50kit.config import settings
 import train
 from conftest import write_record_file
 
@@ -26,10 +26,10 @@ def test_progressive_sizes_follow_ffcvs_plan():
 
 def test_bad_sizes_name_the_flags():
     with pytest.raises(ValueError, match="--train-size-epochs"):
-        data.check_train_size(data.DataConfig(train_size=(16, 32)))
+        loaders.check_train_size(loaders.DataConfig(train_size=(16, 32)))
     with pytest.raises(ValueError, match="--train-size"):
-        data.check_train_size(data.DataConfig(train_size=(0,)))
-    data.check_train_size(data.DataConfig(train_size=(16, 32), train_size_epochs=(1, 3)))
+        loaders.check_train_size(loaders.DataConfig(train_size=(0,)))
+    loaders.check_train_size(loaders.DataConfig(train_size=(16, 32), train_size_epochs=(1, 3)))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def configured(rec, backend, *extra):
 def test_training_size_changes_on_the_planned_epochs_and_validation_stays(small_rec, seed):
     extra = ["--train-size", "16,32", "--train-size-epochs", "1,3", "--train-size-step", "8"]
     cfg = configured(small_rec, "dali-cpu", *extra, *(["--seed", str(seed)] if seed is not None else []))
-    first, val = data.get_data_iterators_per_device(cfg, 0, 1, 0, 1, [mx.cpu()])
+    first, val = loaders.get_data_iterators_per_device(cfg, 0, 1, 0, 1, [mx.cpu()])
     dist = types.SimpleNamespace(rank=0, size=1, local_rank=0, local_size=1)
     make = train.train_iterator_factory(cfg, dist, [mx.cpu()], first)
     sizes, previous = [], None
@@ -75,6 +75,6 @@ def test_training_size_changes_on_the_planned_epochs_and_validation_stays(small_
 @pytest.mark.slow
 def test_a_fixed_training_size_in_the_mxnet_backend_too(small_rec):
     cfg = configured(small_rec, "mxnet", "--train-size", "24")
-    train_iter, val_iter = data.get_data_iterators(cfg, 0, 1, 0, 1, mx.cpu())
+    train_iter, val_iter = loaders.get_data_iterators(cfg, 0, 1, 0, 1, mx.cpu())
     assert next(iter(train_iter)).data[0].shape == (4, 3, 24, 24)
     assert next(iter(val_iter)).data[0].shape == (4, 3, 32, 32)

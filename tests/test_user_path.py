@@ -218,7 +218,7 @@ def test_runner_on_a_terminal_shows_rank_0s_live_bar_without_prefixes(tmp_path):
 
 def save_checkpoints(prefix, tags):
     import mxnet as mx
-    import checkpoint
+    from rn50kit.training import checkpoint
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(3, in_units=2))
     net.initialize()
@@ -230,7 +230,7 @@ def save_checkpoints(prefix, tags):
 
 
 def test_prune_removes_superseded_step_checkpoints_and_old_epochs(tmp_path):
-    import checkpoint
+    from rn50kit.training import checkpoint
     prefix = tmp_path / "model"
     save_checkpoints(prefix, [(1, 0), (1, 7), (2, 0)])
     checkpoint.prune(str(prefix), keep_last=3)
@@ -246,7 +246,7 @@ def test_prune_removes_superseded_step_checkpoints_and_old_epochs(tmp_path):
 
 def test_num_classes_checked_against_the_lst(tmp_path):
     import argparse
-    import settings
+    from rn50kit.config import settings
     rec = tmp_path / "train.rec"
     (tmp_path / "train.lst").write_text("".join(f"{i}\t{i % 3}\tc{i % 3}/{i}.jpg\n" for i in range(9)))
     args = argparse.Namespace(data_train=str(rec), data_val=None, num_classes=1000)
@@ -260,8 +260,8 @@ def test_num_classes_checked_against_the_lst(tmp_path):
 
 
 def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
-    import checkpoint
-    import settings
+    from rn50kit.training import checkpoint
+    from rn50kit.config import settings
     prefix = tmp_path / "model"
     save_checkpoints(prefix, [(1, 0), (2, 0), (3, 0), (3, 4)])
     older = checkpoint.read_state(str(tmp_path / "model-0002.state.json"))
@@ -273,7 +273,7 @@ def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
 
 
 def test_bfloat16_on_a_cpu_without_avx512_is_one_line(tmp_path):
-    import settings
+    from rn50kit.config import settings
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
     assert "avx512f" in settings.bfloat16_unsupported(str(cpuinfo))

@@ -92,7 +92,7 @@ def encoded_images(rec, idx):
     """Every record's image bytes, copied out of the file."""
     sys.path.insert(0, ROOT)
     import numpy as np
-    import records
+    from rn50kit.data import records
     record_file = records.RecordFile(rec, idx)
     return [np.array(record_file.image(i)) for i in range(len(record_file))]
 
@@ -116,10 +116,10 @@ def dali_decode_only(rec, idx, batch_size):
     crop-mirror-normalize add is the rest of the pipeline's time."""
     payloads = encoded_images(rec, idx)
     import dali
-    import data
+    from rn50kit.data import loaders
     from nvidia.dali import fn, pipeline_def
     batches = [payloads[i:i + batch_size] for i in range(0, len(payloads), batch_size)]
-    defaults = data.DataConfig()
+    defaults = loaders.DataConfig()
 
     @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None)
     def decode():
@@ -142,15 +142,15 @@ def step_thread_ms(rec, idx, batch_size, ahead, use_mmap, cold, steps, step_ms):
     of compute (a sleep: the GIL released, as in MXNet's engine) after each; DALI's prefetch fill is skipped."""
     sys.path.insert(0, ROOT)
     from nvidia.dali import fn, pipeline_def, types
-    import data
-    import records
+    from rn50kit.data import loaders
+    from rn50kit.data import records
     if cold:
         subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as caches:  # PermissionError unless root
             caches.write("1")
-    source = data.ShuffledShardSource(records.RecordFile(rec, idx, use_mmap=use_mmap), 0, 1, batch_size, seed=1,
+    source = loaders.ShuffledShardSource(records.RecordFile(rec, idx, use_mmap=use_mmap), 0, 1, batch_size, seed=1,
                                       ahead=ahead)
-    prefetch = data.DataConfig.dali_prefetch_queue  # train.py's default
+    prefetch = loaders.DataConfig.dali_prefetch_queue  # train.py's default
 
     @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=prefetch)
     def source_only():
@@ -183,8 +183,8 @@ def step_thread(args, rec, idx):
     """--step-thread: the records read in the call against read ahead, alternating within each round."""
     if args.cold and os.geteuid() != 0:
         raise SystemExit("bench_io.py: error: --cold empties the page cache, which needs root; run without it")
-    import data  # the step-thread timings run in this process
-    read_ahead = data.DataConfig.dali_read_ahead if args.read_ahead is None else args.read_ahead
+    from rn50kit.data import loaders  # the step-thread timings run in this process
+    read_ahead = loaders.DataConfig.dali_read_ahead if args.read_ahead is None else args.read_ahead
     rows = {"read in the call": 0, f"read ahead {read_ahead}": read_ahead}
     print(f"ms per batch of {args.batch_size} on the training step's thread, records "
           f"{'read' if args.dont_use_mmap else 'mapped'} from a {'cold' if args.cold else 'warm'} page cache, "
@@ -205,10 +205,10 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, normalized, s
     sys.path.insert(0, ROOT)
     import mxnet as mx
     import dali
-    import data
-    import records
-    defaults = data.DataConfig()
-    source = data.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=1,
+    from rn50kit.data import loaders
+    from rn50kit.data import records
+    defaults = loaders.DataConfig()
+    source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=1,
                                       ahead=defaults.dali_read_ahead)
     pipe = dali.train_pipeline(source=source, image_shape=image_shape, mean=defaults.rgb_mean, std=defaults.rgb_std,
                                batch_size=batch_size, num_threads=threads, device_id=None, seed=1,
@@ -300,30 +300,30 @@ def devices_summary(devices, threads_each, rate, one_rate, all_threads_rate, cor
 
 
 def run_one(argv, for_gpu=False):
-    """In a child process: build one backend's iterators and time them (train.py's parser, data.test_io).
+    """In a child process: build one backend's iterators and time them (train.py's parser, loaders.test_io).
     ``for_gpu``: time the CPU's part of feeding a GPU, the DALI pipeline's uint8 crops copied into reused host
     arrays (as DaliBatches copies them into pinned memory); their copy to the GPU and normalization there, GPU work,
     are left out (no GPU here)."""
     sys.path.insert(0, ROOT)
-    import config
-    import data
+    from rn50kit.config import train_config
+    from rn50kit.data import loaders
     import train
     args = train.parse_args(argv + ["--dali-normalize", "device"] if for_gpu else argv)
-    cfg = config.from_args(args)
+    cfg = train_config.from_args(args)
     # --kv-store device --cpu-contexts N: a pipeline per context, as train.py builds them
-    train_iter, val_iter = data.get_data_iterators_per_device(cfg, 0, 1, 0, 1, train.contexts(cfg.fit, 0, 1, 0))
+    train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, 0, 1, 0, 1, train.contexts(cfg.fit, 0, 1, 0))
     if for_gpu:
         for iterator in (train_iter, val_iter):
             for part in getattr(iterator, "iterators", [iterator]) if iterator is not None else []:
                 part.batches.normalize, part.batches.share = None, False
-    result = data.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
+    result = loaders.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
     print(json.dumps(dict(result, backend=args.data_backend, auto_augment=args.auto_augment)))
 
 
 def main():
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
-    from helptext import HelpFormatter
-    import cli
+    from rn50kit.common.helptext import HelpFormatter
+    from rn50kit.common import cli
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--rec", help="RecordIO to read (default: build a photo set in --workdir)")
     parser.add_argument("--workdir", default="data/bench_io", help="where the photo set is built")

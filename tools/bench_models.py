@@ -57,7 +57,7 @@ def bfloat16_missing(cpuinfo="/proc/cpuinfo"):
     primitive descriptor") and PyTorch emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
-    import rules  # MXNet-free: the PyTorch worker imports it too
+    from rn50kit.common import rules  # MXNet-free: the PyTorch worker imports it too
     return rules.bfloat16_problem("bfloat16", rules.cpu_flags(cpuinfo))
 
 
@@ -146,7 +146,7 @@ def mxnet_training(mx, net, data, label):
     """A training step as train.py runs it: in a bfloat16 worker the AMP pass is in the graph, and there is no loss
     scaling (bfloat16 keeps float32's exponent range; fit.py scales float16 only)."""
     from mxnet import autograd, gluon
-    import optimizers
+    from rn50kit.training import optimizers
     trainer = gluon.Trainer(net.collect_params(), optimizers.SGD(learning_rate=0.01, momentum=0.9, wd=1e-5))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -189,7 +189,7 @@ def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
         amp.init(target_dtype="bfloat16")  # before the networks are built: AMP patches MXNet's operators
     import mxnet as mx
     import models
-    import quantize
+    from rn50kit.scoring import quantize
     mx.random.seed(SEED)
     data, label = synthetic_batch(mx, batch_size, image_size)
     shape = data.shape
@@ -375,7 +375,7 @@ def worker_env(**extra):
     cores idle; PyTorch takes one thread per physical core."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
-    import devices
+    from rn50kit.launch import devices
     threads = os.environ.get("OMP_NUM_THREADS") or str(devices.openmp_threads())
     return dict(os.environ, OMP_NUM_THREADS=threads, **extra)
 
@@ -526,7 +526,7 @@ def describe_built(built):
 
 def main(argv=None):
     sys.path.insert(0, ROOT)
-    from helptext import HelpFormatter
+    from rn50kit.common.helptext import HelpFormatter
     if (sys.argv[1:] if argv is None else argv)[:2] == ["--worker", "torch"]:
         model_names = None  # PyTorch's own venv has no MXNet; the driver checked --model
     else:

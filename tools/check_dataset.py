@@ -25,14 +25,14 @@ import time
 KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, KIT_DIR)
 if __name__ == "__main__":  # under a Python without the kit's packages (OpenCV, numpy): the kit's, as runner does
-    import cli
+    from rn50kit.common import cli
     cli.rerun_under_chosen_python(os.path.abspath(__file__), "check_dataset.py", KIT_DIR)
 
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
 # RecordIO reading and writing (the format of dmlc-core's RecordIOWriter, which MXNet and DALI read)
-from records import (IR_HEADER, MAGIC, MAGIC_BYTES, RecordFileError as RecordError, describe_label_order,  # noqa
+from rn50kit.data.records import (IR_HEADER, MAGIC, MAGIC_BYTES, RecordFileError as RecordError, describe_label_order,  # noqa
                      encode_record, label_runs, read_index, read_record)
 
 MAX_LISTED = 20  # records listed per kind of problem; the count is always complete
@@ -291,7 +291,7 @@ def write_fixed(report, rec_path, out_rec, quality=95, shuffle_seed=None):
 
 
 def main(argv=None):
-    from helptext import HelpFormatter
+    from rn50kit.common.helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("rec", help="the RecordIO file (.rec)")
     parser.add_argument("--idx", help="its index (default: the .rec path with .idx)")
@@ -336,7 +336,7 @@ def main(argv=None):
 
 def check_copy(rec_path, idx_path):
     """The first problem of a written copy (its index against its records, as train.py checks), or None."""
-    from records import RecordFile
+    from rn50kit.data.records import RecordFile
     try:
         copy = RecordFile(rec_path, idx_path)
     except RecordError as error:

@@ -82,7 +82,7 @@ def trained_args(prefix, epoch):
     import json
     try:
         if tag(epoch) == "best":  # its state is the run's latest
-            import settings
+            from rn50kit.config import settings
             state = settings.trained_settings(f"{prefix}-best.params") or {}
         else:
             with open(f"{prefix}-{tag(epoch)}.state.json") as f:
@@ -115,7 +115,7 @@ def plain_symbol(prefix, epoch, path):
     with open(f"{prefix}-symbol.json") as f:
         if FUSED_BN_RELU not in f.read():
             return False
-    import cli
+    from rn50kit.common import cli
     import models
     unknown = (f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which MXNet's ONNX "
                "exporter cannot convert, and")
@@ -136,7 +136,7 @@ def plain_symbol(prefix, epoch, path):
 
 
 def main(argv=None):
-    from helptext import HelpFormatter
+    from rn50kit.common.helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("prefix", help="checkpoint prefix: <prefix>-symbol.json and <prefix>-NNNN.params")
     parser.add_argument("epoch", help="checkpoint epoch (the NNNN), or best (<prefix>-best.params)")

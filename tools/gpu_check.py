@@ -139,7 +139,7 @@ def wheel_covers(arch):
 def check_kernels(machine, args):
     """The GPU's architecture against the wheel's sm_ list, and a real float16 convolution on every GPU."""
     import mxnet as mx
-    import devices
+    from rn50kit.launch import devices
     arch = mx.util.get_cuda_compute_capability(mx.gpu(0))
     found = {"compute_capability": arch, "wheel_archs": list(MXNET_WHEEL_ARCHS)}
     for i in range(machine.num_gpus):
@@ -155,8 +155,8 @@ def check_kernels(machine, args):
 
 
 def check_horovod_build(machine, args):
-    import launch
-    horovodrun = launch.horovodrun_path()
+    from rn50kit.launch import launcher
+    horovodrun = launcher.horovodrun_path()
     if horovodrun is None:
         return "fail", "horovodrun is not installed; run `make setup`", {}
     out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=300).stdout
@@ -277,15 +277,15 @@ def train_steps(ctx, dtype, layout, channels, size, layers, steps, batch, lr):
     data: (losses, applied flags, final loss scale)."""
     import mxnet as mx
     from mxnet import gluon
-    import data
+    from rn50kit.data import loaders
     import fit
     import models
-    from distributed import Distributed
+    from rn50kit.training.distributed import Distributed
     net = models.get_model(f"resnet{layers}_v1.5", num_classes=10, layout=layout, input_layout=layout,
                            in_channels=channels, dtype=dtype)
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
-    iterator = data.SyntheticIterator(batch, (channels, size, size), 10, steps, ctx, dtype=dtype, layout=layout)
+    iterator = loaders.SyntheticIterator(batch, (channels, size, size), 10, steps, ctx, dtype=dtype, layout=layout)
     trainer = fit.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
     trainer.set_learning_rate(lr)
     scaler = fit.make_loss_scaler(None, dtype)
@@ -440,8 +440,8 @@ def allreduce_worker():
 
 
 def run_allreduce(workers):
-    import launch
-    horovodrun = launch.horovodrun_path()
+    from rn50kit.launch import launcher
+    horovodrun = launcher.horovodrun_path()
     if horovodrun is None:
         return "fail", "horovodrun is not installed; run `make setup`", {}
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -472,17 +472,17 @@ def check_allreduce_gpu(machine, args):
 
 def step_seconds(layout, channels, batch, steps=10, warmup=3):
     import mxnet as mx
-    import data
+    from rn50kit.data import loaders
     import fit
     import models
-    from distributed import Distributed
+    from rn50kit.training.distributed import Distributed
     from mxnet import gluon
     ctx = mx.gpu(0)
     net = models.get_model("resnet50_v1.5", num_classes=1000, layout=layout, input_layout=layout,
                            in_channels=channels, dtype="float16")
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
-    iterator = data.SyntheticIterator(batch, (channels, 224, 224), 1000, steps + warmup, ctx, dtype="float16",
+    iterator = loaders.SyntheticIterator(batch, (channels, 224, 224), 1000, steps + warmup, ctx, dtype="float16",
                                       layout=layout, pool=1)
     trainer = fit.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
     trainer.set_learning_rate(0.01)
@@ -510,7 +510,7 @@ def check_layout_speed(machine, args):
 
 def check_memory(machine, args):
     import mxnet as mx
-    import devices
+    from rn50kit.launch import devices
     try:
         seconds = step_seconds("NHWC", 4, args.batch_size, steps=2, warmup=1)
     except mx.base.MXNetError as error:
@@ -553,7 +553,7 @@ def run_checks(machine, args, checks=CHECKS):
             try:
                 verdict, detail, found = check.run(machine, args)
             except Exception as error:  # a check that breaks is a failed check, with its reason
-                import devices
+                from rn50kit.launch import devices
                 reason = devices.describe_mxnet_error(error, machine.num_gpus) \
                     if type(error).__name__ == "MXNetError" else f"{type(error).__name__}: {error}"
                 verdict, detail, found = "fail", reason, {"traceback": traceback.format_exc()}
@@ -579,7 +579,7 @@ def summary(results):
 
 
 def main(argv=None):
-    from helptext import HelpFormatter
+    from rn50kit.common.helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--json", default="gpu_check.json", help="where the JSON report goes")
     parser.add_argument("--only", help="comma-separated check names (default: all): " +

@@ -17,7 +17,7 @@ import benchmark  # noqa: E402  (the repository root is on the path only now)
 
 
 def main():
-    from helptext import HelpFormatter
+    from rn50kit.common.helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("-b", "--global-batch", type=int, default=64, help="images per step over all workers")
     parser.add_argument("-i", "--iters", type=int, default=10, help="iterations per epoch")

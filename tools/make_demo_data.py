@@ -38,7 +38,7 @@ def write_images(out_dir, size, val_fraction, seed):
 
 def main():
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
-    from helptext import HelpFormatter
+    from rn50kit.common.helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("out_dir", help="output directory")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels")

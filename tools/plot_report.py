@@ -15,7 +15,7 @@ import sys
 KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":  # under a Python without matplotlib: the kit's, as runner does
     sys.path.insert(0, KIT_DIR)
-    import cli
+    from rn50kit.common import cli
     cli.rerun_under_chosen_python(os.path.abspath(__file__), "plot_report.py", KIT_DIR)
 
 CURVES = [("top1", "top-1 accuracy"), ("top5", "top-5 accuracy"), ("loss", "loss"), ("lr", "learning rate")]
@@ -52,14 +52,14 @@ def plot(report_path, out_dir=None):
         written.append(path)
     if raw.get("per_class"):
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # report.py
-        import report
+        from rn50kit.reporting import report
         written.append(report.save_confusion_png(raw["per_class"], os.path.join(out_dir, f"{stem}-confusion.png")))
     return written
 
 
 def main():
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
-    from helptext import HelpFormatter
+    from rn50kit.common.helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("report", help="report JSON written by train.py --report")
     parser.add_argument("--out", default=None, help="output directory (default: beside the report)")

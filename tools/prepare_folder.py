@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from check_dataset import check_payload  # noqa: E402  (the dataset checker's per-image test)
-from records import IR_HEADER  # noqa: E402
+from rn50kit.data.records import IR_HEADER  # noqa: E402
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 LIMITS = (32, 8192, 8.0)  # check_dataset's default size warnings: shorter side, longer side, aspect ratio
@@ -232,7 +232,7 @@ def prepare(root, out, val_fraction=0.1, seed=0, threads=None, jobs=None, qualit
 
 def main(argv=None):
     try:
-        from helptext import HelpFormatter
+        from rn50kit.common.helptext import HelpFormatter
     except ImportError:  # helptext is the kit's; keep the tool usable on its own
         HelpFormatter = argparse.HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],

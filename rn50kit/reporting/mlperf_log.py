@@ -11,6 +11,8 @@ import logging
 import os
 import platform
 
+import rn50kit
+
 SUBMISSION_ORG = "rn50-kit"  # the compliance rules want a non-empty organisation; this kit's users vary
 RULESET = "4.0.0"
 
@@ -31,7 +33,7 @@ class MLPerfLog:
         logger.propagate = False
         logger.setLevel(logging.INFO)
         logger.handlers[:] = [handler]
-        self.logger = mllog.mllog.MLLogger(logger=logger, root_dir=os.path.dirname(os.path.abspath(__file__)))
+        self.logger = mllog.mllog.MLLogger(logger=logger, root_dir=rn50kit.KIT_DIR)
 
     def close(self):
         if self.logger is not None:

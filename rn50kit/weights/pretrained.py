@@ -32,7 +32,7 @@ import struct
 import mxnet as mx
 import numpy as np
 
-from cli import config_defaults
+from rn50kit.common.cli import config_defaults
 import models
 
 

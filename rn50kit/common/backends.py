@@ -20,13 +20,13 @@ class Backend:
 
 
 BACKENDS = {backend.name: backend for backend in (
-    Backend("dali-gpu", "DALI: nvJPEG decoding and augmentation on the GPU", "data:get_dali_iterators",
+    Backend("dali-gpu", "DALI: nvJPEG decoding and augmentation on the GPU", "rn50kit.data.loaders:get_dali_iterators",
             pipeline_device="gpu", flag_prefix="dali_", auto_augment=True),
-    Backend("dali-cpu", "DALI: decoding and augmentation on the CPU", "data:get_dali_iterators",
+    Backend("dali-cpu", "DALI: decoding and augmentation on the CPU", "rn50kit.data.loaders:get_dali_iterators",
             flag_prefix="dali_", auto_augment=True),
-    Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "data:get_mxnet_iterators", flag_prefix="data_mxnet_",
+    Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "rn50kit.data.loaders:get_mxnet_iterators", flag_prefix="data_mxnet_",
             input_layout_fixed="NCHW"),
-    Backend("synthetic", "random images made on the device (speed tests)", "data:get_synthetic_iterators",
+    Backend("synthetic", "random images made on the device (speed tests)", "rn50kit.data.loaders:get_synthetic_iterators",
             reads_records=False),
 )}
 NAMES = list(BACKENDS)

@@ -16,10 +16,10 @@ import time
 import mxnet as mx
 import numpy as np
 
-import backends
-import cli
-import devices
-import records
+from rn50kit.common import backends
+from rn50kit.common import cli
+from rn50kit.launch import devices
+from rn50kit.data import records
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def epoch_train_size(cfg, epoch):
         return None
     if len(sizes) == 1:
         return sizes[0]
-    import schedules
+    from rn50kit.common import schedules
     return schedules.train_size(epoch, sizes[0], sizes[1], *cfg.train_size_epochs, step=cfg.train_size_step)
 
 

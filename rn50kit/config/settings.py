@@ -12,12 +12,12 @@ import re
 import shutil
 import time
 
-import backends
-import checkpoint
-import cli
-import devices
+from rn50kit.common import backends
+from rn50kit.training import checkpoint
+from rn50kit.common import cli
+from rn50kit.launch import devices
 import models
-import rules
+from rn50kit.common import rules
 
 RUNS_DIR = "runs"
 # What a checkpoint's state records about the data the network expects: scoring or predicting with other values

@@ -4,7 +4,7 @@ A network trained on ImageNet prepared by tools/prepare_imagenet.sh (class folde
 label i for CLASSES[i]. The list is GluonCV's (PyPI package gluoncv 0.10.5.post0, Apache-2.0, file
 gluoncv/data/imagenet/classification.py, ``_ILSVRC2012_Attr``: WordNet id and short name), taken unchanged.
 
-    python imagenet_classes.py [--ids] > classes.txt      one name per line, for --class-names
+    python -m rn50kit.common.imagenet_classes [--ids] > classes.txt      one name per line, for --class-names
 """
 import argparse
 

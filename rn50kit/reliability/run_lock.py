@@ -158,7 +158,7 @@ def read_outcome(path):
 
 if __name__ == "__main__":
     import sys
-    usage = "usage: python run_lock.py WORKSPACE   (prints how the run there ended, or that it runs)"
+    usage = "usage: python -m rn50kit.reliability.run_lock WORKSPACE   (prints how the run there ended, or that it runs)"
     if sys.argv[1:] in (["-h"], ["--help"]):
         print(usage)
         sys.exit(0)

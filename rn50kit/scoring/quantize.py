@@ -17,11 +17,11 @@ import warnings
 
 import mxnet as mx
 
-import backends
-import cli
-from report import write_json
-import rules
-from rules import cpu_flags
+from rn50kit.common import backends
+from rn50kit.common import cli
+from rn50kit.reporting.report import write_json
+from rn50kit.common import rules
+from rn50kit.common.rules import cpu_flags
 
 log = logging.getLogger(__name__)
 

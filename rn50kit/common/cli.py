@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 
-import backends
+from rn50kit.common import backends
 
 DTYPES = ["float32", "float16", "bfloat16", "int8"]
 DATA_BACKENDS = backends.NAMES

@@ -5,14 +5,14 @@ defaults. The entry point builds a RunConfig once from the parsed and completed 
 argparse Namespace goes past train.py."""
 import dataclasses
 
-from cli import config_from
-from data import DataConfig
+from rn50kit.common.cli import config_from
+from rn50kit.data.loaders import DataConfig
 from fit import FitConfig
 from models import ModelConfig
-from predict import PredictConfig
-from pretrained import FinetuneConfig
-from quantize import QuantizeConfig
-from watchdog import WatchdogConfig
+from rn50kit.scoring.predict import PredictConfig
+from rn50kit.weights.pretrained import FinetuneConfig
+from rn50kit.scoring.quantize import QuantizeConfig
+from rn50kit.reliability.watchdog import WatchdogConfig
 
 CONFIGS = {"model": ModelConfig, "data": DataConfig, "fit": FitConfig, "finetune": FinetuneConfig,
            "quantize": QuantizeConfig, "predict": PredictConfig, "watchdog": WatchdogConfig}

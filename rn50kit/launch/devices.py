@@ -5,7 +5,7 @@ error on a GPU means to the user, in one line. No MXNet import at module level: 
 import os
 import re
 
-import backends
+from rn50kit.common import backends
 
 # The original's float16 settings on GPUs (its runner, 2019-10): compute in NHWC, the layout of the tensor-core
 # convolutions (upstream MXNet runs NHWC float16 convolutions in cuDNN with float32 accumulation, and NHWC

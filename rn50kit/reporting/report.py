@@ -227,19 +227,19 @@ def confusion_png_path(report_path):
 
 def main():
     import argparse
-    parser = argparse.ArgumentParser(description="Summarise a run's JSON report")
+    parser = argparse.ArgumentParser(prog="python -m rn50kit.reporting.report", description="Summarise a run's JSON report")
     parser.add_argument("report", help="report.json written by train.py")
     path = parser.parse_args().report
     try:
         with open(path) as f:
             raw = json.load(f)
         if isinstance(raw, dict) and "metric_keys" in raw and "bs" in raw:
-            raise SystemExit(f"report.py: error: {path} is a benchmark.py result (a sweep), not a run's report: "
-                             "benchmark.py printed its tables when it ran; report.py summarises one run's report, "
+            raise SystemExit(f"{parser.prog}: error: {path} is a benchmark.py result (a sweep), not a run's report: "
+                             "benchmark.py printed its tables when it ran; this command summarises one run's report, "
                              "e.g. the sweep's per-run <out>-<n>,<bs>.json")
         report = Report.load(path)
     except (OSError, ValueError, KeyError) as problem:
-        raise SystemExit(f"report.py: error: {path} is not a readable report ({problem})")
+        raise SystemExit(f"{parser.prog}: error: {path} is not a readable report ({problem})")
     print(report.summary())
     print(f"Report: {os.path.abspath(path)}")
 

@@ -20,18 +20,19 @@ import threading
 import time
 from pathlib import Path
 
-import backends
-import cli
-from cli import PREPARE_HINT, UsageError
-import devices
-import faults
-from helptext import HelpFormatter
-import rules
-import run_lock
-import schedules
-import world
+import rn50kit
+from rn50kit.common import backends
+from rn50kit.common import cli
+from rn50kit.common.cli import PREPARE_HINT, UsageError
+from rn50kit.launch import devices
+from rn50kit.reliability import faults
+from rn50kit.common.helptext import HelpFormatter
+from rn50kit.common import rules
+from rn50kit.reliability import run_lock
+from rn50kit.common import schedules
+from rn50kit.launch import world
 
-KIT_DIR = Path(__file__).resolve().parent  # where train.py is, unless runner says otherwise
+KIT_DIR = Path(rn50kit.KIT_DIR)  # where train.py is, unless runner says otherwise
 DEFAULT_DATA_ROOT = Path(cli.DEFAULT_DATA_ROOT)
 INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
 CPU_BATCH_PER_WORKER = 32  # -b without a GPU: a batch a CPU holds (ResNet-50 at 224 px in about 5 GiB)

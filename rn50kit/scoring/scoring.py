@@ -10,14 +10,14 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-import backends
-import checkpoint
-from checkpoint import workspace_path
-from data import out_dtype
+from rn50kit.common import backends
+from rn50kit.training import checkpoint
+from rn50kit.training.checkpoint import workspace_path
+from rn50kit.data.loaders import out_dtype
 import models
-import predict
-import quantize
-from report import Report
+from rn50kit.scoring import predict
+from rn50kit.scoring import quantize
+from rn50kit.reporting.report import Report
 
 log = logging.getLogger("rn50")
 

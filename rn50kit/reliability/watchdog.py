@@ -22,13 +22,13 @@ import sys
 import threading
 import time
 
-from cli import config_defaults
-import faults
-import world
+import rn50kit
+from rn50kit.common.cli import config_defaults
+from rn50kit.reliability import faults
+from rn50kit.launch import world
 
 DEFAULT_STALL_TIMEOUT = 600.0
 STALL_EXIT = 124
-KIT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ def where(frame):
     while frame is not None:
         code = frame.f_code
         name = getattr(code, "co_qualname", code.co_name)
-        if os.path.dirname(os.path.abspath(code.co_filename)) == KIT_DIR:
+        if rn50kit.is_kit_file(code.co_filename):
             kit.append(f"{os.path.basename(code.co_filename)}:{frame.f_lineno} {name}")
             if name.startswith("Distributed.") or "broadcast" in name:
                 waiting = "collective"

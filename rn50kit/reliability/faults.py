@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 
-import world
+from rn50kit.launch import world
 
 FAULTS_ENV = "RN50_FAULTS"
 # How a collective fails once another rank is gone: Horovod's shutdown, Gloo's and MPI's transport errors.

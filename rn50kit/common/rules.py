@@ -2,7 +2,7 @@
 by train.py (which also runs alone). No MXNet here: runner checks them before it can import it.
 
 Each function returns one line saying what is wrong and what to do, or None."""
-import backends
+from rn50kit.common import backends
 
 BFLOAT16_ISA = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # oneDNN's avx512_core: its bfloat16 kernels
 

@@ -6,8 +6,8 @@ import os
 import mxnet as mx
 import numpy as np
 
-import cli
-from data import out_dtype
+from rn50kit.common import cli
+from rn50kit.data.loaders import out_dtype
 
 log = logging.getLogger("rn50")
 
@@ -87,7 +87,7 @@ def readable(names):
     all of them or none; other names are kept."""
     if not names:
         return names
-    import imagenet_classes
+    from rn50kit.common import imagenet_classes
     if list(names) == list(imagenet_classes.SYNSETS):
         return imagenet_classes.names()
     by_id = dict(zip(imagenet_classes.SYNSETS, imagenet_classes.names()))
@@ -101,7 +101,7 @@ def checkpoint_class_names(params_path):
     None."""
     if not params_path:
         return None
-    import settings
+    from rn50kit.config import settings
     state = settings.trained_settings(params_path)
     names = state and state.get("class_names")
     return list(names) if names else None

@@ -1,0 +1,26 @@
+"""The kit's library: everything but the card's modules (train.py, fit.py, models.py, dali.py, benchmark.py), in
+folders by layer. The folders marked MXNet-free import without MXNet (runner, benchmark.py and tools/ use them
+before choosing a Python); tests/unit/test_layers.py checks that they do.
+
+- common/       MXNet-free: the vocabulary every command shares: the data backends' table, shared flags and --help
+                format, the run rules, recipes and LR schedules, ImageNet's class names
+- launch/       MXNet-free: runner's launch plans (horovodrun, mpirun, srun), the devices and the world of workers,
+                the memory a configuration needs
+- reliability/  MXNet-free: one run per workspace, faults told in one line, the stall watchdog
+- reporting/    MXNet-free: the outputs of a run (progress, JSON log, report, MLPerf log)
+- config/       train.py's typed configuration and the settings a run takes when the user does not say
+- data/         RecordIO files and the data backends' iterators
+- training/     the loop's parts: checkpoints, optimizers, mixed precision, collectives
+- weights/      published weights into the kit's networks
+- scoring/      top-1/top-5 scoring, INT8 quantization, prediction
+"""
+import os
+
+KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py and the card's modules are
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def is_kit_file(path):
+    """Whether ``path`` is one of the kit's own modules (the card's on top or the package's; not a library's)."""
+    path = os.path.abspath(path)
+    return os.path.dirname(path) == KIT_DIR or path.startswith(PACKAGE_DIR + os.sep)

@@ -1,0 +1,1 @@
+"""The data a run reads: RecordIO files and the data backends' iterators."""

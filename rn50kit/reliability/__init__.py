@@ -1,0 +1,1 @@
+"""A run that fails says so, without MXNet: one run per workspace, faults told in one line, the stall watchdog."""
