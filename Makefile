@@ -1,5 +1,6 @@
 # make demo   set up .venv, build the demo dataset, train on it with 2 Horovod workers
-# make test   set up .venv, run the test suite (make test-fast: the tests that run in seconds)
+# make test   set up .venv, run the test suite (make test-fast: the in-process tests, tests/unit, in under a minute)
+# make lint   ruff over the tree (pyproject.toml; the fast lane runs it too, as tests/unit/test_lint.py)
 #
 # Variables: PYTHON (a Python 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
 # CPU build; e.g. MXNET=mxnet-cu112==1.9.1 for CUDA 11 GPUs, best with its own VENV=.venv-gpu), WHEEL_CACHE
@@ -16,7 +17,7 @@ STAMP := $(VENV)/.setup-$(subst =,-,$(MXNET))$(WITH_MPI)
 DEMO_DATA ?= data/demo
 DEMO_RUN ?= runs/demo
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast lint clean
 
 setup: $(STAMP)
 
@@ -50,6 +51,9 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+
+lint: setup
+	$(BIN)/python -m ruff check .
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) $(DEMO_RUN)

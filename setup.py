@@ -28,6 +28,6 @@ setup(
         "onnx": ONNX,
         # the optional MLPerf log (--mllog) and MLCommons' checkers; pandas: a release that works with numpy 1.23
         "mlperf": ["mlperf-logging==4.1.68", "pandas==2.3.3"],
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"] + ONNX,
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6"] + ONNX,
     },
 )
