@@ -1,9 +1,76 @@
 """The data backends, in one table (no MXNet here: runner and benchmark.py read it too).
 
-Each row says what a backend reads, where its pipeline runs, which flags only it reads and which function builds
-its iterators. Adding a backend means a row here and its builder in its own module; nothing else compares
-backend names."""
+Each row says what a backend reads (the files of its data root, per split), where its pipeline runs, which flags
+only it reads and which function builds its iterators. Adding a backend means a row here and its builder in its
+own module; nothing else compares backend names or spells a data root's file names."""
 import dataclasses
+import os
+
+SPLITS = ("train", "val")  # train.py's --data-<split> and --data-<split>-idx, in the order it takes them
+# The splits each train.py --mode reads: (needed, used when present). pred reads the images named on its command
+# line; --test-io-mode train or val needs what --mode of that name needs.
+MODE_SPLITS = {"train_val": (("train",), ("val",)), "train": (("train",), ()), "val": (("val",), ()),
+               "pred": ((), ())}
+
+
+def present(path, name):
+    """Whether ``path``, the layout's ``name`` or a file given in its place, exists as the layout wants it: a folder
+    for a name ending in "/", else a file."""
+    return os.path.isdir(path) if name.endswith("/") else os.path.isfile(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFiles:
+    """One split's files in a data root: its data, which train.py gets as --data-<split> (a name ending in "/" is
+    a folder), and the index beside it, which it gets as --data-<split>-idx ("": the format has none)."""
+    data: str
+    index: str = ""
+
+    def names(self):
+        return [name for name in (self.data, self.index) if name]
+
+    def index_beside(self, data_path):
+        """The index of a data file however it was named: its name with the index's extension (foo.rec ->
+        foo.idx, as im2rec writes them), or "" if the format has none or it is not there."""
+        if not self.index or not data_path:
+            return ""
+        index = os.path.splitext(data_path)[0] + os.path.splitext(self.index)[1]
+        return index if os.path.isfile(index) else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RootLayout:
+    """What a backend reads from a --data-root, per split; a split left None is not read from files."""
+    train: SplitFiles = None
+    val: SplitFiles = None
+
+    def splits(self):
+        return [split for split in SPLITS if getattr(self, split)]
+
+    def files(self, split):
+        return getattr(self, split)
+
+    def splits_for(self, mode):
+        """The splits ``mode`` needs and those it uses when present (a mode runner does not know needs none:
+        train.py refuses it)."""
+        needed, optional = MODE_SPLITS.get(mode, ((), ()))
+        return ([split for split in needed if split in self.splits()],
+                [split for split in optional if split in self.splits()])
+
+    def files_for(self, mode):
+        """The names a data root must hold for ``mode``."""
+        return [name for split in self.splits_for(mode)[0] for name in self.files(split).names()]
+
+    def data_names(self):
+        return [self.files(split).data for split in self.splits()]
+
+    @staticmethod
+    def path_in(root, name):
+        return os.path.join(str(root), name)
+
+
+RECORDS = RootLayout(train=SplitFiles("train.rec", "train.idx"), val=SplitFiles("val.rec", "val.idx"))  # RecordIO
+NO_FILES = RootLayout()  # a backend that makes its own data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -12,11 +79,16 @@ class Backend:
     description: str
     builder: str  # "module:function" making (train, val) iterators: (DataConfig, Feed, rank, num_workers,
     #               local_rank, local_size, ctx)
-    reads_records: bool = True  # a RecordIO .rec with its .idx per split (else it makes its own data)
+    root_layout: RootLayout = RECORDS  # the files of its data root
     pipeline_device: str = "cpu"  # where its pipeline runs: "gpu" needs a GPU on every worker
     flag_prefix: str = ""  # the flags only this backend reads start with it
     input_layout_fixed: str = None  # the layout it always delivers, whatever --input-layout says
     auto_augment: bool = False  # runs --auto-augment and --color-jitter (DALI's auto_aug and color_twist)
+
+    @property
+    def reads_records(self):
+        """Whether it reads data files (else it makes its own data)."""
+        return bool(self.root_layout.splits())
 
 
 BACKENDS = {backend.name: backend for backend in (
@@ -27,7 +99,7 @@ BACKENDS = {backend.name: backend for backend in (
     Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "rn50kit.data.loaders:get_mxnet_iterators", flag_prefix="data_mxnet_",
             input_layout_fixed="NCHW"),
     Backend("synthetic", "random images made on the device (speed tests)", "rn50kit.data.loaders:get_synthetic_iterators",
-            reads_records=False),
+            root_layout=NO_FILES),
 )}
 NAMES = list(BACKENDS)
 
@@ -43,9 +115,15 @@ def default(gpu):
     return "dali-gpu" if gpu else "dali-cpu"
 
 
+def root_layout(name):
+    """The files ``name`` reads from a data root; None (not chosen yet) is the machine's default, a DALI backend
+    either way."""
+    return get(default(gpu=False) if name is None else name).root_layout
+
+
 def reads_records(name):
-    """Whether ``name`` reads record files; None (not chosen yet: the machine's default) does."""
-    return name is None or get(name).reads_records
+    """Whether ``name`` reads data files; None (not chosen yet: the machine's default) does."""
+    return bool(root_layout(name).splits())
 
 
 def needs_gpu(name):

@@ -26,15 +26,17 @@ def batches_ahead(text):
     return value
 
 
-def data_root_problem(root):
-    """Why ``root`` cannot be a --data-root (a folder with train.rec/val.rec), or None; runner and train.py alike."""
+def data_root_problem(root, layout):
+    """Why ``root`` cannot be a --data-root holding ``layout``'s files (backends.RootLayout), or None; runner and
+    train.py alike."""
     root = str(root)
     if os.path.isfile(root):
         folder = os.path.dirname(os.path.abspath(root))
-        return (f"--data-root {root} is a file; give the folder that holds train.rec and val.rec (--data-root "
-                f"{folder}), or name the files with --data-train/--data-val")
+        return (f"--data-root {root} is a file; give the folder that holds {' and '.join(layout.data_names())} "
+                f"(--data-root {folder}), or name the files with --data-train/--data-val")
     if not os.path.isdir(root):
-        return (f"data root {root} does not exist; give --data-root DIR (with train.rec/val.rec) or "
+        listed = "/".join(name.rstrip("/") for name in layout.data_names())
+        return (f"data root {root} does not exist; give --data-root DIR (with {listed}) or "
                 f"--data-train/--data-val; {PREPARE_HINT}")
     return None
 

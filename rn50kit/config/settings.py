@@ -1,9 +1,9 @@
 """What a run takes when the user does not say, filled in before anything is built.
 
 The same defaults whether train.py is started by runner or alone: the data backend and precision of this
-machine, the record files of a data root (and each .idx beside its .rec), the workspace runs/<model>/, and for
---mode val/pred the settings the scored checkpoint was trained with (model, classes, image shape, resize,
-normalisation), which a contradicting flag cannot silently override.
+machine, the data files of a data root (those its backend's row names) and their indexes, the workspace
+runs/<model>/, and for --mode val/pred the settings the scored checkpoint was trained with (model, classes, image
+shape, resize, normalisation), which a contradicting flag cannot silently override.
 """
 import argparse
 import glob
@@ -54,33 +54,27 @@ def machine_defaults(args, num_gpus, given=()):
         args.data_backend = backends.default(num_gpus > 0)
 
 
-def index_beside(rec):
-    """The .idx next to a .rec (as im2rec and prepare_imagenet.sh write them), or "" if there is none."""
-    idx = os.path.splitext(rec)[0] + ".idx"
-    return idx if rec and os.path.isfile(idx) else ""
-
-
 def fill_data_files(args):
-    """--data-root DIR gives DIR/train.rec and DIR/val.rec (those that exist) for the files not given one by one;
-    without any data flag the default root is used, as runner does. Each index defaults to the .idx beside its
-    .rec."""
-    if backends.reads_records(args.data_backend) and args.mode != "pred" and \
-            (args.data_root or not (args.data_train or args.data_val)):
+    """--data-root DIR gives the data files of DIR the backend's row names for the mode (those that exist; see
+    backends.RootLayout) for the splits not given one by one; without any data flag the default root is used, as
+    runner does. Each index defaults to the one beside its data file."""
+    layout = backends.root_layout(args.data_backend)
+    needed, optional = layout.splits_for(args.mode)
+    if needed and (args.data_root or not (args.data_train or args.data_val)):
         root = args.data_root or cli.DEFAULT_DATA_ROOT
-        problem = cli.data_root_problem(root)
+        problem = cli.data_root_problem(root, layout)
         if problem:
             raise ValueError(problem)
-        needed = "val" if args.mode == "val" else "train"
-        for split in {"val": ["val"], "train": ["train"]}.get(args.mode, ["train", "val"]):
-            rec = os.path.join(root, f"{split}.rec")
-            if not getattr(args, f"data_{split}") and os.path.isfile(rec):
-                setattr(args, f"data_{split}", rec)
-        if not getattr(args, f"data_{needed}"):
-            raise ValueError(f"{os.path.join(root, needed + '.rec')} is missing; {cli.PREPARE_HINT}")
-    if args.data_train and not args.data_train_idx:
-        args.data_train_idx = index_beside(args.data_train)
-    if args.data_val and not args.data_val_idx:
-        args.data_val_idx = index_beside(args.data_val)
+        for split in needed + optional:
+            name = layout.files(split).data
+            if not getattr(args, f"data_{split}") and backends.present(os.path.join(root, name), name):
+                setattr(args, f"data_{split}", os.path.join(root, name))
+        for split in needed:
+            if not getattr(args, f"data_{split}"):
+                raise ValueError(f"{os.path.join(root, layout.files(split).data)} is missing; {cli.PREPARE_HINT}")
+    for split in layout.splits():
+        if getattr(args, f"data_{split}") and not getattr(args, f"data_{split}_idx"):
+            setattr(args, f"data_{split}_idx", layout.files(split).index_beside(getattr(args, f"data_{split}")))
 
 
 def default_workspace(model_name):

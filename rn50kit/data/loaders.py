@@ -231,19 +231,25 @@ def add_dali_args(parser):
 
 
 def check_data_files(cfg):
-    """Return a one-line message naming the first missing data file of a DataConfig, or None."""
-    needed = []
-    if cfg.data_train:
-        needed += [("--data-train", cfg.data_train), ("--data-train-idx", cfg.data_train_idx)]
-    if cfg.data_val:
-        needed += [("--data-val", cfg.data_val), ("--data-val-idx", cfg.data_val_idx)]
-    for flag, path in needed:
-        if not path:
-            return f"{flag} is required with the {cfg.data_backend} backend; {cli.PREPARE_HINT}"
-        if not os.path.isfile(path):
-            return f"{flag} {path} does not exist; {cli.PREPARE_HINT}"
-    if cfg.test_io and backends.reads_records(cfg.data_backend) and not getattr(cfg, f"data_{cfg.test_io_mode}"):
-        return f"--test-io-mode {cfg.test_io_mode} needs --data-{cfg.test_io_mode}; {cli.PREPARE_HINT}"
+    """Return a one-line message naming the first missing data file of a DataConfig, or None: the files its
+    backend's row names (backends.RootLayout) for each split given, and the split --test-io times."""
+    layout = backends.root_layout(cfg.data_backend)
+    for split in layout.splits():
+        data, files = getattr(cfg, f"data_{split}"), layout.files(split)
+        if not data:
+            continue
+        needed = [(f"--data-{split}", data, files.data)]
+        if files.index:
+            needed.append((f"--data-{split}-idx", getattr(cfg, f"data_{split}_idx"), files.index))
+        for flag, path, name in needed:
+            if not path:
+                return f"{flag} is required with the {cfg.data_backend} backend; {cli.PREPARE_HINT}"
+            if not backends.present(path, name):
+                return f"{flag} {path} does not exist; {cli.PREPARE_HINT}"
+    if cfg.test_io:
+        for split in layout.splits_for(cfg.test_io_mode)[0]:
+            if not getattr(cfg, f"data_{split}"):
+                return f"--test-io-mode {cfg.test_io_mode} needs --data-{split}; {cli.PREPARE_HINT}"
     return None
 
 

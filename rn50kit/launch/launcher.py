@@ -343,23 +343,19 @@ def use_srun_step(args, environ):
 
 
 def check_data_root(args, given):
-    """The record files the mode needs must be in --data-root, unless given to train.py directly."""
-    mode = given.mode or "train_val"
-    if not backends.reads_records(args.data_backend) or mode == "pred":
-        return
-    needed = []
-    if mode in ("train_val", "train") and not given.data_train:
-        needed += ["train.rec", "train.idx"]
-    if mode == "val" and not given.data_val:
-        needed += ["val.rec", "val.idx"]
+    """The files the mode needs (the backend's row names them: backends.RootLayout) must be in --data-root, unless
+    given to train.py directly."""
+    layout = backends.root_layout(args.data_backend)
+    needed = [name for split in layout.splits_for(given.mode or "train_val")[0] if not getattr(given, f"data_{split}")
+              for name in layout.files(split).names()]
     if not needed:
         return
-    problem = cli.data_root_problem(args.data_root)
+    problem = cli.data_root_problem(args.data_root, layout)
     if problem:
         raise UsageError(problem)
     for name in needed:
-        if not (args.data_root / name).is_file():
-            raise UsageError(f"{args.data_root / name} is missing; {PREPARE_HINT}")
+        if not backends.present(layout.path_in(args.data_root, name), name):
+            raise UsageError(f"{layout.path_in(args.data_root, name)} is missing; {PREPARE_HINT}")
 
 
 # --- the command ---------------------------------------------------------------------------------------------
@@ -404,14 +400,7 @@ def build_command(args, extra, env=(), kit_dir=KIT_DIR):
     batch_size = args.batch_size * args.ngpus
     train = [str(kit_dir / "train.py")] if (kit_dir / "train.py").is_file() else ["-m", "train"]  # repo or installed
     command = launcher_prefix(args, env) + [sys.executable, *train]
-    if backends.reads_records(args.data_backend):
-        mode = peek_extra(extra).mode or "train_val"
-        root = args.data_root
-        calibrates = args.dtype == "int8" and (root / "train.rec").is_file()  # INT8 calibrates on training records
-        if mode in ("train_val", "train") or calibrates:
-            command += ["--data-train", str(root / "train.rec"), "--data-train-idx", str(root / "train.idx")]
-        if mode == "val" or (mode == "train_val" and (root / "val.rec").is_file()):  # optional in train_val
-            command += ["--data-val", str(root / "val.rec"), "--data-val-idx", str(root / "val.idx")]
+    command += data_flags(args, peek_extra(extra).mode or "train_val")
     command += ["--dtype", args.dtype, "--kv-store", args.kv_store, "--data-backend", args.data_backend,
                 "--batch-size", str(batch_size)]
     if args.num_epochs is not None:
@@ -422,6 +411,23 @@ def build_command(args, extra, env=(), kit_dir=KIT_DIR):
     # (devices.float16_gpu_defaults): added here, they would count as the user's flags (scoring would refuse
     # a checkpoint of another image size).
     return command + extra
+
+
+def data_flags(args, mode):
+    """train.py's --data-<split> and --data-<split>-idx for the files of --data-root the backend's row names: the
+    splits the mode needs, those it uses when present and, for INT8 (which calibrates on training data), the
+    training split when present."""
+    layout, flags = backends.root_layout(args.data_backend), []
+    needed, optional = layout.splits_for(mode)
+    for split in layout.splits():
+        files = layout.files(split)
+        there = backends.present(layout.path_in(args.data_root, files.data), files.data)
+        calibrates = split == "train" and args.dtype == "int8"
+        if split in needed or ((split in optional or calibrates) and there):
+            flags += [f"--data-{split}", layout.path_in(args.data_root, files.data)]
+            if files.index:
+                flags += [f"--data-{split}-idx", layout.path_in(args.data_root, files.index)]
+    return flags
 
 
 def launcher_prefix(args, env=()):
