@@ -1,5 +1,5 @@
 # make demo   set up .venv, build the demo dataset, train on it with 2 Horovod workers
-# make test   set up .venv, run the test suite (make test-fast: the tests that run in seconds)
+# make test   set up .venv, run the test suite (make test-fast: tests/unit, the in-process tests, under a minute)
 #
 # Variables: PYTHON (a Python 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
 # CPU build; e.g. MXNET=mxnet-cu112==1.9.1 for CUDA 11 GPUs, best with its own VENV=.venv-gpu), WHEEL_CACHE
@@ -49,7 +49,7 @@ test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) $(DEMO_RUN)

@@ -4,20 +4,19 @@ folder, and tools/check_dataset.py reports label order and writes a shuffled, cl
 import os
 import subprocess
 import sys
-
 import cv2
 import mxnet as mx
-from mxnet import recordio
 import numpy as np
 import pytest
-
-from rn50kit.data import loaders
-from rn50kit.data import records
 import train
+from mxnet import recordio
+from rn50kit.data import loaders, records
 from conftest import HANG_S, ROOT, venv_env, write_record_file
 from rn50kit.config import train_config
 
+
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
 
 TOOL = os.path.join(ROOT, "tools", "check_dataset.py")
 

@@ -6,12 +6,12 @@ import math
 import os
 import subprocess
 import sys
-
 import pytest
-
 from conftest import HANG_S, ROOT, venv_env
 
+
 pytestmark = pytest.mark.slow  # builds a photo set and starts a process per backend and round
+
 
 TOOL = os.path.join(ROOT, "tools", "bench_io.py")
 

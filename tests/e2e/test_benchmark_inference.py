@@ -4,26 +4,27 @@ import json
 import os
 import subprocess
 import sys
-
 import cv2
 import mxnet as mx
 import numpy as np
 import pytest
-
-from conftest import HANG_S, ROOT, venv_env, write_record_file
-
 import benchmark
+import models
+import train
+from conftest import HANG_S, ROOT, venv_env, write_record_file
 from rn50kit.config import train_config
 from rn50kit.data import loaders
 from rn50kit.training import distributed
-import models
 from rn50kit.scoring import scoring
-import train
+
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
+
 TINY_MODEL = ["--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32", "--num-classes", "5",
               "--data-val-resize", "36"]
+
+
 VAL_COUNT = 10  # with batch 4: 3 batches, the last padded
 
 
@@ -52,14 +53,14 @@ def checkpoint(data_root, tmp_path_factory):
     workspace = tmp_path_factory.mktemp("trained")
     result = subprocess.run([os.path.join(ROOT, "runner"), "-n", "1", "-b", "4", "-e", "1", "--mode", "train",
                              "--data-root", str(data_root), "--workspace", str(workspace), "--num-examples", "8",
-                             *TINY_MODEL], env=venv_env(), capture_output=True, text=True, timeout=600)
+                             *TINY_MODEL], env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-3000:]
     params = workspace / "model-0001.params"
     assert params.is_file(), sorted(os.listdir(workspace))
     return params
 
 
-def run_benchmark(*args, timeout=600):
+def run_benchmark(*args, timeout=HANG_S):
     return subprocess.run([sys.executable, os.path.join(ROOT, "benchmark.py"), *args], env=venv_env(),
                           capture_output=True, text=True, timeout=timeout)
 

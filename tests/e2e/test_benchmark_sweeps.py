@@ -1,20 +1,19 @@
-"""benchmark.py: real sweeps through runner and horovodrun on the CPU, synthetic data, a tiny model."""
+"""benchmark.py: real sweeps through runner and horovodrun on the CPU, synthetic data, a tiny model; its dry run
+and Ctrl-C."""
 import json
 import os
 import signal
 import subprocess
 import sys
-
 import pytest
-
-from conftest import HANG_S, ROOT, TINY_RUN as TINY, venv_env, wait_until
-
 import benchmark
+from conftest import HANG_S, ROOT, TINY_RUN as TINY, venv_env, wait_until, steps_logged, run_command
+
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
 
-def run_benchmark(*args, timeout=600):
+def run_benchmark(*args, timeout=HANG_S):
     return subprocess.run([sys.executable, os.path.join(ROOT, "benchmark.py"), *args], env=venv_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -193,3 +192,41 @@ def test_train_val_tables_show_training_and_validation():
     assert "### train.total_ips" in text and "### val.total_ips" in text
     assert "| 1 | 40.0 |" in text and "| 1 | 120.0 |" in text
     assert "| 4 | 100.00 |" in text and "| 4 | 20.00 |" in text  # the latencies of each, in ms
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_benchmark_is_one_line_and_leaves_no_partial_run(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    import signal
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT, TINY_RUN, venv_env, wait_until
+    out = tmp_path / "sweep.json"
+    err = open(tmp_path / "sweep.err", "w")
+    sweep = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmark.py"), "-n", "1", "-b", "8", "-i", "100000",
+                              "--mode", "train", "-o", str(out), *TINY_RUN, "--disp-batches", "1"], env=venv_env(),
+                             stdout=subprocess.DEVNULL, stderr=err, text=True)
+    try:
+        wait_until(lambda: any(steps_logged(log.parent) >= 2 for log in tmp_path.glob("benchmark-*/run-*/log.jsonl")),
+                   "the sweep's run to train two steps", process=sweep)
+        sweep.send_signal(signal.SIGINT)  # what Ctrl-C sends benchmark.py (its runs have their own session)
+        status = sweep.wait(timeout=HANG_S)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    text = (tmp_path / "sweep.err").read_text()
+    assert status == 130, text[-3000:]
+    assert text.strip().splitlines()[-1] == "benchmark: interrupted during n=1 bs=8"
+    assert "rerun the same command" not in text and "Traceback" not in text
+    assert not list(tmp_path.glob("sweep-*.json"))  # no partial per-run report
+
+
+@pytest.mark.slow
+def test_benchmark_dry_run_names_what_the_machine_would_refuse():
+    """Found by the second newcomer walk (issue 26)."""
+    import mxnet as mx
+    assert mx.context.num_gpus() == 0
+    result = run_command("benchmark.py", "--dry-run", "-n", "1", "-b", "8,16", "--dtype", "float16",
+                         "--data-backend", "synthetic")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "benchmark: would skip n=1 bs=8: runner: error: --dtype float16 needs a GPU" in result.stderr

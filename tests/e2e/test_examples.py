@@ -2,15 +2,19 @@
 import glob
 import os
 import subprocess
-
 import pytest
-
 from conftest import HANG_S, ROOT, venv_env
+
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
+
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "examples", "*.sh")))
+
+
 NAMES = [os.path.basename(s) for s in SCRIPTS]
+
+
 # Extra arguments that make any script runnable here as a dry run: the later flag wins, so these also
 # prove the arguments reach the command (float16 and -n 8 would be refused on a CPU machine; the marker is a
 # real train.py flag with an unusual value: a dry run refuses unknown flags, as the run does).

@@ -11,15 +11,22 @@ import statistics
 import subprocess
 import sys
 import time
-
 import psutil
 import pytest
+from conftest import HANG_S, ROOT, venv_env, wait_until, run
 
-from conftest import HANG_S, ROOT, venv_env, wait_until
+pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
+
 
 INJECTION = os.path.join(ROOT, "tests", "fault_injection")  # its sitecustomize raises on one rank, on request
+
+
 EXAMPLES = 384
+
+
 STEPS = EXAMPLES // 64  # steps per epoch: 2 workers x 32
+
+
 STALL_TIMEOUT = 15  # longer than a loaded machine's slowest legitimate wait for the other rank (a checkpoint save)
 
 
@@ -36,10 +43,6 @@ def environment(**extra):
     env = venv_env()
     env.update(extra)
     return env
-
-
-def run(command, env=None, timeout=HANG_S, **kwargs):
-    return subprocess.run(command, env=env or venv_env(), capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def start(command, log_prefix, env=None, **kwargs):
@@ -157,60 +160,6 @@ def test_damaged_checkpoints_are_skipped_with_a_warning_and_refused_for_load(dig
     for tag, named in expected.items():
         assert any(f"skipping checkpoint model-{tag}: {named}" in w and "falling back to " in w for w in warnings)
     assert_intact(workspace, "0005")
-
-
-def save_tiny(prefix, epochs):
-    import mxnet as mx
-    from rn50kit.training import checkpoint
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(64, in_units=256))
-    net.initialize()
-    net.hybridize()
-    net(mx.nd.zeros((1, 256)))
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
-    for epoch in epochs:
-        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": 0})
-    return net, trainer
-
-
-def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
-    from rn50kit.training import checkpoint
-    prefix = tmp_path / "model"
-    save_tiny(prefix, [1, 2])
-    assert checkpoint.find_latest(str(prefix))["epoch"] == 2
-    states = tmp_path / "model-0002.states"
-    data = bytearray(states.read_bytes())
-    data[len(data) // 2] ^= 1  # same size, one bit flipped: only the SHA-256 tells
-    states.write_bytes(bytes(data))
-    assert checkpoint.read_state(str(tmp_path / "model-0002.state.json")) is not None  # sizes agree
-    warnings = []
-    assert checkpoint.find_latest(str(prefix), warnings.append)["epoch"] == 1
-    assert warnings == [f"skipping checkpoint model-0002: {states} is damaged (its contents differ from when it "
-                        f"was saved); falling back to {tmp_path / 'model-0001.state.json'}"]
-    (tmp_path / "model-0001.state.json").write_text("{\"epoch\": 1,")  # cut short
-    with pytest.raises(checkpoint.CheckpointError, match="every checkpoint of .* is damaged or incomplete"):
-        checkpoint.resume_point(str(prefix))
-    assert checkpoint.named(str(tmp_path / "model-0001.params"))[1] == \
-        f"{tmp_path / 'model-0001.state.json'} is damaged (not valid JSON)"
-
-
-def test_a_save_on_a_full_disk_removes_its_part_and_says_so(tmp_path):
-    from rn50kit.training import checkpoint
-    prefix = tmp_path / "model"
-    net, trainer = save_tiny(prefix, [1])
-    before = sorted(os.listdir(tmp_path))
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
-    try:
-        with pytest.raises(checkpoint.CheckpointError) as caught:
-            checkpoint.save(str(prefix), net, trainer, {"epoch": 2, "step": 0})
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    assert str(caught.value) == (
-        f"the disk is full: cannot save checkpoint model-0002 in {tmp_path} (File too large); the last complete "
-        f"checkpoint, {tmp_path / 'model-0001.state.json'}, is intact; free space there (or give another "
-        "--workspace) and rerun the same command to resume")
-    assert sorted(os.listdir(tmp_path)) == before
 
 
 # --- 3. a full disk while saving -----------------------------------------------------------------------------
@@ -356,7 +305,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     """Two "hosts" (hostA, hostB: loopback addresses, a real sshd) under horovodrun: hostB's worker is killed, or
     hostB's SSH session is cut (the worker lives on, orphaned, as on a network partition). runner names rank 1 on
     hostB; the orphaned workers save and stop (their launcher is gone), none is left; the rerun resumes."""
-    from test_launchers import need_ssh_hosts
+    from conftest import need_ssh_hosts
     need_ssh_hosts()
     workspace = tmp_path / "ws"
     # Far more epochs than the test lets run: cut in epoch 2, orphaned workers notice within the watchdog's period
@@ -472,99 +421,3 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
         assert fds_late <= fds_early + 4, f"rank {rank}: open file descriptors grew from {fds_early} to {fds_late}"
         assert threads_late <= threads_early + 4, f"rank {rank}: threads grew from {threads_early} to {threads_late}"
     assert len(list(workspace.glob("*.state.json"))) == 3  # --keep-last
-
-
-# --- runner's reading of the workers' records (no processes) -------------------------------------------------
-
-def test_runner_names_the_first_real_fault_not_the_teardown(tmp_path):
-    from rn50kit.reliability import faults
-
-    def write(rank, **fields):
-        (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,
-                                                                    **fields)))
-    write(0, kind="teardown", failure="MXNetError: Horovod has been shut down", failed=10.0, alive=9.0)
-    write(1, alive=9.5)
-    # rank 1 died of SIGKILL: no failure of its own; the launcher saw it end first
-    assert faults.summarize(str(tmp_path), (1, 137)).startswith(
-        "rank 1 (host node1, pid 101) was killed by SIGKILL (exit status 137): ")
-    # an error recorded by any rank wins over the launcher's order and over teardown
-    write(1, kind="error", failure="RuntimeError: boom", failed=11.0)
-    assert faults.summarize(str(tmp_path), (0, 1)).startswith(
-        "rank 1 (host node1, pid 101) failed: RuntimeError: boom (its message is above)")
-    # a teardown whose worker saw a silent peer (Gloo's timeout came before the watchdog)
-    write(1, alive=1.0)
-    write(0, kind="teardown", failure="MXNetError: Horovod has been shut down", failed=40.0,
-          silent=[dict(rank=1, host="node1", pid=101, alive=1.0, silent_for=39.0)])
-    assert faults.summarize(str(tmp_path), (0, 1)).startswith(
-        "rank 1 (host node1, pid 101) stalled: no heartbeat for 39 s")
-    assert faults.summarize(str(tmp_path / "none"), None) is None
-    assert faults.signal_name(137) == "SIGKILL" and faults.signal_name(-15) == "SIGTERM"
-    assert faults.signal_name(1) is None
-
-
-# --- the watchdog's account of a stall (in process) -----------------------------------------------------------
-
-def test_a_read_blocked_on_mxnets_engine_is_an_engine_wait():
-    """The loop's loss read (fit.mean_loss) waits for the engine, which waits for the step's allreduce when a peer
-    stopped: a wait, not this rank's own stall (the frames are MXNet's, not the kit's Distributed or Horovod)."""
-    import threading
-    import mxnet as mx
-    from rn50kit.reliability import watchdog
-
-    release = threading.Event()
-
-    class Hold(mx.operator.CustomOp):  # an engine operation that ends when the test says so
-        def forward(self, is_train, req, in_data, out_data, aux):
-            release.wait(HANG_S)
-            self.assign(out_data[0], req[0], in_data[0])
-
-        def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
-            pass
-
-    @mx.operator.register("rn50_test_hold")
-    class HoldProp(mx.operator.CustomOpProp):
-        def create_operator(self, ctx, shapes, dtypes):
-            return Hold()
-
-    held = mx.nd.Custom(mx.nd.ones(3), op_type="rn50_test_hold")  # queued: the engine holds it
-    reader = threading.Thread(target=held.asnumpy)
-    reader.start()
-    try:
-        wait_until(lambda: not reader.is_alive() or
-                   watchdog.where(sys._current_frames().get(reader.ident))[1] == "engine",
-                   "the reader to block in MXNet's read", 60)
-        assert reader.is_alive()  # still blocked: the engine has not run the held operation
-    finally:
-        release.set()
-        reader.join(HANG_S)
-    assert watchdog.where(sys._getframe())[1] is None  # the test's own frame: no wait
-
-
-def test_the_watchdog_names_a_silent_peer_before_its_own_wait(tmp_path, monkeypatch):
-    from rn50kit.reliability import faults
-    from rn50kit.reliability import watchdog
-
-    def write(rank, **fields):
-        (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,
-                                                                    period=1.5, **fields)))
-
-    def fire(waiting):
-        (tmp_path / "rank-0.json").unlink(missing_ok=True)
-        monkeypatch.setattr(faults, "_record", {"rank": 0, "host": "node0", "pid": 100})
-        monkeypatch.setattr(faults, "_path", str(tmp_path / "rank-0.json"))
-        monkeypatch.setattr(watchdog.os, "_exit", lambda status: (_ for _ in ()).throw(SystemExit(status)))
-        with pytest.raises(SystemExit):
-            watchdog.Watchdog(15, 0).fire("fit.py:369 mean_loss", waiting, 16.0)
-        return json.loads((tmp_path / "rank-0.json").read_text())
-
-    now = time.time()
-    write(1, alive=now - 60, where="fit.py:352 train_step", waiting=None)  # frozen (SIGSTOP): no heartbeat
-    for waiting in ("engine", None, "collective"):
-        record = fire(waiting)
-        assert record["culprit"] == 1 and "rank 1 (host node1, pid 101) stalled: no sign of life" in record["failure"]
-    write(1, alive=time.time(), where="fit.py:352 train_step", waiting=None)  # alive, stuck in its own work
-    for waiting, culprit in (("engine", 1), ("collective", 1), (None, 0)):
-        assert fire(waiting)["culprit"] == culprit, waiting
-    write(1, alive=time.time(), where="fit.py:369 mean_loss", waiting="engine")  # waiting too
-    assert fire("engine")["culprit"] == 0  # the engine waits for this rank's own device
-    assert fire("collective")["culprit"] is None  # nothing tells which rank

@@ -8,44 +8,21 @@ Without them these tests skip, saying what is missing; with CI set they fail ins
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-
 import numpy as np
 import pytest
-
-from conftest import HANG_S, ROOT, venv_env
-
+from conftest import HANG_S, ROOT, venv_env, TEST_HOSTS, require, quiet, loopback_address, need_ssh_hosts
 from rn50kit.launch import world
 
+
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
-
-SERVICES_HINT = "run `sudo tools/ci_services.sh --install` (see README, Multi-node)"
-TEST_HOSTS = ("hostA", "hostB")
-
-
-def require(ok, missing):
-    """Skip for a user's `make test` when a service is missing; in CI (CI set) that is a failure."""
-    if ok:
-        return
-    message = f"needs {missing}; {SERVICES_HINT}"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI: {message}")
-    pytest.skip(message)
 
 
 def horovod_has_mpi():
     code = "import horovod.mxnet as hvd; print(hvd.mpi_built())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     return result.stdout.strip() == "True"
-
-
-def quiet(command, timeout=HANG_S):
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def need_mpi():
@@ -60,22 +37,6 @@ def need_slurm():
     cpus = quiet(["sinfo", "-h", "-t", "idle,mix", "-o", "%c"])
     require(cpus is not None and any(c.isdigit() and int(c) >= 2 for c in cpus.stdout.split()),
             "an idle Slurm node with 2 CPUs (sinfo)")
-
-
-def loopback_address(host):
-    try:
-        address = socket.gethostbyname(host)
-    except socket.gaierror:
-        return None
-    return address if address.startswith("127.") else None
-
-
-def need_ssh_hosts():
-    for host in TEST_HOSTS:
-        require(loopback_address(host) is not None, f"{host} in /etc/hosts on a loopback address")
-        result = quiet(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, "true"])
-        require(result is not None and result.returncode == 0, f"key-based ssh to {host}")
-    require(len({loopback_address(host) for host in TEST_HOSTS}) == 2, "hostA and hostB on different addresses")
 
 
 # --- one tiny training per launcher ----------------------------------------------------------------------------
@@ -97,7 +58,7 @@ def train(kit, digits_data, workspace, launch, runner_args):
                "--dali-threads", "1", "--dali-validation-threads", "1", "--seed", "5", "--workspace", str(workspace)]
     env = venv_env()
     env.pop("OMP_NUM_THREADS")  # runner sets each worker's share
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, (" ".join(command) + "\n" + result.stdout[-3000:] + result.stderr[-5000:])
     worlds = []
     for rank in range(2):

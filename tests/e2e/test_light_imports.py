@@ -1,47 +1,11 @@
-"""Every flag train.py registers is read by the kit's code (not only declared), and the modules that must stay
-light stay light: runner's launch logic imports no MXNet, and DALI is imported only for a DALI backend."""
-import ast
-import glob
-import os
+"""The modules that must stay light stay light, in fresh processes: runner's launch logic imports no MXNet, and
+DALI is imported only for a DALI backend."""
 import subprocess
 import sys
-
 import pytest
-
-import train
 from conftest import HANG_S, ROOT, venv_env
 
-
-def kit_sources():
-    """The kit's Python files (tests and tools' own parsers aside), without their add_*_args functions."""
-    paths = (glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "rn50kit", "**", "*.py"), recursive=True)
-             + glob.glob(os.path.join(ROOT, "tools", "*.py")))
-    code = []
-    for path in paths:
-        tree = ast.parse(open(path).read())
-        tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and
-                                                        node.name.startswith("add_") and node.name.endswith("_args"))]
-        code.append(tree)
-    return code
-
-
-def names_read(trees):
-    """Attribute names read anywhere (args.x), and string constants (getattr(args, "x"), f"data_{split}" aside)."""
-    attributes, strings = set(), set()
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute):
-                attributes.add(node.attr)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                strings.add(node.value)
-    return attributes, strings
-
-
-def test_every_registered_flag_is_read_somewhere():
-    attributes, strings = names_read(kit_sources())
-    dests = {action.dest for action in train.get_args_parser()._actions if action.dest != "help"}
-    unread = sorted(d for d in dests if d not in attributes and d not in strings)
-    assert not unread, f"flags registered but never read: {unread}"
+pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
 
 def modules_after(code):

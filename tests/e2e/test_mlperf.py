@@ -1,215 +1,13 @@
-"""The large-batch recipe's pieces in process, on tiny networks, against independent references: LARS against a
-numpy implementation of its formula, the poly schedule against its formula, the mlperf recipe's LR table."""
-import mxnet as mx
-from mxnet import autograd, gluon
+"""The large-batch (MLPerf) recipe's runs: evaluations on --eval-every/--eval-offset, a target accuracy that stops
+the run, the compliance checker on a tiny run's mllog, accumulation over two Horovod workers."""
 import numpy as np
 import pytest
-
-from rn50kit.training import distributed
 import fit
-from rn50kit.common import schedules
+from rn50kit.training import distributed
+from loop_harness import CPU, RUN
+from conftest import TINY_CLASSES, AccumBatches, tiny_accum_net, fit_config, MICRO
 
-
-def small_net():
-    net = gluon.nn.HybridSequential(prefix="small_")
-    with net.name_scope():
-        net.add(gluon.nn.Dense(8, in_units=4), gluon.nn.BatchNorm(in_channels=8), gluon.nn.Activation("relu"),
-                gluon.nn.Dense(3, in_units=8))
-    net.initialize(mx.init.Xavier())
-    return net
-
-
-def lars_reference(weights, grads, moms, lr, wd, momentum, eta, eps, rescale):
-    """One LARS step in numpy (You et al. 2017, as MXNet states it): weights (not BatchNorm gamma/beta, not
-    biases) take lr x eta x |w| / (|g| + wd |w| + eps) and the weight decay; then SGD with momentum."""
-    new = {}
-    for name, w in weights.items():
-        g = grads[name] * rescale
-        plain = name.endswith(("gamma", "beta", "bias"))
-        layer_lr, layer_wd = lr, (0.0 if plain else wd)
-        if not plain:
-            w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
-            if w_norm > 0 and g_norm > 0:
-                layer_lr = lr * eta * w_norm / (g_norm + wd * w_norm + eps)
-        moms[name] = momentum * moms[name] - layer_lr * (layer_wd * w + g)
-        new[name] = w + moms[name]
-    return new
-
-
-@pytest.mark.parametrize("eps", [0.0, 1e-3])
-def test_lars_steps_equal_the_numpy_formula(eps):
-    mx.random.seed(1)
-    net = small_net()
-    fit.set_wd_groups(net)
-    wd, momentum, eta, batch = 5e-5, 0.9, 0.001, 6
-    trainer = fit.make_trainer(net, distributed.Distributed(None), None, "lars", wd, momentum, lars_eta=eta,
-                               lars_eps=eps)
-    trained = {name: p for name, p in net.collect_params().items() if p.grad_req != "null"}
-    assert sorted(trained) == ["small_batchnorm0_beta", "small_batchnorm0_gamma", "small_dense0_bias",
-                               "small_dense0_weight", "small_dense1_bias", "small_dense1_weight"]
-    moms = {name: np.zeros(p.shape, "float32") for name, p in trained.items()}
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = np.random.RandomState(0)
-    for step, lr in enumerate([2.0, 5.0, 3.0, 0.5]):  # large LRs, as LARS runs: the trust ratio makes them small
-        x = mx.nd.array(rng.normal(size=(batch, 4)))
-        y = mx.nd.array(rng.randint(0, 3, batch))
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        before = {name: p.data().asnumpy().copy() for name, p in trained.items()}
-        grads = {name: p.grad().asnumpy().copy() for name, p in trained.items()}
-        expected = lars_reference(before, grads, moms, lr, wd, momentum, eta, eps, 1.0 / batch)
-        trainer.set_learning_rate(lr)
-        trainer.step(batch)
-        for name, p in trained.items():
-            np.testing.assert_allclose(p.data().asnumpy(), expected[name], rtol=1e-5, atol=1e-7,
-                                       err_msg=f"step {step}: {name}")
-        # the trust ratio matters: a weight moved much less than plain SGD at this LR would move it
-        sgd_move = lr * np.linalg.norm(grads["small_dense0_weight"] / batch)
-        assert np.linalg.norm(expected["small_dense0_weight"] - before["small_dense0_weight"]) < 0.1 * sgd_move
-
-
-# ---- gradient accumulation, through the loop's own train_one_epoch ------------------------------------------------
-from rn50kit.training import checkpoint  # noqa: E402
-from rn50kit.config import train_config  # noqa: E402
-import loop_harness  # noqa: E402
-from loop_harness import CPU, RUN, keep_signal_handlers  # noqa: E402,F401 (a fixture)
-import train  # noqa: E402
-
-CLASSES, MICRO, ACCUM = 4, 4, 3
-
-
-class Batches:
-    """``count`` batches of ``size`` cut from the same images (so 3 of 4 hold what 1 of 12 holds, in order);
-    ``on_draw(i)`` is called as batch i is drawn."""
-
-    def __init__(self, size, count, on_draw=None, seed=0):
-        rng = np.random.RandomState(seed)
-        images = rng.uniform(-1, 1, (size * count, 3, 8, 8)).astype("float32")
-        labels = rng.randint(0, CLASSES, size * count).astype("float32")
-        self.batches = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)]
-        self.on_draw = on_draw
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        for i, (data, label) in enumerate(self.batches):
-            if self.on_draw:
-                self.on_draw(i)
-            yield mx.io.DataBatch(data=[mx.nd.array(data)], label=[mx.nd.array(label)], pad=0)
-
-
-def tiny_net(init_file, batchnorm="none"):
-    """Conv, optional BatchNorm ("live", or "frozen": normalising with its running statistics), pool, dense."""
-    net = gluon.nn.HybridSequential(prefix="tiny_")
-    with net.name_scope():
-        net.add(gluon.nn.Conv2D(8, 3, padding=1))
-        if batchnorm != "none":
-            net.add(gluon.nn.BatchNorm(use_global_stats=batchnorm == "frozen"))
-        net.add(gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(CLASSES))
-    net.initialize(mx.init.Xavier(), ctx=CPU)
-    net.infer_shape(mx.nd.zeros((1, 3, 8, 8)))
-    for param in net.collect_params().values():
-        param._finish_deferred_init()
-    if not init_file.exists():
-        net.save_parameters(str(init_file))
-    net.load_parameters(str(init_file), ctx=CPU)
-    net.hybridize(static_alloc=True, static_shape=True)
-    return net
-
-
-def fit_config(tmp_path, batch, accum, *extra):
-    parsed = train.parse_args(["--kv-store", "local", "--dtype", "float32", "--batch-size", str(batch),
-                               "--grad-accum-steps", str(accum), "--num-epochs", "2", "--lr", "0.4",
-                               "--warmup-epochs", "0.5", "--mixup", "0", "--num-classes", str(CLASSES),
-                               "--seed", "3", "--ema-decay", "0.9", "--workspace", str(tmp_path),
-                               "--disp-batches", "0", "--keep-last", "0", *extra])
-    train.fill_hyper_parameters(parsed)
-    return train_config.from_args(parsed).fit
-
-
-def start(cfg, net):
-    return loop_harness.start(cfg, net, CLASSES)
-
-
-def learned(net):
-    return {name: p.data().asnumpy() for name, p in net.collect_params().items()
-            if not name.endswith(("running_mean", "running_var"))}
-
-
-
-
-@pytest.mark.parametrize("optimizer,batchnorm", [("sgd", "none"), ("lars", "none"), ("sgd", "frozen")])
-def test_accumulated_micro_batches_equal_one_large_batch(tmp_path, keep_signal_handlers, optimizer, batchnorm):
-    """3 micro-batches of 4 accumulated = 1 batch of 12: the same weights, EMA and epoch sums, to float32
-    summation order (rtol 1e-5), over 2 optimizer steps. Exact only without live BatchNorm: a live BatchNorm
-    normalises each micro-batch with its own statistics, which differ from the large batch's (no claim made)."""
-    init = tmp_path / "init.params"
-    large_net, micro_net = tiny_net(init, batchnorm), tiny_net(init, batchnorm)
-    large_cfg = fit_config(tmp_path, MICRO * ACCUM, 1, "--optimizer", optimizer)
-    micro_cfg = fit_config(tmp_path, MICRO, ACCUM, "--optimizer", optimizer)
-    large_state, large_loop = start(large_cfg, large_net)
-    micro_state, micro_loop = start(micro_cfg, micro_net)
-    large, large_steps, _ = fit.train_one_epoch(large_cfg, large_loop, large_state, Batches(MICRO * ACCUM, 2), 0)
-    micro, micro_steps, _ = fit.train_one_epoch(micro_cfg, micro_loop, micro_state, Batches(MICRO, 2 * ACCUM), 0)
-    assert (large_steps, micro_steps) == (2, 2 * ACCUM)
-    assert micro.samples == large.samples == 2 * ACCUM * MICRO
-    assert micro.correct1 == large.correct1
-    assert micro.loss / micro.steps == pytest.approx(large.loss / large.steps, rel=1e-5)
-    expected = learned(large_net)
-    moved = False
-    for name, value in learned(micro_net).items():
-        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
-        moved |= not np.allclose(value, micro_state.ema.shadow[name].asnumpy())
-    for name, value in large_state.ema.shadow.items():
-        np.testing.assert_allclose(micro_state.ema.shadow[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6)
-    assert moved  # trained: the EMA lags the weights
-
-
-def test_the_lr_changes_once_per_optimizer_step(tmp_path, keep_signal_handlers):
-    cfg = fit_config(tmp_path, MICRO, ACCUM)
-    state, loop = start(cfg, tiny_net(tmp_path / "init.params"))
-    asked = []
-    schedule = state.schedule
-    state.schedule = lambda epoch: asked.append(epoch) or schedule(epoch)
-    fit.train_one_epoch(cfg, loop, state, Batches(MICRO, 4 * ACCUM + 2), epoch=1)  # 2 batches left over
-    assert asked == [1.0, 1.25, 1.5, 1.75]
-    assert state.trainer.learning_rate == schedule(1.75)
-
-
-def test_stopped_inside_an_accumulation_and_resumed_ends_as_the_uninterrupted(tmp_path, keep_signal_handlers):
-    init = tmp_path / "init.params"
-    cfg = fit_config(tmp_path, MICRO, ACCUM)
-    net = tiny_net(init, "live")
-    state, loop = start(cfg, net)
-    whole, _, stopped_at = fit.train_one_epoch(cfg, loop, state, Batches(MICRO, 4 * ACCUM), epoch=1)
-    assert stopped_at is None
-
-    # Asked to stop as the 5th batch (the 2nd of the 2nd accumulation) is drawn: the optimizer step ends first.
-    net_b = tiny_net(init, "live")
-    state_b, loop_b = start(cfg, net_b)
-    first, _, stopped_at = fit.train_one_epoch(cfg, loop_b, state_b, Batches(
-        MICRO, 4 * ACCUM, on_draw=lambda i: setattr(loop_b.stop, "requested", i >= 4)), epoch=1)
-    assert stopped_at == 2 * ACCUM and first.steps == 2 * ACCUM
-    prefix = str(tmp_path / "model")
-    fit.save_checkpoint(prefix, net_b, state_b, RUN, epoch=1, step=stopped_at, keep_last=0, seed=cfg.seed,
-                        partials=fit.gather_partial(first, loop_b.dist, "partial"))
-
-    net_c = tiny_net(init, "live")
-    state_c, loop_c = start(cfg, net_c)
-    fit.resume(state_c, checkpoint.find_latest(prefix), RUN, net_c, CPU, loop_c.dist)
-    assert (state_c.epoch, state_c.step) == (1, 2 * ACCUM)
-    rest, _, stopped_at = fit.train_one_epoch(cfg, loop_c, state_c, Batches(MICRO, 4 * ACCUM), epoch=1,
-                                              skip=state_c.step)
-    assert stopped_at is None
-    assert rest.sums() == pytest.approx(whole.sums(), rel=1e-6)
-    expected = learned(net)
-    for name, value in learned(net_c).items():  # BatchNorm running statistics: see test_fit_phases.py
-        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    for name, value in state.ema.shadow.items():
-        if not name.endswith(("running_mean", "running_var")):
-            np.testing.assert_allclose(state_c.ema.shadow[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6)
+pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
 
 # ---- evaluation schedule, target, MLPerf log: fit() itself on the tiny network -----------------------------------
@@ -218,12 +16,12 @@ def run_fit(tmp_path, name, *extra, epochs=6):
     workspace = tmp_path / name
     workspace.mkdir(exist_ok=True)
     cfg = fit_config(workspace, MICRO, 1, "--num-epochs", str(epochs), "--ema-decay", "0", *extra)
-    # no BatchNorm: its running statistics are not reproducible on MXNet's CPU build (test_fit_phases.py), and
+    # no BatchNorm: its running statistics are not reproducible on MXNet's CPU build (tests/unit/test_fit.py), and
     # validation would read them
-    net = tiny_net(tmp_path / "init.params")
-    train_batches = val_batches = Batches(MICRO, 8)  # validated on what it learns: top-1 rises
+    net = tiny_accum_net(tmp_path / "init.params")
+    train_batches = val_batches = AccumBatches(MICRO, 8)  # validated on what it learns: top-1 rises
     report, stopped = fit.fit(cfg, RUN, net, lambda epoch: train_batches, val_batches, CPU,
-                              distributed.Distributed(None), CLASSES)
+                              distributed.Distributed(None), TINY_CLASSES)
     return report, stopped
 
 
@@ -297,78 +95,9 @@ def test_accumulation_with_two_horovod_workers_equals_one_large_batch(tmp_path, 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = {(name, rank): np.load(tmp_path / f"{name}-rank{rank}.npz") for name in ("micro", "large")
             for rank in (0, 1)}
-    init = tiny_net(tmp_path / "init-0.params")
+    init = tiny_accum_net(tmp_path / "init-0.params")
     for name, expected in runs["large", 0].items():
         np.testing.assert_array_equal(runs["large", 1][name], expected, err_msg=name)
         np.testing.assert_array_equal(runs["micro", 1][name], runs["micro", 0][name], err_msg=name)
         np.testing.assert_allclose(runs["micro", 0][name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
         assert not np.allclose(expected, init.collect_params()[name].data().asnumpy())  # trained
-
-
-# ---- the poly schedule and the mlperf recipe -----------------------------------------------------------------------
-def test_poly_schedule_with_end_lr_equals_its_formula():
-    base, end, warmup, epochs, power = 10.5, 1e-4, 2.0, 37, 2.0
-    schedule = schedules.get_schedule("poly", base, epochs, warmup, power=power, final_lr=end)
-
-    def formula(epoch):  # linear warmup from 0, then end + (base - end) (1 - t)^power over the epochs left
-        if epoch < warmup:
-            return base * epoch / warmup
-        return end + (base - end) * (1 - (epoch - warmup) / (epochs - warmup)) ** power
-    for epoch in [0.0, 0.5, 1.0, 1.999, 2.0, 3.25, 10.0, 19.5, 30.0, 36.9, 37.0]:
-        assert schedule(epoch) == pytest.approx(formula(epoch), rel=1e-12, abs=1e-15), epoch
-    assert schedule(19.5) == pytest.approx(end + (base - end) / 4)
-    assert schedule(37.0) == pytest.approx(end)
-
-
-def test_mlperf_lr_from_mlcommons_points():
-    points = schedules.RECIPES["mlperf"]["lr_points"]
-    for batch, lr in [(1632, 7.4), (3200, 11.0), (3264, 10.5)]:
-        assert schedules.points_lr(points, batch)[0] == lr  # a point's batch: its LR as it is
-    lr, how = schedules.points_lr(points, 816)
-    assert lr == pytest.approx(7.4 / 2 ** 0.5) and "1632 -> 7.4" in how and "sqrt(816/1632)" in how
-    assert schedules.points_lr(points, 6528)[0] == pytest.approx(10.5 * 2 ** 0.5)  # nearest: 3264
-    assert schedules.points_lr(points, 3230)[0] == pytest.approx(11.0 * (3230 / 3200) ** 0.5)  # nearest: 3200
-
-
-def test_mlperf_recipe_sets_the_issue_table_and_its_lr_follows_the_effective_batch():
-    args = train.parse_args(["--recipe", "mlperf", "--batch-size", "816", "--grad-accum-steps", "2"])
-    how = " ".join(train.fill_hyper_parameters(args))
-    cfg = train_config.from_args(args)
-    f, d = cfg.fit, cfg.data
-    assert (f.optimizer, f.lars_eta, f.lars_eps, f.mom, f.wd) == ("lars", 0.001, 0.0, 0.9, 5e-5)
-    assert (f.lr_schedule, f.lr_power, f.lr_end, f.warmup_epochs, f.num_epochs) == ("poly", 2.0, 1e-4, 2.0, 37)
-    assert (f.label_smoothing, f.mixup, d.min_random_area, d.max_random_area) == (0.1, 0.0, 0.05, 1.0)
-    assert (d.min_random_aspect_ratio, d.max_random_aspect_ratio, d.data_val_resize) == (0.75, 4 / 3, 256)
-    assert (f.eval_every, f.eval_offset, d.random_mirror) == (4, 2, 1)
-    assert f.lr == 7.4 and "1632" in how  # 816 x 2 accumulated = the 1,632 point
-    given = train.parse_args(["--recipe", "mlperf", "--lr", "3", "--optimizer", "sgd"])
-    assert train.fill_hyper_parameters(given) == [] and (given.lr, given.optimizer) == (3.0, "sgd")
-
-
-def test_the_loss_scaler_and_ema_count_optimizer_steps_and_a_bad_micro_batch_skips_its_step(
-        tmp_path, keep_signal_handlers):
-    cfg = fit_config(tmp_path, MICRO, ACCUM, "--loss-scale", "dynamic")
-    net = tiny_net(tmp_path / "init.params")
-    state, loop = start(cfg, net)
-    state.scaler.scale = 8.0
-    updates = []
-    state.ema.update = lambda: updates.append(1)
-    before = learned(net)
-    batches = Batches(MICRO, 2 * ACCUM)
-    batches.batches[ACCUM + 1][0][0, 0, 0, 0] = np.nan  # the 2nd micro-batch of the 2nd optimizer step
-    stats, _, _ = fit.train_one_epoch(cfg, loop, state, batches, epoch=1)
-    assert len(updates) == 1  # the EMA follows the one applied optimizer step
-    assert (state.scaler.bad_steps, state.scaler.scale) == (1, 4.0)  # one skipped step halves the scale once
-    assert stats.steps == ACCUM and stats.samples == 2 * ACCUM * MICRO
-    # the weights are those of the first optimizer step alone: rerun it
-    net_b = tiny_net(tmp_path / "init.params")
-    state_b, loop_b = start(cfg, net_b)
-    state_b.scaler.scale = 8.0
-    first_step = Batches(MICRO, 2 * ACCUM)
-    first_step.batches = first_step.batches[:ACCUM]
-    fit.train_one_epoch(cfg, loop_b, state_b, first_step, epoch=1)
-    assert state_b.scaler.clean_steps == 1
-    after, expected = learned(net), learned(net_b)
-    for name, value in after.items():
-        assert not np.array_equal(value, before[name])
-        np.testing.assert_array_equal(value, expected[name], err_msg=name)

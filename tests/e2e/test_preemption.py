@@ -1,23 +1,28 @@
-"""Preemption with two Horovod workers on the real digits data, run through runner as users run it: SIGTERM to
-every process of the run in the middle of an epoch (as Slurm's scancel or a preemption does), SIGKILL of
-everything, and a second run on a busy workspace. A stopped run and its rerun must report exactly what one
-uninterrupted run with the same seed reports."""
+"""Preemption and interruption: SIGTERM to every process of a two-worker run mid-epoch, SIGKILL of everything, a
+busy workspace, Ctrl-C on train.py and runner, a run lock whose holder died. A stopped run and its rerun report
+exactly what one uninterrupted run reports."""
 import json
 import os
 import signal
 import subprocess
 import sys
-
 import psutil
 import pytest
+from conftest import HANG_S, ROOT, catches_signal, pid_gone, venv_env, wait_until, steps_logged, run
 
-from conftest import HANG_S, ROOT, catches_signal, pid_gone, venv_env, wait_until
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
+
 EPOCHS = 2
+
+
 EXAMPLES = 384
+
+
 STEPS = EXAMPLES // 64  # steps per epoch: 2 workers x 32
+
+
 COMPARED = ("train.loss", "train.top1", "train.top5", "val.top1", "val.top5", "val.loss")
 
 
@@ -28,10 +33,6 @@ def runner_command(digits, workspace):
             "--image-shape", "3,32,32", "--data-val-resize", "32", "--warmup-epochs", "1",
             "--num-examples", str(EXAMPLES), "--random-mirror", "0", "--min-random-area", "0.5", "--seed", "3",
             "--disp-batches", "1", "--workspace", str(workspace)]
-
-
-def run(command, timeout=600):
-    return subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def start(command, log_prefix):
@@ -273,3 +274,120 @@ def test_a_stop_signal_during_start_up_saves_at_the_first_step(digits_data, tmp_
     assert status == 0, (tmp_path / "run.err").read_text()[-3000:]
     assert "Stopped by signal after saving a checkpoint" in (tmp_path / "run.out").read_text()
     assert [p.name for p in workspace.glob("*.state.json")] == ["model-0000-step000001.state.json"]
+
+
+def start_train(tmp_path, *flags):
+    import subprocess
+    import sys
+    from conftest import ROOT, TINY_RUN, venv_env
+    out, err = open(tmp_path / "run.out", "w"), open(tmp_path / "run.err", "w")
+    command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY_RUN, "--batch-size", "8", "--disp-batches", "1",
+               "--workspace", str(tmp_path / "ws"), "--warmup-epochs", "0", *flags]
+    return subprocess.Popen(command, env=venv_env(), stdout=out, stderr=err, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_train_py_saves_a_step_checkpoint_and_exits_130(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    import signal
+    from rn50kit.reliability import run_lock
+    from conftest import HANG_S, wait_until
+    process = start_train(tmp_path, "--num-epochs", "2", "--num-examples", "100000")
+    try:
+        wait_until(lambda: steps_logged(tmp_path / "ws") >= 2, "two training steps", process=process)
+        process.send_signal(signal.SIGINT)
+        status = process.wait(timeout=HANG_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = (tmp_path / "run.err").read_text()
+    assert status == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "Stopped by Ctrl-C (SIGINT) after saving a checkpoint" in (tmp_path / "run.out").read_text()
+    assert [p.name.split("-step")[0] for p in (tmp_path / "ws").glob("model-*-step*.state.json")] == ["model-0000"]
+    assert run_lock.run_state(str(tmp_path / "ws"))["state"] == "stopped"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    import signal
+    from conftest import HANG_S, catches_signal, wait_until
+    process = start_train(tmp_path, "--num-epochs", "1")
+    try:
+        wait_until(lambda: catches_signal(process.pid, signal.SIGTERM), "train.py to catch SIGTERM",
+                   process=process, interval=0.005)  # its first lines, where SIGINT gets its handler too
+        process.send_signal(signal.SIGINT)
+        status = process.wait(timeout=HANG_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = (tmp_path / "run.err").read_text()
+    assert status == 130 and err.strip().splitlines()[-1].startswith("train.py: interrupted (Ctrl-C)"), err[-3000:]
+    assert "Traceback" not in err
+
+
+HOLD_THEN = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from rn50kit.reliability import run_lock
+run_lock.WorkspaceLock(sys.argv[1]).acquire()
+print("held", flush=True)
+if sys.argv[3] == "fail":
+    raise RuntimeError("a crash")
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_lock_whose_holder_crashed_or_was_killed_does_not_read_running(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    import subprocess
+    import sys
+    from rn50kit.reliability import run_lock
+    from conftest import HANG_S, ROOT, pid_gone, wait_until
+    failed, killed = tmp_path / "failed", tmp_path / "killed"
+    failed.mkdir(), killed.mkdir()
+    result = subprocess.run([sys.executable, "-c", HOLD_THEN, str(failed), ROOT, "fail"], capture_output=True,
+                            text=True, timeout=HANG_S)
+    assert result.returncode == 1 and run_lock.run_state(str(failed))["state"] == "failed"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THEN, str(killed), ROOT, "sleep"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_lock.run_state(str(killed))["state"] == "running"  # alive: it is
+    finally:
+        holder.kill()  # SIGKILL: nothing of it runs again
+        holder.wait()
+    wait_until(lambda: pid_gone(holder.pid), "the killed holder to be gone")
+    assert run_lock.read_record(run_lock.lock_path(str(killed)))["state"] == "running"  # what it last wrote
+    assert run_lock.run_state(str(killed))["state"] == "crashed"
+    shown = subprocess.run([sys.executable, "-m", "rn50kit.reliability.run_lock", str(killed)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=HANG_S)
+    assert '"state": "crashed"' in shown.stdout
+
+
+@pytest.mark.slow
+def test_runner_exits_130_on_ctrl_c_after_the_workers_saved(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    import signal
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT, TINY_RUN, venv_env, wait_until
+    workspace = tmp_path / "ws"
+    out, err = open(tmp_path / "run.out", "w"), open(tmp_path / "run.err", "w")
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "-b", "8", "-e", "2",
+                                *TINY_RUN, "--num-examples", "100000", "--warmup-epochs", "0", "--disp-batches", "1",
+                                "--workspace", str(workspace)], env=venv_env(), stdout=out, stderr=err, text=True,
+                               start_new_session=True)
+    try:
+        wait_until(lambda: steps_logged(workspace) >= 2, "two training steps", process=process)
+        process.send_signal(signal.SIGINT)  # runner alone: what a terminal's Ctrl-C sends it
+        status = process.wait(timeout=HANG_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = (tmp_path / "run.err").read_text()
+    assert status == 130, err[-3000:]
+    assert "runner: stopped by Ctrl-C after saving a checkpoint" in err and "Traceback" not in err
+    assert list(workspace.glob("model-0000-step*.state.json"))

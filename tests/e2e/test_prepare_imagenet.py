@@ -3,20 +3,22 @@ import os
 import shutil
 import subprocess
 import sys
-
 import cv2
 import mxnet as mx
 import numpy as np
 import pytest
-
-from rn50kit.data import loaders
 import train
+from rn50kit.data import loaders
 from conftest import ROOT, venv_env
 from rn50kit.config import train_config
 
+
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
+
 SCRIPT = os.path.join(ROOT, "tools", "prepare_imagenet.sh")
+
+
 # Sorted folder names give labels 0, 1, 2; each class is one dominant colour (RGB channel = label).
 CLASSES = {"n01440764": (0, 0, 220), "n01443537": (0, 220, 0), "n01484850": (220, 0, 0)}  # BGR
 

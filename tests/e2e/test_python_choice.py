@@ -1,17 +1,13 @@
-"""runner and benchmark.py run under the Python they were started with (or the one $RN50_PYTHON names), never
-silently under the kit's .venv: a second environment, like a .venv-gpu, is honoured.
-
-The second environment is a real venv with this environment's packages on its path (through a .pth file), as
-`make setup VENV=.venv-gpu` would give one with its own; a line in the .pth records every process it runs."""
+"""runner, benchmark.py and the tools run under the Python they were started with (or the one $RN50_PYTHON
+names), never silently under the kit's .venv: a second environment, like a .venv-gpu, is honoured."""
 import glob
 import json
 import os
 import subprocess
 import sys
-
 import pytest
+from conftest import HANG_S, ROOT, TINY_RUN as TINY, venv_env, labelled_records
 
-from conftest import HANG_S, ROOT, TINY_RUN as TINY, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -91,10 +87,34 @@ def test_benchmark_runs_every_configuration_under_its_python(second_env, tmp_pat
     out = tmp_path / "bench.json"
     result = subprocess.run([python, os.path.join(ROOT, "benchmark.py"), "-n", "1", "-b", "2", "-i", "2", "-e", "1",
                              "--mode", "train", "-o", str(out), *TINY], env=env, capture_output=True, text=True,
-                            timeout=600)
+                            timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(out.read_text())["metrics"]["1"]["2"]["train.total_ips"] > 0
     seen = [path.read_text() for path in markers.iterdir()]
     trainers = [line for line in seen if "train.py" in line and "--help" not in line]
     assert trainers and all(line.startswith(python + " ") for line in trainers), seen
     assert any(os.path.join(ROOT, "runner") in line for line in seen)  # runner itself ran under it too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["check_dataset.py", "plot_report.py"])
+def test_the_tools_hand_over_to_the_kits_python_as_runner_does(tmp_path, tool):
+    """Found by the second newcomer walk (issue 26)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT
+    bare = shutil.which("python3") or pytest.skip("no system python3")
+    if tool == "check_dataset.py":
+        files = labelled_records(tmp_path, [i % 10 for i in range(20)])
+        argv = [files["train"][0], "--num-classes", "10", "--jobs", "1"]
+    else:
+        report = tmp_path / "report.json"
+        report.write_text(json.dumps({"metrics": {"train.loss": [2.0, 1.0], "val.top1": [0.5, 0.7]}}))
+        argv = [str(report)]
+    env = {"PATH": os.environ["PATH"], "RN50_PYTHON": sys.executable, "HOME": os.environ.get("HOME", "/tmp")}
+    # -S: a Python without the kit's packages (no site-packages at all)
+    result = subprocess.run([bare, "-S", os.path.join(ROOT, "tools", tool), *argv], env=env, capture_output=True,
+                            text=True, timeout=HANG_S)
+    assert result.returncode == 0 and "ModuleNotFoundError" not in result.stderr, result.stderr[-2000:]

@@ -1,12 +1,12 @@
-"""runner's answers to bad input: one line, non-zero exit, no traceback."""
+"""runner's answers to bad input, in real processes: one line, non-zero exit, no traceback; its dry run refuses
+what the run would."""
 import os
 import shutil
 import subprocess
 import sys
-
 import pytest
+from conftest import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env, run_command
 
-from conftest import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -66,7 +66,7 @@ def test_batch_and_lr_scaling_and_horovodrun_prefix():
 
 def test_unknown_flags_pass_through_after_runner_flags():
     # (train.py's flags, checked by its parser before a dry run too: an unknown one is refused, see
-    # test_second_walk.py)
+    # test_runner_dry_run_refuses_a_typo_and_a_bad_value_as_the_run_does)
     _, command = dry_run("-n", "1", "--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18",
                          "--disp-batches", "7", "-e", "3")
     assert command[-4:] == ["--num-layers", "18", "--disp-batches", "7"]
@@ -199,3 +199,26 @@ def test_a_refusal_every_worker_reaches_is_its_one_line_without_horovods_noise(t
     assert "uncaught exception" not in output and "Connection reset" not in output, output[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("runner: error: rank 0 ") and "training needs about" in last and "runner's -b" in last
+
+
+@pytest.mark.slow
+def test_runner_dry_run_refuses_a_typo_and_a_bad_value_as_the_run_does():
+    """Found by the second newcomer walk (issue 26)."""
+    typo = run_command("runner", "--dry-run", "--data-backend", "synthetic", "--lr-schedual", "step")
+    assert typo.returncode == 2 and typo.stdout == "", typo.stdout
+    assert typo.stderr.strip().splitlines()[-1].startswith("train.py: error: unrecognized arguments: --lr-schedual")
+    steps = run_command("runner", "--dry-run", "--data-backend", "synthetic", "-e", "10", "--lr-schedule", "step",
+                        "--lr-steps", "5,20")
+    assert steps.returncode == 2 and "--lr-steps [20.0] lie at or beyond the last epoch (10)" in steps.stderr
+    fine = run_command("runner", "--dry-run", "--data-backend", "synthetic", "-e", "30", "--lr-schedule", "step",
+                       "--lr-steps", "5,20")
+    assert fine.returncode == 0 and "--lr-steps 5,20" in fine.stdout, fine.stderr
+
+
+@pytest.mark.slow
+def test_runner_dry_run_with_slurm_outside_srun_is_refused():
+    """Found by the second newcomer walk (issue 26)."""
+    result = run_command("runner", "--dry-run", "--launcher", "slurm", "--data-backend", "synthetic")
+    assert result.returncode == 2 and result.stdout == ""
+    # (without Horovod's MPI the refusal names that first: either way, not the command)
+    assert "srun" in result.stderr or "MPI" in result.stderr

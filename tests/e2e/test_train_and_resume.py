@@ -6,19 +6,25 @@ import os
 import signal
 import subprocess
 import sys
-
 import pytest
+from conftest import HANG_S, ROOT, digits_run, venv_env, wait_until, run
 
-from conftest import HANG_S, ROOT, digits_run, venv_env, wait_until
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
+
 EPOCHS = 3
+
+
 # 40 steps an epoch. With 20 (640 examples) this recipe reached 0.85 in 3 epochs on AVX2 machines and 0.58 on an
 # AVX-512 one (oneDNN's other kernels round differently, and so training takes another path); with 40, 0.95 there
 # and 0.96 with oneDNN held to AVX2 (DNNL_MAX_CPU_ISA=AVX2).
 EXAMPLES = 1280
+
+
 STEPS = EXAMPLES // 32
+
+
 TARGET_TOP1 = 0.6  # chance is 0.1
 
 
@@ -26,10 +32,6 @@ def train_command(digits, workspace, *extra):
     return [sys.executable, os.path.join(ROOT, "train.py"), *digits_run(digits), "--batch-size", "32",
             "--num-epochs", str(EPOCHS), "--lr", "0.1", "--warmup-epochs", "1", "--num-examples", str(EXAMPLES),
             "--seed", "3", "--workspace", str(workspace), *extra]
-
-
-def run(command, **kwargs):
-    return subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=600, **kwargs)
 
 
 def metrics(workspace):

@@ -1,29 +1,49 @@
 """A newcomer's path through the README: starting afresh, keeping a few checkpoints, scoring and predicting with
-what the checkpoint knows, the same defaults with and without runner, the recipe's LR through runner, and a
-live progress bar when rank 0's output is a terminal."""
+what the checkpoint knows, the same defaults with and without runner, the recipe's LR through runner, a live
+progress bar when rank 0's output is a terminal, and warnings about a batch larger than the data."""
+import os
+import numpy as np
+import pytest
+import train
 import glob
 import json
-import os
 import pty
 import re
-import subprocess
 import sys
+from conftest import ROOT, venv_env, labelled_records, record_config, run
 
-import pytest
 
-from conftest import ROOT, venv_env
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
+def test_a_batch_larger_than_the_data_and_class_names_of_the_wrong_length_are_warned_about(tmp_path, caplog):
+    """Found by the second newcomer walk (issue 26)."""
+    import mxnet as mx
+    from rn50kit.scoring import predict
+    files = labelled_records(tmp_path, [i % 10 for i in range(20)])
+    with caplog.at_level("WARNING"):
+        train.warn_about(record_config(files, "dali-cpu", 10).replace(fit__batch_size=32), primary=True)
+    assert "--batch-size 32 (global) is larger than the 20 training records" in caplog.text
+    caplog.clear()
+    net = mx.gluon.nn.Dense(4)
+    net.initialize()
+    with caplog.at_level("WARNING"):
+        predict.predict(net, np.ones((1, 3), "float32"), mx.cpu(), "float32", names=["a", "b", "c", "d"])
+        assert "class names" not in caplog.text
+        predict.predict(net, np.ones((1, 3), "float32"), mx.cpu(), "float32", names=["a", "b", "c"])
+    assert "3 class names (--class-names, or the .lst beside --data-train) for a network of 4 classes" in caplog.text
+
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
+
 TRAIN = os.path.join(ROOT, "train.py")
+
+
 RUNNER = os.path.join(ROOT, "runner")
+
+
 # A small synthetic run (learnable labels; validation on fresh images): seconds per process.
 SYNTHETIC = ["--data-backend", "synthetic", "--num-layers", "18", "--num-classes", "4", "--image-shape", "3,16,16",
              "--batch-size", "8", "--num-examples", "16", "--warmup-epochs", "0", "--lr", "0.05", "--seed", "1"]
-
-
-def run(command, cwd=None, timeout=600):
-    return subprocess.run(command, env=venv_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def ok(result):
@@ -280,7 +300,7 @@ def test_bfloat16_on_a_cpu_without_avx512_is_one_line(tmp_path):
     cpuinfo.write_text("flags\t\t: avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni\n")
     assert settings.bfloat16_unsupported(str(cpuinfo)) is None
     if settings.bfloat16_unsupported() is None:
-        return  # this CPU runs bfloat16: tests/test_train_precision.py trains with it
+        return  # this CPU runs bfloat16: tests/e2e/test_reduced_precision.py trains with it
     result = run([sys.executable, TRAIN, *SYNTHETIC, "--dtype", "bfloat16", "--workspace", str(tmp_path / "ws")])
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert result.returncode == 2 and len(errors) == 1 and "AVX-512" in errors[0], result.stderr[-2000:]

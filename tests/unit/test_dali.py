@@ -1,21 +1,116 @@
-"""DALI pipelines against independent references: OpenCV + numpy for validation, geometry for augmentation."""
+"""dali: the pipelines against independent references (OpenCV + numpy for validation, geometry for augmentation),
+the DALI-to-MXNet iterator, and the memory kinds of the copies out of DALI."""
+import collections
+import mxnet as mx
+import pytest
+import dali
 import os
 import threading
-
 import cv2
-import mxnet as mx
 import numpy as np
-import pytest
 import sklearn.datasets
 
-import dali
-from rn50kit.data import loaders
-from rn50kit.data import records
-from rn50kit.common import rules
+import train
+
+from rn50kit.data import loaders, records
 from conftest import wait_until, write_record_file
+from rn50kit.common import rules, backends
+from rn50kit.config import train_config
+
+
+def val_labels(rec, idx, shard_id, num_shards, batch_size):
+    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=shard_id, num_shards=num_shards,
+                             image_shape=(3, 16, 16), mean=[0, 0, 0], std=[1, 1, 1], resize_shorter=16,
+                             batch_size=batch_size, num_threads=1, device_id=None, seed=1)
+    pipe.build()
+    total = dali.reader_epoch_size(pipe)
+    iterator = loaders.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), loaders.shard_size(total, shard_id, num_shards))
+    epochs = []
+    for _ in range(2):  # a second epoch must give the same samples again
+        labels = []
+        for batch in iterator:
+            assert batch.data[0].shape == (batch_size, 3, 16, 16)
+            valid = batch_size - batch.pad
+            labels += batch.label[0][:valid].asnumpy().astype(int).tolist()
+        epochs.append(labels)
+    return epochs
+
+
+@pytest.mark.parametrize("batch_size", [4, 7, 32])
+def test_validation_sees_every_sample_exactly_once_over_two_ranks(unique_label_rec, batch_size):
+    rec, idx, count = unique_label_rec
+    per_rank = [val_labels(rec, idx, rank, 2, batch_size) for rank in range(2)]
+    for epoch in range(2):
+        seen = collections.Counter(per_rank[0][epoch] + per_rank[1][epoch])
+        assert sorted(seen) == list(range(count))
+        assert set(seen.values()) == {1}
+
+
+def test_shard_size_matches_reader_split():
+    assert sum(loaders.shard_size(53, s, 2) for s in range(2)) == 53
+    assert [loaders.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
+
+
+def test_cpu_batches_are_shared_not_copied_and_outlive_later_batches(unique_label_rec):
+    """A dali-cpu batch for mx.cpu() is DALI's own output memory (no copy on the step's thread): the same pixels as
+    the copied path's (another CPU context copies), still intact 20 batches later, and freed by MXNet's engine when
+    the last operation reading it ends, not while one is still pending."""
+    import numpy as np
+    rec, idx, _ = unique_label_rec
+
+    def batches(ctx):
+        pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(3, 16, 16),
+                                 mean=[0, 0, 0], std=[1, 1, 1], resize_shorter=16, batch_size=4, num_threads=1,
+                                 device_id=None, seed=1)
+        pipe.build()
+        return dali.DaliBatches(pipe, ctx)
+    shared, copied = batches(mx.cpu()), batches(mx.cpu(1))
+    assert shared.share and not copied.share
+    kept, pending = [], []
+    slow = mx.nd.ones((400, 400))
+    for step in range(24):
+        (images, labels), (ref_images, ref_labels) = shared.next(), copied.next()
+        assert images.context == mx.cpu() and ref_images.context == mx.cpu(1)
+        np.testing.assert_array_equal(images.asnumpy(), ref_images.asnumpy())
+        np.testing.assert_array_equal(labels.asnumpy(), ref_labels.asnumpy())
+        if step < 4:
+            kept.append((images, labels, images.asnumpy().copy(), labels.asnumpy().copy()))
+        # reads still queued (behind a chain of matrix products) when our last reference goes: MXNet's engine
+        # must free DALI's memory after them, not before
+        delay = slow
+        for _ in range(6):
+            delay = mx.nd.dot(delay, slow) / 400
+        gate = 1 + mx.nd.sum(delay) * 0  # 1, ready only when the chain is done
+        pending.append((mx.nd.sum(mx.nd.broadcast_mul(images, gate.reshape((1, 1, 1, 1)))) * 2 +
+                        mx.nd.sum(mx.nd.broadcast_mul(labels, gate)),
+                        float(ref_images.asnumpy().sum()) * 2 + float(ref_labels.asnumpy().sum())))
+        del images, labels
+    for images, labels, image_copy, label_copy in kept:  # not overwritten by the 20 batches since
+        np.testing.assert_array_equal(images.asnumpy(), image_copy)
+        np.testing.assert_array_equal(labels.asnumpy(), label_copy)
+    for total, expected in pending:
+        assert abs(total.asscalar() - expected) <= 1e-4 * max(1.0, abs(expected))
+
+
+def test_a_resize_pool_finalized_off_the_main_thread_ends_on_it():
+    """The OpenCV resize pool ends with its pipeline; finalized on another thread (a collection inside
+    pool.submit there would hold the lock shutdown takes) it is shut down by the main thread's next call."""
+    import concurrent.futures
+    import threading
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    worker = threading.Thread(target=dali._shut_down_pool, args=(pool,))
+    worker.start()
+    worker.join()
+    assert pool.submit(int, "1").result() == 1  # still open
+    dali.shut_down_finalized_pipelines()
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.submit(int, "1")
+
 
 PHOTOS = [cv2.imread(os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", name))
           for name in ("china.jpg", "flower.jpg")]  # real 427x640 photographs (BGR)
+
+
 MEAN, STD = [123.68, 116.779, 103.939], [58.393, 57.12, 57.375]
 
 
@@ -281,8 +376,6 @@ def test_dali_normalize_flag_picks_where(photo_rec):
     """--dali-normalize through loaders.get_data_iterators: "device" on the CPU hands over uint8 crops and
     normalizes them after; "auto" keeps DALI's on the CPU and moves it off the pipeline for a GPU (mx.gpu(0) is only
     named here: the choice is made before any array exists on it); the batches are the same."""
-    from rn50kit.config import train_config
-    import train
     rec, idx, _ = photo_rec
     first = {}
     for where in ("pipeline", "device", "auto"):
@@ -296,3 +389,65 @@ def test_dali_normalize_flag_picks_where(photo_rec):
     np.testing.assert_allclose(first["device"][1], first["pipeline"][1], rtol=0, atol=1e-5)
     assert dali.normalizes_on_device("auto", "cpu", mx.gpu(0))
     assert not dali.normalizes_on_device("device", "gpu", mx.gpu(0))  # dali-gpu normalizes on its GPU anyway
+
+
+# --- 1: a CPU pipeline's batch for a GPU is staged in pinned host memory, then copied to the GPU -------------
+
+CONTEXTS = [mx.cpu(), mx.cpu(1), mx.gpu(0), mx.gpu(3)]
+
+
+@pytest.mark.parametrize("backend", [name for name in backends.NAMES if backends.get(name).builder.endswith("dali_iterators")])
+@pytest.mark.parametrize("ctx", CONTEXTS, ids=str)
+def test_every_dali_copy_has_source_and_destination_of_one_memory_kind(backend, ctx):
+    """Found by the second review of the GPU paths (issue 21)."""
+    source = backends.get(backend).pipeline_device
+    if source == "gpu" and ctx.device_type != "gpu":
+        with pytest.raises(ValueError, match="dali-cpu"):  # get_dali_iterators refuses it before, too
+            dali.staging_context(source, ctx)
+        return
+    staging = dali.staging_context(source, ctx)
+    dali.check_copy(source, staging)  # the guard every copy_to_external passes
+    assert dali.memory_kind(staging) == source
+    if source == "cpu" and ctx.device_type == "gpu":
+        assert staging == mx.cpu_pinned(ctx.device_id)
+
+
+def test_the_guard_refuses_a_host_copy_into_device_memory():
+    """Found by the second review of the GPU paths (issue 21)."""
+    with pytest.raises(AssertionError, match="cpu output copied into gpu"):
+        dali.check_copy("cpu", mx.gpu(0))
+    with pytest.raises(AssertionError):
+        dali.check_copy("gpu", mx.cpu_pinned(0))
+
+
+def test_dali_cpu_batches_for_a_gpu_rank_go_through_pinned_memory(unique_label_rec, monkeypatch):
+    """A real dali-cpu pipeline handed a GPU context (mx.gpu(0): allocations for it are made on the CPU here, and
+    recorded): every copy out of DALI writes host memory, then the batch is copied to the arrays made for gpu(0).
+    Found by the second review of the GPU paths (issue 21)."""
+    rec, idx, _ = unique_label_rec
+    pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, image_shape=(3, 16, 16),
+                             mean=[0, 0, 0], std=[1, 1, 1], resize_shorter=16, batch_size=4, num_threads=1,
+                             device_id=None, seed=1)
+    pipe.build()
+    made_for, copies = {}, []
+    real_matching, real_copy = dali._matching, dali._copy_into
+
+    def matching(out, tensor, ctx):
+        array = real_matching(None, tensor, mx.cpu() if ctx.device_type == "gpu" else ctx)
+        made_for[id(array)] = ctx
+        return array
+
+    def copy_into(tensor, out):
+        copies.append((dali.source_kind(tensor), made_for[id(out)]))
+        dali.check_copy(dali.source_kind(tensor), made_for[id(out)])
+        real_copy(tensor, out)
+
+    monkeypatch.setattr(dali, "_matching", matching)
+    monkeypatch.setattr(dali, "_copy_into", copy_into)
+    batches = dali.DaliBatches(pipe, mx.gpu(0))
+    images, labels = batches.next()
+    assert copies == [("cpu", mx.cpu_pinned(0)), ("cpu", mx.cpu_pinned(0))]
+    assert made_for[id(images)] == mx.gpu(0)
+    assert images.shape == (4, 3, 16, 16) and labels.shape == (4,)
+    reference = dali.DaliBatches(pipe, mx.cpu())
+    assert reference.next()[0].shape == images.shape

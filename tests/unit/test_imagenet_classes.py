@@ -1,12 +1,5 @@
-"""imagenet_classes.py: the ImageNet-1k names in im2rec's label order (sorted WordNet ids)."""
-import subprocess
-import sys
-
-import pytest
-
+"""imagenet_classes: the ImageNet-1k names in im2rec's label order (sorted WordNet ids)."""
 from rn50kit.common import imagenet_classes
-from rn50kit.scoring import predict
-from conftest import ROOT, venv_env
 
 
 def test_thousand_classes_in_sorted_synset_order():
@@ -25,11 +18,3 @@ def test_thousand_classes_in_sorted_synset_order():
 def test_names_for_imagenet_folders_only():
     assert imagenet_classes.names_for(imagenet_classes.SYNSETS)[281] == "tabby"
     assert imagenet_classes.names_for(["cat", "dog"]) is None
-
-
-@pytest.mark.slow  # launches a process
-def test_printed_list_reads_as_class_names(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rn50kit.common.imagenet_classes"], cwd=ROOT, capture_output=True, text=True,
-                         env=venv_env(), check=True).stdout
-    (tmp_path / "classes.txt").write_text(out)
-    assert predict.class_names(str(tmp_path / "classes.txt"), None) == imagenet_classes.names()

@@ -1,19 +1,55 @@
-"""runner's plan for machines described, not detected: an 8-GPU node (float16, float32, one process for all GPUs),
-several nodes, and a CPU machine. The planned train.py arguments go through train.py's own parser and model
-builder, so GPU command lines are checked on a CPU without launching anything."""
+"""launcher (runner's logic) for machines described, not detected: an 8-GPU node (float16, float32, one process for
+all GPUs), several nodes, a CPU machine. The planned train.py arguments go through train.py's own parser and
+model builder, so GPU command lines are checked on a CPU without launching anything."""
 import os
-
 import mxnet as mx
+import numpy as np
 import pytest
-
-from rn50kit.config import train_config
-from rn50kit.launch import devices
-from rn50kit.launch import launcher as runner  # runner's logic, importable
 import models
-from rn50kit.common import rules
-from rn50kit.config import settings
 import train
-from conftest import ROOT
+
+from rn50kit.launch import launcher as runner
+
+from conftest import ROOT, planned_train_argv
+from rn50kit.launch import devices
+from rn50kit.config import settings, train_config
+from rn50kit.common import rules
+from conftest import fake_checkpoint
+
+
+def test_runner_passes_bfloat16_to_train_py_on_a_cpu_and_refuses_it_on_gpus(tmp_path):
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        (tmp_path / name).write_bytes(b"")
+    _, _, command = runner.plan_launch(["-n", "1", "--dtype", "bfloat16", "--data-root", str(tmp_path)],
+                                       runner.Machine(0, 8), {})
+    args = train.parse_args(command[next(i for i, w in enumerate(command) if w.endswith("train.py")) + 1:])
+    assert args.dtype == "bfloat16"
+    net = models.get_model_from_args(args)  # as train.py builds it for AMP: float32 parameters, float32 logits
+    assert net.dtype == "bfloat16"
+    net.initialize()
+    net.infer_shape(mx.nd.zeros((1, 3, 224, 224)))
+    assert {np.dtype(p.dtype) for p in net.collect_params().values()} == {np.dtype(np.float32)}
+    _, (logits,), _ = net(mx.sym.var("data")).infer_type(data="float32")
+    assert np.dtype(logits) == np.float32
+    with pytest.raises(runner.UsageError, match="bfloat16 runs on the CPU only"):
+        runner.plan_launch(["-n", "1", "--dtype", "bfloat16", "--data-root", str(tmp_path)],
+                           runner.Machine(8, 64), {})
+
+
+def test_runner_float16_scoring_takes_a_32_pixel_checkpoints_shape(data_folder, tmp_path):
+    """examples/SCORE_FP16.sh's case: runner's float16 scoring of a checkpoint trained at 32 pixels.
+    Found by the second review of the GPU paths (issue 21)."""
+    workspace = tmp_path / "ws"
+    params = fake_checkpoint(workspace, 2, num_classes=10, image_shape=[3, 32, 32], data_val_resize=32)
+    _, argv = planned_train_argv(["-n", 1, "-b", 128, "--data-root", data_folder, "--mode", "val",
+                                  "--load", params, "--workspace", workspace])
+    given = settings.given_flags(train.get_args_parser(), argv)
+    assert not given & {"image_shape", "input_layout", "conv_layout"}  # runner typed none of them
+    args = train.parse_args(argv)
+    settings.complete(args, given, num_gpus=8)
+    assert args.image_shape == [4, 32, 32] and args.data_val_resize == 32 and args.num_classes == 10
+    assert (args.input_layout, args.conv_layout, args.batchnorm_layout, args.pooling_layout) == ("NHWC",) * 4
+
 
 EIGHT_GPUS = dict(gpus=8, cores=64)
 

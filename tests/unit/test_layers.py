@@ -5,10 +5,9 @@ import os
 import pkgutil
 import subprocess
 import sys
-
 import pytest
-
 from conftest import HANG_S, ROOT, venv_env
+
 
 MXNET_FREE = ["common", "launch", "reliability", "reporting"]
 

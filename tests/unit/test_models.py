@@ -1,28 +1,42 @@
-"""models.py: architectures against published parameter counts and a numpy forward, precisions, files."""
-import argparse
+"""models.py: architectures against published parameter counts and a numpy forward, precisions, files, stochastic
+depth."""
+import json
+import math
+import mxnet as mx
+import numpy as np
+import pytest
+import models
 import os
 import subprocess
 import sys
-
-import mxnet as mx
 from mxnet import autograd
 from mxnet.gluon import nn
-import numpy as np
-import pytest
-
-import models
 from rn50kit.common import rules
-from conftest import ROOT, venv_env
+from conftest import ROOT, venv_env, parse_model_args
+
+
+def test_drop_path_keeps_the_expected_value_in_training_and_is_identity_at_inference():
+    """Added with the RSB-style recipes' pieces (CutMix, BCE, LAMB, stochastic depth)."""
+    p, n = 0.5, 4000
+    block = models.BatchNormAddReLU(drop_path=p, in_channels=2, gamma_initializer="zeros", beta_initializer="ones")
+    block.initialize()
+    block.hybridize(static_alloc=True, static_shape=True)
+    x = mx.nd.random.normal(shape=(n, 2, 3, 3))
+    addend = mx.nd.zeros((n, 2, 3, 3))
+    with autograd.record(train_mode=True):  # bn(x) = beta = 1 everywhere: the branch is 1 or dropped
+        out = block(x, addend).asnumpy()
+    per_sample = out.reshape(n, -1)
+    assert set(np.unique(per_sample)) <= {0.0, 1 / (1 - p)}
+    assert (per_sample.min(axis=1) == per_sample.max(axis=1)).all()  # the whole branch of a sample, or none
+    kept = (per_sample[:, 0] > 0).mean()
+    assert abs(kept - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    assert abs(per_sample.mean() - 1) < 5 * math.sqrt(p / (1 - p) / n)
+    np.testing.assert_array_equal(block(x, addend).asnumpy(), np.ones((n, 2, 3, 3)))  # inference: identity
+
 
 # Published trainable parameter counts for 1000 classes (torchvision / the ResNeXt paper's reference models).
 PUBLISHED = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032, "resnet101": 44_549_160,
              "resnet152": 60_192_808, "resnext101_32x4d": 44_177_704}
-
-
-def parse(argv):
-    parser = argparse.ArgumentParser()
-    models.add_model_args(parser)
-    return parser.parse_args(argv)
 
 
 def randomise(net, seed=0):
@@ -142,28 +156,11 @@ def test_initialisation_recipe():
     assert abs(weight.std() / np.sqrt(2 / (512 * 9)) - 1) < 0.02 and abs(weight.mean()) < 1e-3
     bn = net.features[1]
     assert bn._kwargs["eps"] == 1e-5 and bn._kwargs["momentum"] == 0.9
-    plain = models.get_model_from_args(parse(["--no-zero-init-last-gamma", "--batchnorm-eps", "2e-5",
+    plain = models.get_model_from_args(parse_model_args(["--no-zero-init-last-gamma", "--batchnorm-eps", "2e-5",
                                               "--batchnorm-mom", "0.8", "--num-layers", "18"]))
     plain.initialize()
     assert plain.collect_params()["stage1_unit1_bn2_gamma"].data().min().asscalar() == 1
     assert plain.features[1]._kwargs["eps"] == 2e-5 and plain.features[1]._kwargs["momentum"] == 0.8
-
-
-@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
-def test_original_cli_and_num_classes():
-    args = parse(["--arch", "resnextv15", "--num-layers", "101", "--num-groups", "32", "--num-classes", "7"])
-    net = models.get_model_from_args(args)
-    net.initialize()
-    assert net.collect_params()["fc1_weight"].shape == (7, 2048)
-    assert net.collect_params()["stage1_unit1_conv2_weight"].shape == (128, 4, 3, 3)  # 32 groups of 4
-    assert models.model_name("resnetv1", 34) == "resnet34_v1"
-    with pytest.raises(ValueError, match="unknown model"):
-        models.get_model_from_args(parse(["--arch", "resnextv1", "--num-layers", "18"]))
-    with pytest.raises(ValueError, match="--batchnorm-layout"):
-        models.get_model_from_args(parse(["--conv-layout", "NCHW", "--batchnorm-layout", "NHWC"]))
-    for name in models.list_models():
-        net = models.get_model(name, num_classes=3)
-        assert net.output._units == 3
 
 
 def test_fused_bn_relu_gives_the_same_numbers():
@@ -244,7 +241,7 @@ def test_four_channel_input():
 
 
 def test_float16_model_from_args_and_numerics():
-    args = parse(["--num-layers", "18", "--num-classes", "10"])
+    args = parse_model_args(["--num-layers", "18", "--num-classes", "10"])
     args.dtype = "float16"
     net = models.get_model_from_args(args)
     net.initialize()
@@ -283,7 +280,6 @@ def test_bfloat16_inference_close_to_float32(network):
     plain AMP graph of the same network. Without the float32 BatchNorm fold, MXNet's own fold truncated the
     bfloat16 weights in every layer, 5x further from float32 (6 % of the largest logit against 1.2 %). Both the
     float32 network and the bfloat16 one scoring builds (its stem: EvenChannelStem)."""
-    import json
     from rn50kit.config import settings
     from mxnet.contrib import amp
     net = small_net("resnet50_v1.5", dtype=network)
@@ -326,7 +322,7 @@ def test_bfloat16_stem_over_even_channels_computes_the_same():
                  models.EvenChannelStem(64, 7, strides=2, padding=3, use_bias=False, in_channels=3)):
         stem.initialize()
         stem.weight.set_data(weight)
-        x = mx.nd.array(rng.uniform(size=(2, 3, 32, 32))) if not outputs else x
+        x = mx.nd.array(rng.uniform(size=(2, 3, 32, 32))) if not outputs else x  # noqa: F821 (the first stem's input)
         x.attach_grad()
         with autograd.record():  # no AMP here: both compute in float32
             y = stem(x)
@@ -381,19 +377,6 @@ def test_onnx_export_matches_mxnet(tmp_path):
     models.export(net, prefix, 1)
     onnx_file = export_onnx.export_onnx(prefix, 1, (3, 32, 32))
     assert export_onnx.compare_with_onnxruntime(prefix, 1, onnx_file, (3, 32, 32)) < 1e-4
-
-
-@pytest.mark.slow
-def test_summary_cli_and_bad_input():
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "models.py"), "--summary", "--models", "resnet18_v1",
-                          "--batch-sizes", "1", "--iters", "1"], capture_output=True, text=True, env=venv_env())
-    assert run.returncode == 0, run.stderr
-    row = run.stdout.strip().splitlines()[-1].split()
-    assert row[0] == "resnet18_v1" and row[1] == "11,689,512" and abs(float(row[2]) - 1.81) < 0.01
-    bad = subprocess.run([sys.executable, os.path.join(ROOT, "models.py"), "--models", "resnet19"],
-                         capture_output=True, text=True, env=venv_env())
-    assert bad.returncode == 2 and "error: unknown model(s) resnet19" in bad.stderr
-    assert "Traceback" not in bad.stderr
 
 
 def test_onnx_export_of_a_fused_bn_relu_checkpoint(tmp_path):

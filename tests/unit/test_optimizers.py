@@ -1,15 +1,135 @@
-"""optimizers.SGD, LARS and LAMB: MXNet's, updated one weight at a time on CPU with BLAS norms. Checked against
-NumPy re-computations of MXNet's formulas and against MXNet's own optimizers, through a Gluon Trainer as fit.py
-drives them."""
+"""optimizers SGD, LARS and LAMB, as fit.py drives them through a Gluon Trainer: against NumPy re-computations
+of their formulas and MXNet's own optimizers."""
 import mxnet as mx
 import numpy as np
 import pytest
+import fit
 from mxnet import autograd, gluon
+from rn50kit.training import distributed, optimizers
 
-from rn50kit.training import optimizers
+
+def small_net():
+    net = gluon.nn.HybridSequential(prefix="small_")
+    with net.name_scope():
+        net.add(gluon.nn.Dense(8, in_units=4), gluon.nn.BatchNorm(in_channels=8), gluon.nn.Activation("relu"),
+                gluon.nn.Dense(3, in_units=8))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def lars_reference(weights, grads, moms, lr, wd, momentum, eta, eps, rescale):
+    """One LARS step in numpy (You et al. 2017, as MXNet states it): weights (not BatchNorm gamma/beta, not
+    biases) take lr x eta x |w| / (|g| + wd |w| + eps) and the weight decay; then SGD with momentum."""
+    new = {}
+    for name, w in weights.items():
+        g = grads[name] * rescale
+        plain = name.endswith(("gamma", "beta", "bias"))
+        layer_lr, layer_wd = lr, (0.0 if plain else wd)
+        if not plain:
+            w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
+            if w_norm > 0 and g_norm > 0:
+                layer_lr = lr * eta * w_norm / (g_norm + wd * w_norm + eps)
+        moms[name] = momentum * moms[name] - layer_lr * (layer_wd * w + g)
+        new[name] = w + moms[name]
+    return new
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+def test_lars_steps_equal_the_numpy_formula(eps):
+    mx.random.seed(1)
+    net = small_net()
+    fit.set_wd_groups(net)
+    wd, momentum, eta, batch = 5e-5, 0.9, 0.001, 6
+    trainer = fit.make_trainer(net, distributed.Distributed(None), None, "lars", wd, momentum, lars_eta=eta,
+                               lars_eps=eps)
+    trained = {name: p for name, p in net.collect_params().items() if p.grad_req != "null"}
+    assert sorted(trained) == ["small_batchnorm0_beta", "small_batchnorm0_gamma", "small_dense0_bias",
+                               "small_dense0_weight", "small_dense1_bias", "small_dense1_weight"]
+    moms = {name: np.zeros(p.shape, "float32") for name, p in trained.items()}
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.RandomState(0)
+    for step, lr in enumerate([2.0, 5.0, 3.0, 0.5]):  # large LRs, as LARS runs: the trust ratio makes them small
+        x = mx.nd.array(rng.normal(size=(batch, 4)))
+        y = mx.nd.array(rng.randint(0, 3, batch))
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        before = {name: p.data().asnumpy().copy() for name, p in trained.items()}
+        grads = {name: p.grad().asnumpy().copy() for name, p in trained.items()}
+        expected = lars_reference(before, grads, moms, lr, wd, momentum, eta, eps, 1.0 / batch)
+        trainer.set_learning_rate(lr)
+        trainer.step(batch)
+        for name, p in trained.items():
+            np.testing.assert_allclose(p.data().asnumpy(), expected[name], rtol=1e-5, atol=1e-7,
+                                       err_msg=f"step {step}: {name}")
+        # the trust ratio matters: a weight moved much less than plain SGD at this LR would move it
+        sgd_move = lr * np.linalg.norm(grads["small_dense0_weight"] / batch)
+        assert np.linalg.norm(expected["small_dense0_weight"] - before["small_dense0_weight"]) < 0.1 * sgd_move
+
+
+def numpy_lamb_step(w, grads, lr, wd, beta1=0.9, beta2=0.999, eps=1e-6):
+    """LAMB (You et al. 2020) with bias correction, as MXNet documents it: Adam's direction plus weight decay,
+    scaled by the trust ratio ||w|| / ||direction||."""
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        direction = (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps) + wd * w
+        r1, r2 = np.linalg.norm(w), np.linalg.norm(direction)
+        w = w - lr * (r1 / r2 if r1 > 0 and r2 > 0 else 1.0) * direction
+    return w
+
+
+def test_lamb_steps_equal_numpy():
+    """Added with the RSB-style recipes' pieces (CutMix, BCE, LAMB, stochastic depth)."""
+    rng = np.random.RandomState(3)
+    net = gluon.nn.Dense(3, in_units=4, use_bias=False)
+    net.initialize(mx.init.Normal(0.5))
+    w0 = net.weight.data().asnumpy().astype("float64")
+    trainer = fit.make_trainer(net, None, "local", "lamb", wd=0.02, momentum=0.9)
+    assert type(trainer._optimizer).__name__ == "LAMB"
+    grads = []
+    for step in range(3):
+        x = rng.randn(8, 4).astype("float32")
+        trainer.set_learning_rate(0.01 * (step + 1))
+        with autograd.record():
+            loss = (net(mx.nd.array(x)) ** 2).sum()
+        loss.backward()
+        grads.append(net.weight.grad().asnumpy().astype("float64") / 8)  # update(8) rescales by 1/8
+        trainer.update(8)
+    # The LR changes every step: replay the three steps in numpy
+    m, v, w = np.zeros_like(w0), np.zeros_like(w0), w0
+    for t, g in enumerate(grads, start=1):
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        direction = (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-6) + 0.02 * w
+        w = w - 0.01 * t * np.linalg.norm(w) / np.linalg.norm(direction) * direction
+    np.testing.assert_allclose(net.weight.data().asnumpy(), w, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(w, w0)
+
+
+def test_lamb_one_step_equals_the_reference_function():
+    """Added with the RSB-style recipes' pieces (CutMix, BCE, LAMB, stochastic depth)."""
+    net = gluon.nn.Dense(2, in_units=3, use_bias=False)
+    net.initialize(mx.init.Normal(1.0))
+    w0 = net.weight.data().asnumpy().astype("float64")
+    trainer = fit.make_trainer(net, None, "local", "lamb", wd=0.0, momentum=0.0)
+    trainer.set_learning_rate(0.1)
+    x = np.array([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]], dtype="float32")
+    with autograd.record():
+        loss = net(mx.nd.array(x)).sum()
+    loss.backward()
+    g = net.weight.grad().asnumpy().astype("float64") / 2
+    trainer.update(2)
+    np.testing.assert_allclose(net.weight.data().asnumpy(), numpy_lamb_step(w0, [g], lr=0.1, wd=0.0), rtol=1e-4)
+
 
 SHAPES = {"conv_weight": (8, 4, 3, 3), "bn_gamma": (8,), "bn_beta": (8,), "fc_weight": (10, 72), "fc_bias": (10,)}
+
+
 LR, MOMENTUM, WD, BATCH = 0.1, 0.875, 3e-4, 4
+
+
 ETA, EPS = 0.02, 1e-7  # LARS's
 
 

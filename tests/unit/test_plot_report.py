@@ -3,9 +3,7 @@ import json
 import os
 import subprocess
 import sys
-
 import cv2
-
 from conftest import ROOT, venv_env
 
 

@@ -1,36 +1,14 @@
 """The training record order on a file stored in label order: two shards (in one process, through the real DALI
-CPU pipeline) are disjoint, cover every record once per epoch, each draws from the whole file, and the order is
-reproducible with --seed and across a resume; the mxnet backend refuses such a file with several workers."""
-import cv2
+CPU pipeline) are disjoint, cover every record once per epoch, draw from the whole file, and the order is
+reproducible with --seed and across a resume."""
 import mxnet as mx
 import numpy as np
 import pytest
-
-from rn50kit.data import loaders
-from rn50kit.data import records
 import train
-from conftest import write_record_file
+from rn50kit.data import loaders, records
+from conftest import write_record_file, NUM_RECORDS, parse_ordered, NUM_CLASSES
 from rn50kit.config import train_config
 from rn50kit.training import distributed
-
-NUM_RECORDS, NUM_CLASSES = 64, 4
-GLOBAL_BATCH = 16  # 2 ranks x 8: each shard of 32 records is exactly 4 batches
-
-
-@pytest.fixture(scope="module")
-def sorted_rec(tmp_path_factory):
-    """64 small JPEGs stored in label order; each record's label is its own number (so records can be told
-    apart after the pipeline), its class is label // 16."""
-    out = tmp_path_factory.mktemp("sorted")
-    rng = np.random.RandomState(0)
-    images = [rng.randint(0, 255, size=(20 + i % 5, 24, 3), dtype=np.uint8) for i in range(NUM_RECORDS)]
-    return write_record_file(str(out / "train"), images, range(NUM_RECORDS))
-
-
-def parse(rec, idx, *extra):
-    return train.parse_args(
-        ["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx", idx, "--batch-size",
-         str(GLOBAL_BATCH), "--image-shape", "3,16,16", "--dali-threads", "1", *extra])
 
 
 def epoch_labels(iterator):
@@ -52,7 +30,7 @@ def rank_epochs(args, rank, epochs):
 
 def test_shards_disjoint_every_record_once_and_from_the_whole_file(sorted_rec):
     rec, idx = sorted_rec
-    args = parse(rec, idx, "--seed", "5")
+    args = parse_ordered(rec, idx, "--seed", "5")
     rank0, rank1 = rank_epochs(args, 0, 2), rank_epochs(args, 1, 2)
     for epoch in range(2):
         assert len(rank0[epoch]) == len(rank1[epoch]) == NUM_RECORDS // 2
@@ -67,23 +45,23 @@ def test_shards_disjoint_every_record_once_and_from_the_whole_file(sorted_rec):
 
 def test_order_reproducible_with_seed_and_on_resume(sorted_rec):
     rec, idx = sorted_rec
-    run_a = rank_epochs(parse(rec, idx, "--seed", "5"), 0, 3)
-    run_b = rank_epochs(parse(rec, idx, "--seed", "5"), 0, 3)
+    run_a = rank_epochs(parse_ordered(rec, idx, "--seed", "5"), 0, 3)
+    run_b = rank_epochs(parse_ordered(rec, idx, "--seed", "5"), 0, 3)
     assert run_a == run_b
     # a run resumed at epoch 2 builds only that epoch's pipeline: the same records in the same order
-    args = parse(rec, idx, "--seed", "5")
+    args = parse_ordered(rec, idx, "--seed", "5")
     first = loaders.get_data_iterators(train_config.from_args(args), 0, 2, 0, 1, mx.cpu())[0]
     dist = distributed.Distributed(None)
     dist.rank, dist.size = 0, 2
     make = train.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
     assert epoch_labels(make(2)) == run_a[2]
-    assert rank_epochs(parse(rec, idx, "--seed", "6"), 0, 1)[0] != run_a[0]
+    assert rank_epochs(parse_ordered(rec, idx, "--seed", "6"), 0, 1)[0] != run_a[0]
 
 
 def test_without_seed_the_epochs_continue_through_new_shuffles(sorted_rec):
     """Without --seed the same pipeline serves every epoch: each still covers the rank's shard of a new shuffle."""
     rec, idx = sorted_rec
-    iterators = [loaders.get_data_iterators(train_config.from_args(parse(rec, idx)), rank, 2, 0, 1, mx.cpu())[0] for rank in (0, 1)]
+    iterators = [loaders.get_data_iterators(train_config.from_args(parse_ordered(rec, idx)), rank, 2, 0, 1, mx.cpu())[0] for rank in (0, 1)]
     for _ in range(2):
         labels = [epoch_labels(iterator) for iterator in iterators]
         assert sorted(labels[0] + labels[1]) == list(range(NUM_RECORDS))
@@ -102,35 +80,6 @@ def test_shard_order_with_uneven_shards():
     assert crossing.take(20) == epoch0[0] + epoch1[0][:3]
 
 
-def test_label_order_measure(digits_data, sorted_rec):
-    shuffled = records.RecordFile(str(digits_data / "train.rec"), str(digits_data / "train.idx"))
-    assert not records.label_runs(shuffled.labels)["ordered"]  # im2rec shuffles its list
-    by_class = np.sort(shuffled.labels)
-    runs = records.label_runs(by_class)
-    assert runs["ordered"] and runs["longest_run"] == np.bincount(by_class.astype(int)).max()
-    # classes in blocks of 50, as an ImageNet list written per class folder would be
-    blocks = np.repeat(np.random.RandomState(0).permutation(100), 50)
-    assert records.label_runs(blocks)["ordered"]
-
-
-def test_mxnet_backend_refuses_a_label_ordered_file_with_several_workers(tmp_path, digits_data):
-    """ImageRecordIter gives each worker a contiguous part of the file: on a sorted file it is refused, with
-    the fix; one worker (a permutation of the whole file) and a shuffled file are accepted."""
-    digits = records.RecordFile(str(digits_data / "train.rec"), str(digits_data / "train.idx"))
-    order = np.argsort(digits.labels, kind="stable")
-    images = [cv2.imdecode(digits.image(i), cv2.IMREAD_COLOR) for i in order]
-    rec, idx = write_record_file(str(tmp_path / "sorted"), images, digits.labels[order])
-    args = parse(rec, idx, "--data-backend", "mxnet", "--data-mxnet-threads", "1", "--image-shape", "3,32,32")
-    with pytest.raises(loaders.DataError) as error:
-        loaders.get_data_iterators(train_config.from_args(args), 0, 2, 0, 1, mx.cpu())
-    message = str(error.value)
-    assert "label order" in message and "check_dataset.py" in message and "\n" not in message
-    assert loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())[0] is not None
-    shuffled = parse(str(digits_data / "train.rec"), str(digits_data / "train.idx"), "--data-backend", "mxnet",
-                     "--data-mxnet-threads", "1", "--image-shape", "3,32,32")
-    assert loaders.get_data_iterators(train_config.from_args(shuffled), 0, 2, 0, 1, mx.cpu())[0] is not None
-
-
 @pytest.mark.parametrize("no_mmap", [False, True])
 def test_each_image_arrives_with_its_own_label(tmp_path, no_mmap):
     """Record i holds a flat image of grey level 4*i and label i: after the training pipeline (crop, resize,
@@ -139,7 +88,7 @@ def test_each_image_arrives_with_its_own_label(tmp_path, no_mmap):
     flat = [np.full((24, 32, 3), 4 * i, dtype=np.uint8) for i in range(NUM_RECORDS)]
     rec, idx = write_record_file(str(tmp_path / "flat"), flat, range(NUM_RECORDS))
     extra = ["--rgb-mean", "0,0,0", "--rgb-std", "1,1,1", "--seed", "2"] + (["--dali-dont-use-mmap"] if no_mmap else [])
-    iterator = loaders.get_data_iterators(train_config.from_args(parse(rec, idx, *extra)), 0, 1, 0, 1, mx.cpu())[0]
+    iterator = loaders.get_data_iterators(train_config.from_args(parse_ordered(rec, idx, *extra)), 0, 1, 0, 1, mx.cpu())[0]
     seen = 0
     for batch in iterator:
         means = batch.data[0].asnumpy().mean(axis=(1, 2, 3))

@@ -1,26 +1,19 @@
-"""One table of data backends and one set of run rules, used by runner and train.py alike: the same refusal,
-word for word, from both sides of the MXNet wall; one LR-scaling rule; the schedules as small named functions."""
+"""One table of data backends and one set of run rules, used by runner and train.py alike: the same refusal, word
+for word, from both sides of the MXNet wall; one LR-scaling rule; the schedules as small named functions."""
 import math
-
 import mxnet as mx
 import pytest
-
-from conftest import TINY_RUN
-
-from rn50kit.common import backends
-from rn50kit.common import cli
+import train
+from conftest import TINY_RUN, train_refusal, plan_refusal
+from rn50kit.common import backends, cli, rules, schedules
 from rn50kit.data import loaders
 from rn50kit.launch import launcher
-from rn50kit.common import rules
-from rn50kit.common import schedules
-import train
 
 
 def runner_refusal(argv, gpus=0, cores=2):
     with pytest.raises(cli.UsageError) as error:
         launcher.plan_launch(["--data-backend", "synthetic", *argv], launcher.Machine(gpus, cores), {})
     return str(error.value)
-
 
 
 @pytest.mark.parametrize("argv, rule", [
@@ -95,3 +88,25 @@ def test_the_data_check_leaves_the_gpu_rule_to_rules():
     """check_data_files names missing files only (the rule about GPUs is worded once, in rules.py)."""
     cfg = loaders.DataConfig(data_backend="dali-gpu", data_train="/nonexistent.rec", data_train_idx="/nonexistent.idx")
     assert "does not exist" in loaders.check_data_files(cfg)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--dtype", "float16"], "--dtype float16 needs a GPU and this machine has none"),
+    (["--conv-layout", "NHWC"], "--conv-layout NHWC needs a GPU (cuDNN) and this machine has none"),
+    (["--gpus", "0,1", "--kv-store", "device"], "--gpus 0,1 names GPUs and this machine has none"),
+])
+def test_what_a_cpu_cannot_run_is_refused_alike_by_runner_and_train(argv, expected):
+    """Found by the second newcomer walk (issue 26)."""
+    import mxnet as mx
+    assert mx.context.num_gpus() == 0  # about a CPU machine
+    by_train = train_refusal(*[a for a in argv if a != "float32"])
+    assert by_train.startswith(expected) and "\n" not in by_train
+    assert plan_refusal(*argv) == by_train
+    runner_refusal_on_gpus = None
+    try:
+        from rn50kit.launch import launcher
+        workers = ["-n", "2"] if "--gpus" in argv else []  # -n agrees with --gpus (devices.select_gpus)
+        launcher.plan_launch(["--data-backend", "synthetic", *workers, *argv], launcher.Machine(8, 64), {})
+    except cli.UsageError as error:
+        runner_refusal_on_gpus = str(error)
+    assert runner_refusal_on_gpus is None  # each runs on GPUs

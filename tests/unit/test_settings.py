@@ -1,13 +1,73 @@
-"""settings.py in process: which flags were typed, the data files a --data-root gives, the settings a scored
-checkpoint brings (and the typed flags that contradict it), and the files of an abandoned run moved aside."""
-import json
+"""settings in process: which flags were typed, the data files a --data-root gives, the settings a scored
+checkpoint brings, machine defaults, and the files of an abandoned run moved aside."""
 import os
-
 import pytest
 
-from rn50kit.training import checkpoint
-from rn50kit.config import settings
 import train
+
+from rn50kit.config import settings
+from conftest import fake_checkpoint
+from conftest import plan_refusal, touch
+from rn50kit.training import checkpoint
+
+
+def test_python_train_py_on_a_gpu_gets_the_float16_defaults_runner_gets(tmp_path):
+    """One place for a float16 GPU run's defaults: train.py alone on a GPU machine (described: 8 GPUs).
+    Found by the second review of the GPU paths (issue 21)."""
+    argv = ["--data-backend", "synthetic", "--workspace", str(tmp_path)]
+    args = train.parse_args(argv)
+    settings.complete(args, settings.given_flags(train.get_args_parser(), argv), num_gpus=8)
+    assert args.dtype == "float16" and args.image_shape == [4, 224, 224]
+    assert (args.input_layout, args.conv_layout) == ("NHWC", "NHWC")
+    argv += ["--conv-layout", "NCHW", "--image-shape", "3,160,160"]  # the user's choice stays
+    args = train.parse_args(argv)
+    settings.complete(args, settings.given_flags(train.get_args_parser(), argv), num_gpus=8)
+    assert args.conv_layout == "NCHW" and args.input_layout == "NCHW" and args.image_shape == [3, 160, 160]
+
+
+def test_cpu_defaults_are_a_batch_a_cpu_can_run():
+    """Found by the second newcomer walk (issue 26)."""
+    from rn50kit.config import settings
+    from rn50kit.launch import launcher
+    args = train.parse_args([])
+    settings.machine_defaults(args, num_gpus=0, given=set())
+    assert (args.batch_size, args.dtype, args.data_backend) == (settings.CPU_BATCH_SIZE, "float32", "dali-cpu")
+    args = train.parse_args(["--batch-size", "192"])
+    settings.machine_defaults(args, num_gpus=0, given={"batch_size"})
+    assert args.batch_size == 192  # typed: kept
+    args = train.parse_args([])
+    settings.machine_defaults(args, num_gpus=8, given=set())
+    assert (args.batch_size, args.dtype) == (192, "float16")
+    cpu, gpus = launcher.Machine(gpus=0, cores=2), launcher.Machine(gpus=8, cores=64)
+    assert "--batch-size 32" in " ".join(launcher.plan_launch(["--data-backend", "synthetic"], cpu, {})[2])
+    assert "--batch-size 1536" in " ".join(launcher.plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2])
+
+
+def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    from rn50kit.config import settings
+    from conftest import fake_checkpoint
+    fake_checkpoint(tmp_path, 2, num_classes=10, image_shape=[3, 32, 32])
+    reports = set()
+    for flags in ([], ["--dtype", "int8"], ["--dtype", "int8", "--calib-mode", "entropy"]):
+        args, given = parse("--mode", "val", "--data-backend", "synthetic", "--workspace", tmp_path, *flags)
+        settings.complete(args, given, num_gpus=0)
+        reports.add(os.path.basename(args.report))
+    assert reports == {"model-0002.float32.score.json", "model-0002.int8-naive-10.score.json",
+                       "model-0002.int8-entropy-10.score.json"}
+
+
+def test_a_data_root_naming_the_rec_file_says_give_its_folder(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    from rn50kit.config import settings
+    rec = tmp_path / "train.rec"
+    rec.write_bytes(b"x")
+    expected = f"--data-root {rec} is a file; give the folder that holds train.rec and val.rec (--data-root {tmp_path})"
+    args = train.parse_args(["--data-root", str(rec)])
+    with pytest.raises(ValueError) as error:
+        settings.complete(args, {"data_root"}, num_gpus=0)
+    assert str(error.value).startswith(expected)
+    assert plan_refusal("--data-backend", "dali-cpu", "--data-root", str(rec)).startswith(expected)
 
 
 def parse(*argv):
@@ -20,25 +80,6 @@ def data_files_of(*argv):
     settings.machine_defaults(args, num_gpus=0)
     settings.fill_data_files(args)
     return args
-
-
-def touch(path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x")
-    return path
-
-
-def fake_checkpoint(workspace, epoch, step=0, **args):
-    """The files of a complete checkpoint (contents do not matter here) and its state, as checkpoint.save names
-    them."""
-    tag = checkpoint.tag_for(epoch, step)
-    files = {"symbol": "model-symbol.json", "params": f"model-{tag}.params", "states": f"model-{tag}.states"}
-    for name in files.values():
-        touch(workspace / name)
-    state = {"epoch": epoch, "step": step, "model": args.pop("model", "resnet18_v1.5"), "files": files,
-             "args": args}
-    (workspace / f"model-{tag}{checkpoint.STATE_SUFFIX}").write_text(json.dumps(state))
-    return workspace / files["params"]
 
 
 def test_given_flags_sees_typed_flags_whatever_their_value_and_abbreviations():
