@@ -50,7 +50,7 @@ test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 lint: setup
 	$(BIN)/python -m ruff check .

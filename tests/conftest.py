@@ -1,4 +1,7 @@
-"""Shared fixtures: small real RecordIO datasets made once per test session."""
+"""Shared fixtures and helpers: small real RecordIO datasets made once per test session, the subprocess helpers
+and the hang guard every test uses, and the helpers and fixtures tests of more than one file share (tests/unit: the
+in-process tests, by module; tests/e2e: launches and trainings, by journey)."""
+import argparse
 import contextlib
 import fcntl
 import os
@@ -13,9 +16,29 @@ import cv2
 import numpy as np
 import pytest
 
+import safetensors.numpy as safetensors_numpy
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the support modules (loop_harness, resnet_reference)
+
+# The kit's modules, found through the paths above.
+import json  # noqa: E402
+import socket  # noqa: E402
+
+import mxnet as mx  # noqa: E402
+from mxnet import gluon, recordio  # noqa: E402
+
+import models  # noqa: E402
+import train  # noqa: E402
+from rn50kit.common import cli  # noqa: E402
+from rn50kit.config import settings, train_config  # noqa: E402
+from rn50kit.launch import launcher as runner  # noqa: E402
+from rn50kit.training import checkpoint  # noqa: E402
+from rn50kit.weights import pretrained  # noqa: E402
+from loop_harness import CPU  # noqa: E402
+import resnet_reference as ref  # noqa: E402
 
 
 # A tiny ResNet on synthetic data: the flags every quick end-to-end run of the tests shares.
@@ -37,6 +60,15 @@ def digits_run(digits):
 # How long a test waits for another process before it calls that a hang: a guard, never a speed limit (a slow or
 # busy machine only makes the wait longer).
 HANG_S = 600
+# The runs that train several epochs on the digits (INT8's checkpoint, the fine-tuning, two Horovod workers, the
+# per-class scoring run) take minutes of their own on a 2-core machine: their guard is half as long again.
+LONG_HANG_S = HANG_S * 3 // 2
+
+
+def run(command, env=None, timeout=HANG_S, **kwargs):
+    """Run ``command`` to its end as a user would (this venv first, one thread per process, ``env`` instead if
+    given), its output captured as text; HANG_S calls it a hang."""
+    return subprocess.run(command, env=env or venv_env(), capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def physical_cores():
@@ -106,10 +138,18 @@ def catches_signal(pid, signum):
 def same_random_state():
     """Each test starts from the same random state of Python, numpy and MXNet, whatever ran before it in its process
     (pytest-xdist's workers take the files in any order): its random weights and data do not depend on that."""
-    import mxnet as mx
     random.seed(0)
     np.random.seed(0)
     mx.random.seed(0)
+
+
+@pytest.fixture()
+def keep_signal_handlers():
+    """fit.py's StopFlag installs handlers for SIGTERM, SIGUSR1 and SIGINT: put pytest's back after the test."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def pytest_configure(config):
@@ -123,7 +163,7 @@ def pytest_configure(config):
 # The file that takes longest (about a third of the suite), started first: pytest-xdist hands out whole files in
 # the order collected, the first few to each worker at once, and a file that long started late would leave the
 # other worker idle at the end.
-LONGEST_FIRST = ("test_faults.py",)
+LONGEST_FIRST = ("test_fault_recovery.py",)
 
 
 def pytest_collection_modifyitems(items):
@@ -146,7 +186,6 @@ def venv_env():
 
 def write_record_file(prefix, images, labels, quality=95):
     """Pack BGR uint8 images with float labels into prefix.rec/.idx with MXNet's recordio."""
-    from mxnet import recordio
     record = recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "w")
     for i, (image, label) in enumerate(zip(images, labels)):
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
@@ -196,3 +235,396 @@ def unique_label_rec(tmp_path_factory):
     images = [rng.randint(0, 255, size=(20 + i % 7, 24, 3), dtype=np.uint8) for i in range(count)]
     rec, idx = write_record_file(str(out / "val"), images, range(count))
     return rec, idx, count
+
+
+# --- bfloat16 and GPU plans (unit/test_precision, test_bench_models, test_benchmark, e2e/test_reduced_precision)
+
+NO_BFLOAT16 = settings.bfloat16_unsupported()  # None where this CPU has oneDNN's bfloat16 kernels
+
+
+# --- tools/check_dataset.py on planted faults (unit/test_check_dataset, e2e/test_dataset_check) -------------------
+
+TOOL = os.path.join(ROOT, "tools", "check_dataset.py")
+
+
+def photo(seed, shape=(60, 80)):
+    rng = np.random.RandomState(seed)
+    small = rng.randint(0, 255, size=(6, 8, 3), dtype=np.uint8)
+    return cv2.resize(small, shape[::-1], interpolation=cv2.INTER_CUBIC)
+
+
+def jpeg(image, quality=90):
+    return cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])[1].tobytes()
+
+
+def write_payloads(prefix, payloads):
+    """payloads: list of (label, image bytes); returns the .rec/.idx paths."""
+    writer = recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "w")
+    for i, (label, data) in enumerate(payloads):
+        writer.write_idx(i, recordio.pack(recordio.IRHeader(0, label, i, 0), data))
+    writer.close()
+    return prefix + ".rec", prefix + ".idx"
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, env=venv_env())
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("planted")
+    good = jpeg(photo(0))
+    payloads = [
+        (0, good),                                             # 0 healthy
+        (1, jpeg(photo(1))),                                   # 1 healthy
+        (2, good[:len(good) // 2]),                            # 2 truncated
+        (3, np.random.RandomState(3).bytes(500)),              # 3 garbage
+        (4, b""),                                              # 4 empty payload
+        (5, cv2.imencode(".png", photo(5))[1].tobytes()),      # 5 PNG (warning, re-encoded by --fix)
+        (3.5, jpeg(photo(6))),                                 # 6 label not an integer
+        (42, jpeg(photo(7))),                                  # 7 label out of range for 10 classes
+        (8, jpeg(cv2.cvtColor(photo(8), cv2.COLOR_BGR2GRAY))),  # 8 grayscale JPEG (warning)
+        (9, jpeg(photo(9, (20, 400)))),                        # 9 unusual size (warning)
+    ]
+    rec, idx = write_payloads(str(out / "planted"), payloads)
+    size = os.path.getsize(rec)
+    with open(idx) as f:
+        first_offset = int(f.readline().split()[1])
+    with open(idx, "a") as f:
+        f.write(f"10\t{size + 1000}\n")          # 10 dangling: past the end of the file
+        f.write(f"11\t{first_offset + 4}\n")     # 11 into the middle of record 0: does not parse
+    return rec, idx
+
+
+EXPECTED_ERRORS = {2: "truncated image", 3: "undecodable image", 4: "empty payload", 6: "bad label",
+                   7: "bad label", 10: "dangling index entry", 11: "unreadable record"}
+
+
+# --- train.py's parser (unit/test_loaders, e2e/test_data_pipelines) -----------------------------------------------
+
+def parse_train(*argv):
+    return train.parse_args([str(a) for a in argv])
+
+
+# --- tools/gpu_check.py's checks (unit/test_gpu_check, e2e/test_self_check) ---------------------------------------
+
+CPU_CHECKS = {"versions", "horovod-build", "numerics-cpu", "training-cpu", "data-cpu", "allreduce-cpu"}
+
+
+GPU_CHECKS = {"driver", "kernels", "numerics-gpu", "training-gpu", "data-gpu", "allreduce-gpu", "layout-speed",
+              "memory"}
+
+
+# --- runner's plan for a described 8-GPU machine (unit/test_launcher, test_devices, test_benchmark) ---------------
+
+EIGHT_GPU_MACHINE = runner.Machine(8, 64)
+
+
+def planned_train_argv(argv, machine=EIGHT_GPU_MACHINE, environ=None):
+    _, env, command = runner.plan_launch([str(a) for a in argv], machine, environ or {})
+    start = next(i for i, word in enumerate(command) if word.endswith("train.py")) + 1
+    return env, command[start:]
+
+
+@pytest.fixture()
+def data_folder(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        (root / name).write_bytes(b"")
+    return root
+
+
+# --- gradient accumulation on a tiny network (unit/test_fit, e2e/test_mlperf, hvd_accum_worker.py) ----------------
+
+TINY_CLASSES, MICRO, ACCUM = 4, 4, 3
+
+
+class AccumBatches:
+    """``count`` batches of ``size`` cut from the same images (so 3 of 4 hold what 1 of 12 holds, in order);
+    ``on_draw(i)`` is called as batch i is drawn."""
+
+    def __init__(self, size, count, on_draw=None, seed=0):
+        rng = np.random.RandomState(seed)
+        images = rng.uniform(-1, 1, (size * count, 3, 8, 8)).astype("float32")
+        labels = rng.randint(0, TINY_CLASSES, size * count).astype("float32")
+        self.batches = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)]
+        self.on_draw = on_draw
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for i, (data, label) in enumerate(self.batches):
+            if self.on_draw:
+                self.on_draw(i)
+            yield mx.io.DataBatch(data=[mx.nd.array(data)], label=[mx.nd.array(label)], pad=0)
+
+
+def tiny_accum_net(init_file, batchnorm="none"):
+    """Conv, optional BatchNorm ("live", or "frozen": normalising with its running statistics), pool, dense."""
+    net = gluon.nn.HybridSequential(prefix="tiny_")
+    with net.name_scope():
+        net.add(gluon.nn.Conv2D(8, 3, padding=1))
+        if batchnorm != "none":
+            net.add(gluon.nn.BatchNorm(use_global_stats=batchnorm == "frozen"))
+        net.add(gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(TINY_CLASSES))
+    net.initialize(mx.init.Xavier(), ctx=CPU)
+    net.infer_shape(mx.nd.zeros((1, 3, 8, 8)))
+    for param in net.collect_params().values():
+        param._finish_deferred_init()
+    if not init_file.exists():
+        net.save_parameters(str(init_file))
+    net.load_parameters(str(init_file), ctx=CPU)
+    net.hybridize(static_alloc=True, static_shape=True)
+    return net
+
+
+def fit_config(tmp_path, batch, accum, *extra):
+    parsed = train.parse_args(["--kv-store", "local", "--dtype", "float32", "--batch-size", str(batch),
+                               "--grad-accum-steps", str(accum), "--num-epochs", "2", "--lr", "0.4",
+                               "--warmup-epochs", "0.5", "--mixup", "0", "--num-classes", str(TINY_CLASSES),
+                               "--seed", "3", "--ema-decay", "0.9", "--workspace", str(tmp_path),
+                               "--disp-batches", "0", "--keep-last", "0", *extra])
+    train.fill_hyper_parameters(parsed)
+    return train_config.from_args(parsed).fit
+
+
+def learned_accum(net):
+    return {name: p.data().asnumpy() for name, p in net.collect_params().items()
+            if not name.endswith(("running_mean", "running_var"))}
+
+
+# --- launchers' services: skipped for users, a failure in CI (e2e/test_launchers, test_fault_recovery) ------------
+
+SERVICES_HINT = "run `sudo tools/ci_services.sh --install` (see README, Multi-node)"
+
+
+TEST_HOSTS = ("hostA", "hostB")
+
+
+def require(ok, missing):
+    """Skip for a user's `make test` when a service is missing; in CI (CI set) that is a failure."""
+    if ok:
+        return
+    message = f"needs {missing}; {SERVICES_HINT}"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI: {message}")
+    pytest.skip(message)
+
+
+def quiet(command, timeout=HANG_S):
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def loopback_address(host):
+    try:
+        address = socket.gethostbyname(host)
+    except socket.gaierror:
+        return None
+    return address if address.startswith("127.") else None
+
+
+def need_ssh_hosts():
+    for host in TEST_HOSTS:
+        require(loopback_address(host) is not None, f"{host} in /etc/hosts on a loopback address")
+        result = quiet(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, "true"])
+        require(result is not None and result.returncode == 0, f"key-based ssh to {host}")
+    require(len({loopback_address(host) for host in TEST_HOSTS}) == 2, "hostA and hostB on different addresses")
+
+
+# --- CutMix's constant images (unit/test_fit, e2e/test_modern_recipes) --------------------------------------------
+
+def constant_batch(n, layout, size=(16, 20)):
+    """Image i is filled with the value i + 1, so every pixel tells which image it came from."""
+    h, w = size
+    values = np.arange(1, n + 1, dtype="float32")
+    shape = (n, 3, h, w) if layout == "NCHW" else (n, h, w, 3)
+    return mx.nd.array(np.broadcast_to(values.reshape(-1, 1, 1, 1), shape))
+
+
+# --- models.py's flags (unit/test_models, e2e/test_models_cli) ----------------------------------------------------
+
+def parse_model_args(argv):
+    parser = argparse.ArgumentParser()
+    models.add_model_args(parser)
+    return parser.parse_args(argv)
+
+
+# --- published weights against the reference forward pass (unit/test_pretrained, e2e/test_published_weights,
+# interop_pretrained.py); the weights are session fixtures: each is a ResNet's worth of numpy arrays and its
+# reference logits, built once for both files
+
+X = np.random.RandomState(1).normal(size=(2, 3, 32, 32)).astype(np.float32)
+
+
+def assert_logits(actual, expected):
+    """float32 precision: the kit computes in float32, the reference in float64."""
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def kit_net(name, num_classes, **kwargs):
+    net = models.get_model(name, num_classes=num_classes, **kwargs)
+    net.initialize()
+    return net
+
+
+def load(name, path, num_classes, **kwargs):
+    net = kit_net(name, num_classes, **kwargs)
+    info = pretrained.load_pretrained(net, str(path), [mx.cpu()], num_classes)
+    return net, info
+
+
+def logits(net, x=X):
+    return net(mx.nd.array(x)).asnumpy()
+
+
+def save_safetensors(sd, path):
+    safetensors_numpy.save_file(sd, str(path))
+    return path
+
+
+class Weights:
+    """One random state dict in torchvision's names, its reference logits and its files."""
+
+    def __init__(self, folder, name, depth, num_classes, seed, **kwargs):
+        self.sd = ref.torchvision_state_dict(depth, num_classes, seed=seed, **kwargs)
+        self.stride_in_1x1 = kwargs.get("conv_bias_1x1", False)  # GluonCV's resnet_v1
+        self.expected = ref.forward(self.sd, X, stride_in_1x1=self.stride_in_1x1)
+        self.folder, self.name, self.num_classes = folder, name, num_classes
+
+    def path(self, suffix):
+        return self.folder / f"{self.name}{suffix}"
+
+
+@pytest.fixture(scope="session")
+def tv18(tmp_path_factory):
+    weights = Weights(tmp_path_factory.mktemp("tv18"), "resnet18", 18, 7, seed=0)
+    save_safetensors(weights.sd, weights.path(".safetensors"))
+    return weights
+
+
+@pytest.fixture(scope="session")
+def tv50(tmp_path_factory):
+    weights = Weights(tmp_path_factory.mktemp("tv50"), "resnet50", 50, 7, seed=1)
+    save_safetensors(weights.sd, weights.path(".safetensors"))
+    return weights
+
+
+@pytest.fixture(scope="session")
+def resnext50(tmp_path_factory):
+    return Weights(tmp_path_factory.mktemp("rx50"), "resnext50_32x4d", 50, 5, seed=3, groups=32, width_per_group=4)
+
+
+def refusal(name, path, num_classes=7, **kwargs):
+    with pytest.raises(pretrained.PretrainedError) as caught:
+        load(name, path, num_classes, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+# --- a record file stored in label order (unit/test_records, e2e/test_data_pipelines) -----------------------------
+
+NUM_RECORDS, NUM_CLASSES = 64, 4
+
+
+GLOBAL_BATCH = 16  # 2 ranks x 8: each shard of 32 records is exactly 4 batches
+
+
+@pytest.fixture(scope="module")
+def sorted_rec(tmp_path_factory):
+    """64 small JPEGs stored in label order; each record's label is its own number (so records can be told
+    apart after the pipeline), its class is label // 16."""
+    out = tmp_path_factory.mktemp("sorted")
+    rng = np.random.RandomState(0)
+    images = [rng.randint(0, 255, size=(20 + i % 5, 24, 3), dtype=np.uint8) for i in range(NUM_RECORDS)]
+    return write_record_file(str(out / "train"), images, range(NUM_RECORDS))
+
+
+def parse_ordered(rec, idx, *extra):
+    return train.parse_args(
+        ["--data-backend", "dali-cpu", "--data-train", rec, "--data-train-idx", idx, "--batch-size",
+         str(GLOBAL_BATCH), "--image-shape", "3,16,16", "--dali-threads", "1", *extra])
+
+
+# --- records, networks and refusals the second newcomer walk needed (unit and e2e) --------------------------------
+
+def labelled_records(folder, labels):
+    """train.rec/.idx and val.rec/.idx with the given labels and no .lst (as check_dataset.py --fix writes)."""
+    rng = np.random.RandomState(0)
+    images = [rng.randint(0, 255, size=(8, 8, 3), dtype=np.uint8) for _ in labels]
+    files = {}
+    for split in ("train", "val"):
+        files[split] = write_record_file(str(folder / split), images, labels)
+    assert not list(folder.glob("*.lst"))
+    return files
+
+
+def record_config(files, backend, num_classes):
+    return train_config.RunConfig().replace(
+        data__data_backend=backend, data__data_train=files["train"][0], data__data_train_idx=files["train"][1],
+        data__data_val=files["val"][0], data__data_val_idx=files["val"][1], model__num_classes=num_classes,
+        fit__num_epochs=1, fit__warmup_epochs=0)
+
+
+def built(num_layers, image, dtype="float32"):
+    import mxnet as mx
+    import models
+    net = models.build_network(models.ModelConfig(num_layers=num_layers), 3, "NCHW", dtype)
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+    net.hybridize()
+    net.infer_shape(mx.nd.zeros((1, 3, image, image), dtype="float16" if dtype == "float16" else "float32"))
+    return net
+
+
+def train_refusal(*argv):
+    args = train.parse_args(["--kv-store", "local", *TINY_RUN, *argv])
+    with pytest.raises(cli.UsageError) as error:
+        train.main(args)
+    return str(error.value)
+
+
+def plan_refusal(*argv, gpus=0):
+    from rn50kit.launch import launcher
+    with pytest.raises(cli.UsageError) as error:
+        launcher.plan_launch(["--data-backend", "synthetic", "--dtype", "float32", *argv], launcher.Machine(gpus, 2), {})
+    return str(error.value)
+
+
+def steps_logged(workspace):
+    log = workspace / "log.jsonl"
+    return log.exists() and sum(1 for line in open(log) if '"type": "iter"' in line)
+
+
+def run_command(*command, env=None):
+    import subprocess
+    import sys
+    environ = {k: v for k, v in venv_env().items() if not k.startswith("SLURM_")}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, os.path.join(ROOT, command[0]), *command[1:]], env=environ,
+                          capture_output=True, text=True, timeout=HANG_S, stdin=subprocess.DEVNULL)
+
+
+# --- checkpoint files as checkpoint.save names them (unit/test_settings, test_checkpoint, test_launcher) ----------
+
+def touch(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    return path
+
+
+def fake_checkpoint(workspace, epoch, step=0, **args):
+    """The files of a complete checkpoint (contents do not matter here) and its state, as checkpoint.save names
+    them."""
+    tag = checkpoint.tag_for(epoch, step)
+    files = {"symbol": "model-symbol.json", "params": f"model-{tag}.params", "states": f"model-{tag}.states"}
+    for name in files.values():
+        touch(workspace / name)
+    state = {"epoch": epoch, "step": step, "model": args.pop("model", "resnet18_v1.5"), "files": files,
+             "args": args}
+    (workspace / f"model-{tag}{checkpoint.STATE_SUFFIX}").write_text(json.dumps(state))
+    return workspace / files["params"]

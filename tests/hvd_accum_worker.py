@@ -1,4 +1,4 @@
-"""Run by test_large_batch.py under horovodrun -np 2: on each rank, one epoch of the loop's own train_one_epoch
+"""Run by tests/e2e/test_mlperf.py under horovodrun -np 2: on each rank, one epoch of the loop's own train_one_epoch
 on the tiny network twice, from the same weights and on this rank's own images: 3 accumulated micro-batches of 4
 per optimizer step (global batch 8, --grad-accum-steps 3), then one batch of 12 per step (global batch 24), the
 same images in the same order. Saves each run's trained parameters as <out>/<run>-rank<r>.npz."""
@@ -16,7 +16,8 @@ from rn50kit.training import distributed  # noqa: E402
 import fit  # noqa: E402
 from rn50kit.reporting.progress import JsonLog, Progress  # noqa: E402
 from rn50kit.training import precision  # noqa: E402
-from test_large_batch import ACCUM, CLASSES, CPU, MICRO, RUN, Batches, fit_config, learned, tiny_net  # noqa: E402
+from conftest import ACCUM, MICRO, TINY_CLASSES, AccumBatches, fit_config, learned_accum, tiny_accum_net  # noqa: E402
+from loop_harness import CPU, RUN  # noqa: E402
 
 
 def main():
@@ -29,14 +30,14 @@ def main():
         workspace = pathlib.Path(out) / f"{name}-{dist.rank}"
         workspace.mkdir(parents=True, exist_ok=True)
         cfg = fit_config(workspace, global_batch, accum, "--kv-store", "horovod", "--optimizer", optimizer)
-        net = tiny_net(pathlib.Path(out) / f"init-{dist.rank}.params")  # rank 0's weights are broadcast
+        net = tiny_accum_net(pathlib.Path(out) / f"init-{dist.rank}.params")  # rank 0's weights are broadcast
         state = fit.prepare(cfg, RUN, net, CPU, dist)
         loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
                         progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
-                        num_classes=CLASSES)
-        stats, steps, _ = fit.train_one_epoch(cfg, loop, state, Batches(size, count, seed=dist.rank), 0)
+                        num_classes=TINY_CLASSES)
+        stats, steps, _ = fit.train_one_epoch(cfg, loop, state, AccumBatches(size, count, seed=dist.rank), 0)
         assert steps == count and stats.samples == size * count, (steps, stats.samples)
-        np.savez(os.path.join(out, f"{name}-rank{dist.rank}.npz"), **learned(net))
+        np.savez(os.path.join(out, f"{name}-rank{dist.rank}.npz"), **learned_accum(net))
     dist.finish()
 
 

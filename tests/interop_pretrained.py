@@ -7,7 +7,7 @@ with test_); run it where those libraries are:
     .venv/bin/python -m pytest tests/interop_pretrained.py
 
 The suite checks the same loaders against tests/resnet_reference.py, an independent numpy forward pass on
-torchvision's names, and GluonCV's names written by hand (tests/test_pretrained.py). Last run: every test here
+torchvision's names, and GluonCV's names written by hand (tests/unit/test_pretrained.py). Last run: every test here
 passed with torch 2.13.0 and the GluonCV 0.10.5 model files (see README, "Your own dataset").
 """
 import mxnet as mx
@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import resnet_reference as ref
-# tv18 is a fixture: imported for pytest to find it by name
-from test_pretrained import X, assert_logits, load, logits, refusal, tv18  # noqa: F401
+from conftest import X, assert_logits, load, logits, refusal  # tv18, a fixture, comes from conftest by name
 
 
 def test_pth_with_pytorch_gives_reference_logits(tv18, tmp_path):

@@ -1,4 +1,4 @@
-"""Stands in for train.py beside a copy of runner in tests/test_launchers.py: runs the kit's own train.main,
+"""Stands in for train.py beside a copy of runner in tests/e2e/test_launchers.py: runs the kit's own train.main,
 then writes what this worker saw (Horovod's world, the launcher's variables, the SSH session it came through)
 and its trained parameters to the workspace, as world-rank<R>.json and params-rank<R>.npz."""
 import json
@@ -17,7 +17,7 @@ from rn50kit.launch import world  # noqa: E402
 
 def check_flags(argv):
     """runner's flag check imports this stand-in as `train` (it sits where train.py would): the kit's own check runs
-    when train.main parses the flags in the workers, and tests/test_user_path.py tests runner's."""
+    when train.main parses the flags in the workers, and tests/e2e/test_user_path.py tests runner's."""
 
 
 def main():

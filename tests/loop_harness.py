@@ -1,10 +1,7 @@
 """The training loop of fit.py driven in-process on one CPU context, as train.py builds it: the run's description,
-the (state, loop) pair for a FitConfig and a network, and a fixture that restores the signal handlers fit.py
-installs."""
-import signal
-
+and the (state, loop) pair for a FitConfig and a network (the fixture that restores the signal handlers fit.py
+installs, keep_signal_handlers, is in conftest.py)."""
 import mxnet as mx
-import pytest
 
 from rn50kit.training import distributed
 import fit
@@ -24,12 +21,3 @@ def start(cfg, net, num_classes):
                     progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
                     num_classes=num_classes)
     return state, loop
-
-
-@pytest.fixture()
-def keep_signal_handlers():
-    """fit.py's StopFlag installs handlers for SIGTERM, SIGUSR1 and SIGINT: put pytest's back after the test."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)

@@ -1,4 +1,4 @@
-"""Test-only fault injection (tests/test_faults.py puts this folder on PYTHONPATH): in the worker whose
+"""Test-only fault injection (tests/e2e/test_fault_recovery.py puts this folder on PYTHONPATH): in the worker whose
 HOROVOD_RANK is RN50_INJECT_RANK, fit.train_step raises RuntimeError at call RN50_INJECT_STEP, or with
 RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive but stuck: a hung file system, a GPU fault). Every
 other process (runner, the launcher, the other ranks) is untouched."""

@@ -1,0 +1,114 @@
+"""Scoring and prediction end to end: per-class results of two workers equal one worker's, the names saved with a
+checkpoint printed by --mode pred, the ImageNet class list, evaluation queueing every device's forward."""
+import os
+import mxnet as mx
+import numpy as np
+import pytest
+
+import subprocess
+import sys
+import json
+from rn50kit.common import imagenet_classes
+from rn50kit.scoring import scoring, predict
+from rn50kit.training.distributed import Distributed
+from conftest import ROOT, venv_env, LONG_HANG_S
+
+pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
+
+
+# --- 5: evaluation queues every device's forward before reading any result ----------------------------------
+
+@pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
+def test_evaluate_queues_every_devices_forward_before_reading(monkeypatch):
+    """Found by the second review of the GPU paths (issue 21)."""
+    events = []
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+
+    def net(data):
+        events.append(("forward", data.context))
+        logits = mx.nd.zeros((data.shape[0], 10), ctx=data.context)
+        logits[:, 3] = 1
+        return logits
+
+    real_asscalar, real_wait = mx.nd.NDArray.asscalar, mx.nd.NDArray.wait_to_read
+    monkeypatch.setattr(mx.nd.NDArray, "asscalar", lambda self: events.append(("read",)) or real_asscalar(self))
+    monkeypatch.setattr(mx.nd.NDArray, "wait_to_read", lambda self: events.append(("read",)) or real_wait(self))
+    batch = mx.io.DataBatch(data=[mx.nd.ones((4, 3, 8, 8))], label=[mx.nd.array([3, 3, 1, 3])], pad=0)
+    metrics = scoring.evaluate(net, [batch, batch], ctxs, Distributed(None))
+    assert metrics["top1"] == pytest.approx(0.75) and metrics["samples"] == 8
+    first_read = events.index(("read",))
+    assert events[:first_read] == [("forward", ctxs[0]), ("forward", ctxs[1])]
+    events.clear()
+    scoring.evaluate(net, [batch], ctxs, Distributed(None), no_metrics=True)
+    assert events[:2] == [("forward", ctxs[0]), ("forward", ctxs[1])]
+
+
+@pytest.mark.slow  # launches a process
+def test_printed_list_reads_as_class_names(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rn50kit.common.imagenet_classes"], cwd=ROOT, capture_output=True, text=True,
+                         env=venv_env(), check=True).stdout
+    (tmp_path / "classes.txt").write_text(out)
+    assert predict.class_names(str(tmp_path / "classes.txt"), None) == imagenet_classes.names()
+
+
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def run(command, timeout=LONG_HANG_S):
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def named_run(digits_data, tmp_path_factory):
+    """A short training on the digits with a classes.txt beside the records (as tools/prepare_folder.py leaves
+    it): a checkpoint whose state holds the names."""
+    out = tmp_path_factory.mktemp("named")
+    data_dir = out / "data"
+    os.makedirs(data_dir)
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        os.symlink(digits_data / name, data_dir / name)
+    (data_dir / "classes.txt").write_text("\n".join(NAMES) + "\n")
+    d = str(data_dir)
+    common = ["--data-backend", "dali-cpu", "--dali-threads", "1", "--dali-validation-threads", "1",
+              "--data-val", f"{d}/val.rec", "--batch-size", "64"]
+    run([sys.executable, os.path.join(ROOT, "train.py"), *common, "--data-train", f"{d}/train.rec",
+         "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32",
+         "--random-mirror", "0", "--min-random-area", "0.5", "--num-epochs", "2", "--lr", "0.2",
+         "--warmup-epochs", "1", "--seed", "3", "--workspace", str(out / "run")])
+    return out, common
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_two_workers_score_each_class_as_one_worker(named_run):
+    out, common = named_run
+    weights = str(out / "run" / "model-0002.params")
+    score = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "val", "--load", weights, *common]
+    one = run(score + ["--report", str(out / "one.json")])  # one worker: oneDNN's fused graph
+    run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *score, "--report", str(out / "two.json")])
+    trained, one_report, two_report = (load(out / name) for name in ("run/report.json", "one.json", "two.json"))
+    assert two_report["ngpus"] == 2 and one_report["ngpus"] == 1
+    per_class = one_report["per_class"]
+    assert per_class["classes"] == NAMES and sum(per_class["samples"]) == 359  # every validation image once
+    assert 0 < sum(per_class["correct"]) < 359
+    predicted = np.asarray(per_class["confusion"]).sum(axis=0)
+    assert (predicted > 0).sum() >= 3, per_class  # a network that tells classes apart, not one answer for all
+    del per_class["epoch"], two_report["per_class"]["epoch"], trained["per_class"]["epoch"]  # passes vs epochs
+    assert two_report["per_class"] == per_class  # counts, per-class top-1, matrix and pairs: exact over workers
+    assert trained["per_class"] == per_class  # the training run's own validation of the same weights
+    assert abs(sum(per_class["correct"]) / 359 - one_report["metrics"]["val.top1"][0]) < 1e-12
+    assert "Per-class results" in one.stdout and os.path.isfile(out / "one-confusion.png")
+
+
+def test_pred_prints_the_names_saved_with_the_checkpoint(named_run, digits_data):
+    out, _ = named_run
+    folder = digits_data / "raw" / "val" / "4"
+    result = run([sys.executable, os.path.join(ROOT, "train.py"), "--mode", "pred", "--load",
+                  str(out / "run" / "model-best.params"), "--data-pred", str(folder / sorted(os.listdir(folder))[0])])
+    names = [line.rsplit("-> ", 1)[1] for line in result.stdout.splitlines() if "% -> " in line]
+    assert len(names) == 5 and set(names) <= set(NAMES), result.stdout

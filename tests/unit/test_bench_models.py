@@ -1,0 +1,118 @@
+"""tools/bench_models.py's workers: the PyTorch one starts in a Python without MXNet, MXNet's get a thread per
+physical core, bfloat16 operands and the oneDNN kernel breakdown of the marked steps."""
+import os
+import subprocess
+import sys
+import pytest
+import bench_models
+import mxnet as mx
+import numpy as np
+from conftest import ROOT, alone_env, mxnet_openmp_threads, physical_cores, NO_BFLOAT16, HANG_S
+
+
+BENCH_MODELS = os.path.join(ROOT, "tools", "bench_models.py")
+
+
+def test_the_pytorch_worker_starts_without_mxnet():
+    """The README's PyTorch venv holds torch and numpy only. Started in a Python without site-packages (no MXNet,
+    no PyTorch), the worker must get as far as importing torch: what it lacks is PyTorch, not MXNet."""
+    command = [sys._base_executable, "-I", "-S", BENCH_MODELS, "--worker", "torch", "--batch-size", "2",
+               "--image-size", "32"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S, stdin=subprocess.DEVNULL)
+    assert result.returncode != 0
+    assert "No module named 'torch'" in result.stderr, result.stderr[-2000:]
+    assert "No module named 'mxnet'" not in result.stderr, result.stderr[-2000:]
+
+
+def test_mxnet_workers_get_a_thread_per_core(monkeypatch):
+    """MXNet 1.9 without OMP_NUM_THREADS takes half of the logical CPUs on x86 (two hyper-threads a core assumed);
+    a bench_models worker gets one thread per physical core this process may use."""
+    cores = physical_cores()
+    env = alone_env()
+    if len(os.sched_getaffinity(0)) < 2 or cores < 2:
+        pytest.skip("one core: half of the cores is the same core")
+    assert mxnet_openmp_threads(env) == len(os.sched_getaffinity(0)) // 2  # what the probe sees: MXNet's choice
+    for name in ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    assert mxnet_openmp_threads(dict(env, **bench_models.worker_env())) == cores
+
+
+def onednn_kernels(verbose_log, kind):
+    """How many oneDNN ``kind`` kernels ran between bench_models' breakdown marks."""
+    marks = bench_models.BREAKDOWN_MARKS
+    inside = verbose_log[verbose_log.index(marks[0]):verbose_log.index(marks[1])]
+    return sum(line.startswith(("dnnl_verbose,exec,", "onednn_verbose,exec,")) and line.split(",")[3] == kind
+               for line in inside.splitlines())
+
+
+def test_fuse_bn_relu_reaches_the_training_step():
+    """--fuse-bn-relu builds the workers' training networks with MXNet's BatchNorm+ReLU: a ResNet-18 step then runs
+    ReLU kernels only after its 8 residual additions (forward and backward), not after its 9 other BatchNorms."""
+    counts = {}
+    for fused in (False, True):
+        command = [sys.executable, BENCH_MODELS, "--breakdown-worker", "float32", "--breakdown-steps", "1", "--model",
+                   "resnet18_v1.5", "--batch-size", "2", "--image-size", "32"] + (["--fuse-bn-relu"] if fused else [])
+        child = subprocess.run(command, env=bench_models.worker_env(DNNL_VERBOSE="1"), capture_output=True,
+                               text=True, timeout=HANG_S)
+        assert child.returncode == 0, child.stderr[-2000:]
+        counts[fused] = onednn_kernels(child.stdout, "eltwise"), onednn_kernels(child.stdout, "batch_normalization")
+    assert counts[False] == (2 * 17, 2 * 20)  # ReLU forward and backward; BatchNorm forward and backward
+    assert counts[True] == (2 * 8, 2 * 20)
+
+
+def test_a_share_above_the_ceiling_is_explained():
+    # a ResNet-50 at 224 px: 8.2 GFLOP an image forward (4.1 G multiply-adds), about three times that a step
+    ceilings = {"float32": 100.0, "bfloat16": 400.0}
+    rates = {"ours float32 training step": 5.0, "ours bfloat16 inference": 40.0}  # 1.23 and 0.82 of 100 / 400
+    results = {key: {"ceiling_fraction": bench_models.fraction(key, ips, ceilings, "resnet50_v1.5", 224)}
+               for key, ips in rates.items()}
+    assert results["ours float32 training step"]["ceiling_fraction"] > 1 > results["ours bfloat16 inference"][
+        "ceiling_fraction"]
+    note = bench_models.above_ceiling_note(results)
+    assert note.startswith("note: ours float32 training step above 100 %") and "bfloat16" not in note
+    del results["ours float32 training step"]
+    assert bench_models.above_ceiling_note(results) is None
+
+
+def test_bench_models_bfloat16_operands_and_matrix_product():
+    """The ceiling's matrix product: its operands cast to MXNet's bfloat16 on any CPU (the cast that failed on an
+    AVX-512 machine: dtype="bfloat16" is no NumPy dtype); the product itself needs oneDNN's bfloat16 kernel."""
+    with pytest.raises(TypeError, match="bfloat16"):  # why bench_models casts with mxnet_bfloat16()
+        mx.nd.amp_cast(mx.nd.ones((2, 2)), dtype="bfloat16")
+    mx.random.seed(3)
+    low = bench_models.mxnet_matrix_products(mx, "bfloat16", size=64)["bfloat16"]
+    mx.random.seed(3)
+    full = bench_models.mxnet_matrix_products(mx, "float32", size=64)["float32"]
+    for x, reference in zip(low.operands, full.operands):
+        assert x.dtype == bench_models.mxnet_bfloat16() and bench_models.dtype_name(x.dtype) == "bfloat16"
+        back = mx.nd.amp_cast(x, dtype="float32").asnumpy()
+        error = np.abs(back - reference.asnumpy()).max()
+        assert 0 < error <= 2 ** -8  # bfloat16 keeps 8 bits of mantissa; |values| < 1
+    expected = full().asnumpy()
+    if NO_BFLOAT16:
+        with pytest.raises(mx.base.MXNetError, match="primitive descriptor"):
+            low().wait_to_read()
+        return
+    got = mx.nd.amp_cast(low(), dtype="float32").asnumpy()
+    error = np.abs(got - expected).max() / np.abs(expected).max()
+    assert 0 < error < 0.02, error
+
+
+def test_bench_models_sums_onednn_kernels_of_the_marked_steps_only():
+    log = "\n".join([
+        "dnnl_verbose,info,oneDNN v2.4.4",
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2_ic3oc64,9.0",
+        bench_models.BREAKDOWN_MARKS[0],
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2_ic3oc64,2.5",
+        "dnnl_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:abcd:f0 dst_f32,,,64x3x7x7,0.25",
+        "a line of the network's own output",
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,backward_data,src_f32,,alg:convolution_direct,mb2_ic3oc64,1.5",
+        bench_models.BREAKDOWN_MARKS[1] + " after 20.000 ms",
+        "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2,7.0"])
+    totals, wall_ms = bench_models.kernel_times(log)
+    assert totals == {"convolution": 4.0, "reorder": 0.25} and wall_ms == 20.0
+    breakdown = bench_models.step_breakdown(totals, steps=2, wall_ms=wall_ms)
+    assert breakdown["step_ms"] == 10.0
+    assert breakdown["kernels_ms"] == {"convolution": 2.0, "reorder": 0.125}
+    assert breakdown["matrix_product_share"] == pytest.approx(0.2) and breakdown["overhead_share"] == pytest.approx(0.8)
+    assert breakdown["outside_onednn_ms"] == pytest.approx(10.0 - 2.125)

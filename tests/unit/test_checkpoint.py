@@ -1,0 +1,118 @@
+"""checkpoint: damaged files named and refused, a save on a full disk, resumes across settings that shape the
+state (refused) and those that do not, and what a bad resume says."""
+import os
+import resource
+import pytest
+import mxnet as mx
+
+import fit
+from conftest import fake_checkpoint
+from rn50kit.training.distributed import Distributed
+
+
+def save_tiny(prefix, epochs):
+    import mxnet as mx
+    from rn50kit.training import checkpoint
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(64, in_units=256))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 256)))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    for epoch in epochs:
+        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": 0})
+    return net, trainer
+
+
+def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
+    from rn50kit.training import checkpoint
+    prefix = tmp_path / "model"
+    save_tiny(prefix, [1, 2])
+    assert checkpoint.find_latest(str(prefix))["epoch"] == 2
+    states = tmp_path / "model-0002.states"
+    data = bytearray(states.read_bytes())
+    data[len(data) // 2] ^= 1  # same size, one bit flipped: only the SHA-256 tells
+    states.write_bytes(bytes(data))
+    assert checkpoint.read_state(str(tmp_path / "model-0002.state.json")) is not None  # sizes agree
+    warnings = []
+    assert checkpoint.find_latest(str(prefix), warnings.append)["epoch"] == 1
+    assert warnings == [f"skipping checkpoint model-0002: {states} is damaged (its contents differ from when it "
+                        f"was saved); falling back to {tmp_path / 'model-0001.state.json'}"]
+    (tmp_path / "model-0001.state.json").write_text("{\"epoch\": 1,")  # cut short
+    with pytest.raises(checkpoint.CheckpointError, match="every checkpoint of .* is damaged or incomplete"):
+        checkpoint.resume_point(str(prefix))
+    assert checkpoint.named(str(tmp_path / "model-0001.params"))[1] == \
+        f"{tmp_path / 'model-0001.state.json'} is damaged (not valid JSON)"
+
+
+def test_a_save_on_a_full_disk_removes_its_part_and_says_so(tmp_path):
+    from rn50kit.training import checkpoint
+    prefix = tmp_path / "model"
+    net, trainer = save_tiny(prefix, [1])
+    before = sorted(os.listdir(tmp_path))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    try:
+        with pytest.raises(checkpoint.CheckpointError) as caught:
+            checkpoint.save(str(prefix), net, trainer, {"epoch": 2, "step": 0})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(caught.value) == (
+        f"the disk is full: cannot save checkpoint model-0002 in {tmp_path} (File too large); the last complete "
+        f"checkpoint, {tmp_path / 'model-0001.state.json'}, is intact; free space there (or give another "
+        "--workspace) and rerun the same command to resume")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def run_info(**args):
+    return fit.RunInfo(model_name="resnet50_v1.5", arch="resnetv15", command=[], report_path="report.json",
+                       record={"args": args, "given": [], "derived": {}})
+
+
+FLOAT32_RUN = dict(dtype="float32", conv_layout="NCHW", input_layout="NCHW", image_shape=[3, 224, 224])
+
+
+FLOAT16_RUN = dict(dtype="float16", conv_layout="NHWC", input_layout="NHWC", image_shape=[4, 224, 224])
+
+
+def test_rn50_fp32_then_fp16_in_one_workspace_is_refused_before_anything_loads():
+    """RN50_FP32_8.sh, then RN50_FP16_8.sh in the same default workspace: --resume auto finds the float32
+    checkpoint. The refusal comes before any file is read (the paths here do not exist).
+    Found by the second review of the GPU paths (issue 21)."""
+    saved = {"model": "resnet50_v1.5", "state_path": "runs/resnet50_v1.5/model-0003.state.json",
+             "paths": {"params": "/nonexistent.params", "states": "/nonexistent.states"}, "args": FLOAT32_RUN}
+    with pytest.raises(fit.TrainingError) as refused:
+        fit.resume(None, saved, run_info(**FLOAT16_RUN), None, [mx.cpu()], Distributed(None))
+    message = str(refused.value)
+    assert "\n" not in message and "--resume none" in message and "--workspace" in message
+    assert "--dtype float32 --conv-layout NCHW, 3 input channels" in message
+    assert "--dtype float16 --conv-layout NHWC, 4 input channels" in message
+
+
+def test_resume_settings_that_do_not_shape_the_state_are_not_refused():
+    """Found by the second review of the GPU paths (issue 21)."""
+    from rn50kit.config import settings as settings_module
+    other_size = dict(FLOAT16_RUN, image_shape=[4, 160, 160], input_layout="NCHW")  # size and input layout
+    assert settings_module.resume_problem(FLOAT16_RUN, other_size, "x") is None
+    assert settings_module.resume_problem({}, FLOAT16_RUN, "x") is None  # an older state without the records
+    assert settings_module.resume_problem(dict(FLOAT32_RUN, dtype="bfloat16"), FLOAT32_RUN, "x") is None
+
+
+def test_a_bad_resume_says_which_case_what_exists_and_what_is_accepted(tmp_path):
+    """Found by the second newcomer walk (issue 26)."""
+    from rn50kit.training import checkpoint
+    from conftest import touch
+    fake_checkpoint(tmp_path, 2)
+    touch(tmp_path / "model-best.params")
+    touch(tmp_path / "model-0001.params")  # no state file beside it
+    accepted = "give --resume auto (the latest), none (start afresh) or a <prefix>-NNNN.params"
+    cases = {"model-0009.params": "no such file",
+             "model-best.params": "a -best or -ema copy holds weights only",
+             "model-0001.params": "no model-0001.state.json beside it"}
+    for name, case in cases.items():
+        message = checkpoint.why_not_resumable(str(tmp_path / name))
+        assert f": {case}" in message and f"complete checkpoints in {tmp_path}: model-0002.params" in message
+        assert accepted in message and "\n" not in message
+    (tmp_path / "model-0002.states").unlink()
+    message = checkpoint.why_not_resumable(str(tmp_path / "model-0002.params"))
+    assert "its files model-0002.states are missing" in message and f"no complete checkpoint in {tmp_path}" in message

@@ -1,0 +1,404 @@
+"""models.py: architectures against published parameter counts and a numpy forward, precisions, files, stochastic
+depth."""
+import json
+import math
+import mxnet as mx
+import numpy as np
+import pytest
+import models
+import os
+import subprocess
+import sys
+from mxnet import autograd
+from mxnet.gluon import nn
+from rn50kit.common import rules
+from conftest import ROOT, venv_env, parse_model_args
+
+
+def test_drop_path_keeps_the_expected_value_in_training_and_is_identity_at_inference():
+    """Added with the RSB-style recipes' pieces (CutMix, BCE, LAMB, stochastic depth)."""
+    p, n = 0.5, 4000
+    block = models.BatchNormAddReLU(drop_path=p, in_channels=2, gamma_initializer="zeros", beta_initializer="ones")
+    block.initialize()
+    block.hybridize(static_alloc=True, static_shape=True)
+    x = mx.nd.random.normal(shape=(n, 2, 3, 3))
+    addend = mx.nd.zeros((n, 2, 3, 3))
+    with autograd.record(train_mode=True):  # bn(x) = beta = 1 everywhere: the branch is 1 or dropped
+        out = block(x, addend).asnumpy()
+    per_sample = out.reshape(n, -1)
+    assert set(np.unique(per_sample)) <= {0.0, 1 / (1 - p)}
+    assert (per_sample.min(axis=1) == per_sample.max(axis=1)).all()  # the whole branch of a sample, or none
+    kept = (per_sample[:, 0] > 0).mean()
+    assert abs(kept - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    assert abs(per_sample.mean() - 1) < 5 * math.sqrt(p / (1 - p) / n)
+    np.testing.assert_array_equal(block(x, addend).asnumpy(), np.ones((n, 2, 3, 3)))  # inference: identity
+
+
+# Published trainable parameter counts for 1000 classes (torchvision / the ResNeXt paper's reference models).
+PUBLISHED = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032, "resnet101": 44_549_160,
+             "resnet152": 60_192_808, "resnext101_32x4d": 44_177_704}
+
+
+def randomise(net, seed=0):
+    """Random values for every parameter, BatchNorm statistics included (gamma zero-init would hide bugs)."""
+    rng = np.random.RandomState(seed)
+    for name, param in sorted(net.collect_params().items()):
+        shape = param.shape
+        if name.endswith("running_var"):
+            value = rng.uniform(0.5, 2.0, shape)
+        elif name.endswith("gamma"):
+            value = rng.uniform(0.5, 1.5, shape)
+        elif name.endswith(("beta", "running_mean", "bias")):
+            value = rng.uniform(-0.2, 0.2, shape)
+        else:
+            value = rng.normal(0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
+        param.set_data(mx.nd.array(value, dtype=param.dtype))
+
+
+def small_net(name="resnet18_v1.5", seed=0, **kwargs):
+    net = models.get_model(name, num_classes=10, **kwargs)
+    net.initialize()
+    randomise(net, seed)
+    return net
+
+
+@pytest.mark.parametrize("name", [f"resnet{d}_v{v}" for d in (18, 34, 50, 101, 152) for v in ("1", "1.5")]
+                         + ["resnext101_32x4d", "resnext101_32x4d_v1"])
+def test_trainable_parameters_equal_published(name):
+    net = models.get_model(name)  # every layer knows its input channels: shapes known without initialising
+    assert models.trainable_parameters(net) == PUBLISHED[name.split("_v")[0]]
+
+
+def test_v1_and_v15_same_shapes_different_cost_and_outputs():
+    v1 = models.get_model("resnet50_v1", zero_init_last_gamma=False)  # so that every block contributes
+    v15 = models.get_model("resnet50_v1.5", zero_init_last_gamma=False)
+    v1.initialize()
+    v15.initialize()
+    assert {k: p.shape for k, p in v1.collect_params().items()} == \
+        {k: p.shape for k, p in v15.collect_params().items()}
+    # v1.5 runs the first 1x1 of each downsampling block at the input resolution H instead of H/2:
+    # 3/4 * H^2 * C_in * width more MACs, i.e. 0.75 * (56^2*256*128 + 28^2*512*256 + 14^2*1024*512).
+    extra = sum(0.75 * h * h * c * w for h, c, w in [(56, 256, 128), (28, 512, 256), (14, 1024, 512)])
+    assert models.count_macs(v15) - models.count_macs(v1) == extra
+    assert abs(models.count_macs(v15) / 4.1e9 - 1) < 0.01  # the published ~4.1 GMACs
+    v15_params = v15.collect_params()
+    for name, param in v1.collect_params().items():
+        v15_params[name].set_data(param.data())
+    x = mx.nd.random.uniform(shape=(1, 3, 64, 64))
+    a, b = v1(x).asnumpy(), v15(x).asnumpy()
+    assert np.abs(a - b).max() > 1e-3 * np.abs(a).max()
+
+
+def np_conv(x, w, stride, groups=1):
+    """Plain numpy 2-D convolution (NCHW, OIHW weights, 'same' padding k//2)."""
+    k = w.shape[2]
+    pad = k // 2
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    n, _, h, wd = x.shape
+    ho, wo = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    cin_g, cout_g = x.shape[1] // groups, w.shape[0] // groups
+    out = np.zeros((n, w.shape[0], ho, wo))
+    for g in range(groups):
+        xs = xp[:, g * cin_g:(g + 1) * cin_g]
+        ws = w[g * cout_g:(g + 1) * cout_g]
+        for i in range(k):
+            for j in range(k):
+                patch = xs[:, :, i:i + stride * ho:stride, j:j + stride * wo:stride]
+                out[:, g * cout_g:(g + 1) * cout_g] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return out
+
+
+def np_bn(x, p, prefix, training, eps=1e-5):
+    gamma, beta = p[prefix + "gamma"], p[prefix + "beta"]
+    if training:
+        mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    else:
+        mean, var = p[prefix + "running_mean"], p[prefix + "running_var"]
+    shape = (1, -1, 1, 1)
+    return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * gamma.reshape(shape) + beta.reshape(shape)
+
+
+def np_bottleneck(x, p, version, stride, groups, training):
+    relu = lambda v: np.maximum(v, 0)  # noqa: E731
+    s1, s3 = (stride, 1) if version == "1" else (1, stride)
+    y = relu(np_bn(np_conv(x, p["conv1_weight"], s1), p, "bn1_", training))
+    y = relu(np_bn(np_conv(y, p["conv2_weight"], s3, groups), p, "bn2_", training))
+    y = np_bn(np_conv(y, p["conv3_weight"], 1), p, "bn3_", training)
+    shortcut = np_bn(np_conv(x, p["conv1sc_weight"], stride), p, "bnsc_", training)
+    return relu(y + shortcut)
+
+
+@pytest.mark.parametrize("version", ["1", "1.5"])
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("training", [False, True])
+def test_bottleneck_matches_numpy(version, groups, training):
+    block = models.Bottleneck(models.Builder(), channels=32, stride=2, in_channels=16, version=version,
+                              groups=groups, width=16 if groups > 1 else None, prefix="b_")
+    block.initialize()
+    randomise(block, seed=3)
+    x = np.random.RandomState(1).normal(size=(2, 16, 9, 9))
+    with autograd.record(train_mode=training):
+        got = block(mx.nd.array(x)).asnumpy()
+    params = {k[len("b_"):]: v.data().asnumpy().astype(np.float64) for k, v in block.collect_params().items()}
+    expected = np_bottleneck(x, params, version, 2, groups, training)
+    assert got.shape == (2, 32, 5, 5)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_initialisation_recipe():
+    net = models.get_model("resnet50_v1.5")
+    net.initialize()
+    params = net.collect_params()
+    last = [k for k in params.keys() if k.endswith("bn3_gamma")]
+    assert len(last) == 16 and all(params[k].data().sum().asscalar() == 0 for k in last)
+    assert params["stage1_unit1_bn1_gamma"].data().min().asscalar() == 1
+    weight = params["stage4_unit1_conv2_weight"].data().asnumpy()  # He-normal: std sqrt(2 / (512*3*3))
+    assert abs(weight.std() / np.sqrt(2 / (512 * 9)) - 1) < 0.02 and abs(weight.mean()) < 1e-3
+    bn = net.features[1]
+    assert bn._kwargs["eps"] == 1e-5 and bn._kwargs["momentum"] == 0.9
+    plain = models.get_model_from_args(parse_model_args(["--no-zero-init-last-gamma", "--batchnorm-eps", "2e-5",
+                                              "--batchnorm-mom", "0.8", "--num-layers", "18"]))
+    plain.initialize()
+    assert plain.collect_params()["stage1_unit1_bn2_gamma"].data().min().asscalar() == 1
+    assert plain.features[1]._kwargs["eps"] == 2e-5 and plain.features[1]._kwargs["momentum"] == 0.8
+
+
+def test_fused_bn_relu_gives_the_same_numbers():
+    if not models.fused_bn_relu_available():
+        pytest.skip("this MXNet has no fused BatchNorm+ReLU")
+    plain, fused = small_net(), small_net(fuse_bn_relu=True)
+    assert any(isinstance(b, mx.gluon.nn.BatchNormReLU) for b in fused.features)
+    assert list(plain.collect_params().keys()) == list(fused.collect_params().keys())
+    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
+    for training in (False, True):
+        with autograd.record(train_mode=training):
+            np.testing.assert_allclose(plain(x).asnumpy(), fused(x).asnumpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_export_import_round_trip_and_float16_interchange(tmp_path):
+    net = small_net()
+    net.hybridize(static_alloc=True, static_shape=True)
+    x = mx.nd.random.uniform(-1, 1, shape=(2, 3, 32, 32))
+    expected = net(x).asnumpy()
+    prefix = str(tmp_path / "model")
+    models.export(net, prefix, epoch=3)
+    np.testing.assert_array_equal(models.load_checkpoint(prefix, 3)(x).asnumpy(), expected)
+    again = models.get_model("resnet18_v1.5", num_classes=10, pretrained=f"{prefix}-0003.params")
+    np.testing.assert_array_equal(again(x).asnumpy(), expected)
+
+    # float16 checkpoint of the same model: same names, loads into float32 (values rounded to float16)
+    half = models.get_model("resnet18_v1.5", num_classes=10, dtype="float16", pretrained=f"{prefix}-0003.params")
+    assert np.dtype(half.collect_params()["conv0_weight"].dtype) == np.float16
+    assert np.dtype(half.collect_params()["bn0_gamma"].dtype) == np.float32
+    half.hybridize()
+    half._build_cache(mx.nd.zeros((1, 3, 32, 32), dtype="float16"))  # trace only: no float16 conv on CPU
+    half.export(str(tmp_path / "half"), epoch=3)
+    sym32, sym16 = mx.sym.load(f"{prefix}-symbol.json"), mx.sym.load(str(tmp_path / "half-symbol.json"))
+    assert sym16.list_arguments() == sym32.list_arguments()
+    assert sym16.list_auxiliary_states() == sym32.list_auxiliary_states()
+    saved16 = mx.nd.load(str(tmp_path / "half-0003.params"))
+    assert set(saved16) == set(mx.nd.load(f"{prefix}-0003.params"))
+    back = models.get_model("resnet18_v1.5", num_classes=10, pretrained=str(tmp_path / "half-0003.params"))
+    weight = back.collect_params()["conv0_weight"].data()
+    assert weight.dtype == np.float32
+    np.testing.assert_array_equal(weight.asnumpy(),
+                                  net.collect_params()["conv0_weight"].data().astype("float16").asnumpy())
+    np.testing.assert_allclose(back(x).asnumpy(), expected, rtol=0.02, atol=0.02 * np.abs(expected).max())
+
+
+def test_input_and_compute_layouts(tmp_path):
+    nhwc = models.get_model("resnet50_v1.5", layout="NHWC", input_layout="NCHW")
+    sym = nhwc(mx.sym.var("data")).tojson()
+    assert sym.count('"transpose"') == 1  # one transpose at the input, none per layer
+    assert models.get_model("resnet50_v1.5", layout="NHWC", input_layout="NHWC")(
+        mx.sym.var("data")).tojson().count('"transpose"') == 0
+    # NCHW checkpoint -> NHWC network -> NCHW network keeps every value (conv weights OIHW <-> OHWI)
+    net = small_net()
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(1, 3, 32, 32))
+    expected = net(x).asnumpy()
+    models.export(net, str(tmp_path / "nchw"), 0)
+    turned = models.get_model("resnet18_v1.5", num_classes=10, layout="NHWC",
+                              pretrained=str(tmp_path / "nchw-0000.params"))
+    assert turned.collect_params()["conv0_weight"].shape == (64, 7, 7, 3)
+    turned.collect_params().save(str(tmp_path / "nhwc.params"))  # by parameter name
+    back = models.get_model("resnet18_v1.5", num_classes=10, pretrained=str(tmp_path / "nhwc.params"))
+    np.testing.assert_array_equal(back(x).asnumpy(), expected)
+
+
+def test_four_channel_input():
+    net = small_net()
+    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
+    expected = net(x).asnumpy()
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rn-4ch-{os.getpid()}.params")
+    net.save_parameters(path)
+    try:
+        four = models.get_model("resnet18_v1.5", num_classes=10, in_channels=4, pretrained=path)
+    finally:
+        os.remove(path)
+    x4 = mx.nd.concat(x, mx.nd.zeros((2, 1, 32, 32)), dim=1)  # the zero padding channel
+    np.testing.assert_allclose(four(x4).asnumpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_float16_model_from_args_and_numerics():
+    args = parse_model_args(["--num-layers", "18", "--num-classes", "10"])
+    args.dtype = "float16"
+    net = models.get_model_from_args(args)
+    net.initialize()
+    dtypes = {k: np.dtype(p.dtype) for k, p in net.collect_params().items()}
+    assert all(d == np.float32 for k, d in dtypes.items() if "_bn" in k or k.startswith("bn"))
+    assert dtypes["conv0_weight"] == np.float16 and dtypes["fc1_weight"] == np.float16
+    _, out_types, _ = net(mx.sym.var("data")).infer_type(data=np.float16)
+    assert out_types == [np.float32]  # logits come back as float32
+    ctx = mx.gpu(0) if mx.context.num_gpus() else mx.cpu()
+    try:
+        probe = mx.nd.Convolution(mx.nd.ones((1, 1, 3, 3), ctx=ctx, dtype="float16"),
+                                  mx.nd.ones((1, 1, 1, 1), ctx=ctx, dtype="float16"),
+                                  kernel=(1, 1), num_filter=1, no_bias=True)
+        probe.wait_to_read()
+    except mx.MXNetError as error:
+        # MXNet's CPU build has no float16 convolution: what it says, and why runner and train.py refuse
+        # --dtype float16 without a GPU (the numbers are checked on GPUs by tools/gpu_check.py).
+        assert ctx.device_type == "cpu" and "FP16 gemm on cpu not implemented" in str(error)
+        assert rules.dtype_problem("float16", "train_val", gpu=False).startswith("--dtype float16 needs a GPU")
+        return
+    ref = small_net()
+    half = models.get_model("resnet18_v1.5", num_classes=10, dtype="float16")
+    half.initialize(ctx=ctx)
+    for name, param in ref.collect_params().items():
+        half.collect_params()[name].set_data(param.data().astype(half.collect_params()[name].dtype))
+    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
+    expected = ref(x).asnumpy()
+    got = half(x.as_in_context(ctx).astype("float16"))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.asnumpy(), expected, atol=0.01 * np.abs(expected).max(), rtol=0.01)
+
+
+@pytest.mark.parametrize("network", ["float32", "bfloat16"])
+def test_bfloat16_inference_close_to_float32(network):
+    """models.to_bfloat16: oneDNN's fused graph (every convolution fused, in bfloat16) as close to float32 as MXNet's
+    plain AMP graph of the same network. Without the float32 BatchNorm fold, MXNet's own fold truncated the
+    bfloat16 weights in every layer, 5x further from float32 (6 % of the largest logit against 1.2 %). Both the
+    float32 network and the bfloat16 one scoring builds (its stem: EvenChannelStem)."""
+    from rn50kit.config import settings
+    from mxnet.contrib import amp
+    net = small_net("resnet50_v1.5", dtype=network)
+    net.hybridize(static_alloc=True, static_shape=True)
+    x = mx.nd.array(np.random.RandomState(6).uniform(size=(2, 3, 32, 32)))
+    expected = small_net("resnet50_v1.5")(x).asnumpy()
+    if settings.bfloat16_unsupported():  # no AVX-512: oneDNN has no bfloat16 kernels, as the refusal says
+        with pytest.raises(mx.base.MXNetError, match="primitive descriptor"):
+            models.to_bfloat16(net, x.shape)(x).wait_to_read()
+        return
+    fused = models.to_bfloat16(net, x.shape)
+    got = fused(x)
+    assert got.dtype == np.float32
+    error = np.abs(got.asnumpy() - expected).max() / np.abs(expected).max()
+    assert 0 < error < 0.05  # bfloat16 keeps 8 bits of mantissa: a few 1e-3 per layer; 0 would mean no bf16
+    plain = amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=mx.cpu(), cast_optional_params=True)
+    plain.hybridize(static_alloc=True, static_shape=True)
+    plain_error = np.abs(plain(x).astype("float32").asnumpy() - expected).max() / np.abs(expected).max()
+    assert error < 2 * plain_error, (error, plain_error)
+    graph = json.loads(fused.block._cached_graph[1].tojson())["nodes"]
+    ops = [node["op"] for node in graph]
+    assert "Convolution" not in ops and "BatchNorm" not in ops and ops.count("_sg_mkldnn_conv") == 53, ops
+    weights = [p for name, p in fused.block.collect_params().items() if name == "stage1_unit1_conv1_weight"]
+    assert weights and weights[0].dtype == amp.amp.bfloat16
+
+
+def test_bfloat16_stem_over_even_channels_computes_the_same():
+    """The bfloat16 network's stem (models.EvenChannelStem: a zero channel on the image and the weight) gives the
+    plain convolution's outputs and gradients (image and weight), and the network keeps the float32 network's
+    parameter names and shapes (checkpoints are shared)."""
+    plain, even = small_net("resnet50_v1.5"), small_net("resnet50_v1.5", dtype="bfloat16")
+    assert isinstance(even.features[0], models.EvenChannelStem) and not isinstance(plain.features[0],
+                                                                                   models.EvenChannelStem)
+    shapes = {name: p.shape for name, p in plain.collect_params().items()}
+    assert {name: p.shape for name, p in even.collect_params().items()} == shapes
+    rng = np.random.RandomState(5)
+    weight = mx.nd.array(rng.normal(0, 0.1, (64, 3, 7, 7)))
+    outputs, grads = [], []
+    for stem in (nn.Conv2D(64, 7, strides=2, padding=3, use_bias=False, in_channels=3),
+                 models.EvenChannelStem(64, 7, strides=2, padding=3, use_bias=False, in_channels=3)):
+        stem.initialize()
+        stem.weight.set_data(weight)
+        x = mx.nd.array(rng.uniform(size=(2, 3, 32, 32))) if not outputs else x  # noqa: F821 (the first stem's input)
+        x.attach_grad()
+        with autograd.record():  # no AMP here: both compute in float32
+            y = stem(x)
+        y.backward(mx.nd.array(np.random.RandomState(7).normal(size=y.shape)))
+        outputs.append(y.asnumpy())
+        grads.append((x.grad.asnumpy(), stem.weight.grad().asnumpy()))
+    assert outputs[1].shape == outputs[0].shape == (2, 64, 16, 16)
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5 * np.abs(outputs[0]).max())
+    for got, expected in zip(grads[1], grads[0]):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_round_to_bfloat16_is_nearest_even():
+    """Against a float64 re-computation: of the two bfloat16 values around x (its upper 16 bits, and one step
+    away from zero), the nearer; on a tie, the one whose last kept bit is 0."""
+    rng = np.random.RandomState(3)
+    values = np.concatenate([rng.normal(0, 1, 5000), rng.normal(0, 1e-3, 1000), [0.0, -0.0, 1.0, -2.5]])
+    values = values.astype(np.float32)
+    bits = values.view(np.uint32)
+    halfway = (bits & 0xFFFF0000) | 0x8000  # exact ties, both parities of the kept bits
+    values = np.concatenate([values, halfway.astype(np.uint32).view(np.float32)])
+    got = models.round_to_bfloat16(values)
+    bits = values.view(np.uint32)
+    low = (bits & 0xFFFF0000).astype(np.uint32)
+    high = (low + 0x10000).astype(np.uint32)
+    low_f, high_f = low.view(np.float32).astype(np.float64), high.view(np.float32).astype(np.float64)
+    x = values.astype(np.float64)
+    d_low, d_high = np.abs(x - low_f), np.abs(high_f - x)
+    even_low = ((low >> 16) & 1) == 0
+    expected = np.where(d_low < d_high, low_f, np.where(d_high < d_low, high_f, np.where(even_low, low_f, high_f)))
+    np.testing.assert_array_equal(got.astype(np.float64), expected)
+    assert (got.view(np.uint32) & 0xFFFF == 0).all()
+
+
+def test_onednn_fused_inference_matches():
+    net = small_net("resnet50_v1.5")
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
+    expected = net(x).asnumpy()
+    fused = models.optimize_for_inference(net, x.shape)
+    np.testing.assert_allclose(fused(x).asnumpy(), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_onnx_export_matches_mxnet(tmp_path):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import export_onnx
+    net = small_net()
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    prefix = str(tmp_path / "model")
+    models.export(net, prefix, 1)
+    onnx_file = export_onnx.export_onnx(prefix, 1, (3, 32, 32))
+    assert export_onnx.compare_with_onnxruntime(prefix, 1, onnx_file, (3, 32, 32)) < 1e-4
+
+
+def test_onnx_export_of_a_fused_bn_relu_checkpoint(tmp_path):
+    """A checkpoint trained with --fuse-bn-relu 1 holds MXNet's oneDNN-only BatchNorm+ReLU, which MXNet's ONNX
+    exporter cannot convert: export_onnx rebuilds the plain network named by the state file (the same parameters)
+    and the ONNX model matches the checkpoint's own symbol run by MXNet. Without the state file: one line."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    workspace = tmp_path / "run"
+    train = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "synthetic",
+                            "--num-layers", "18", "--image-shape", "3,32,32", "--num-classes", "10",
+                            "--fuse-bn-relu", "1", "--num-epochs", "1", "--batch-size", "4", "--benchmark-iters", "2",
+                            "--workspace", str(workspace)], capture_output=True, text=True, env=venv_env())
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "_contrib_BatchNormWithReLU" in (workspace / "model-symbol.json").read_text()
+    export = [sys.executable, os.path.join(ROOT, "tools", "export_onnx.py"), str(workspace / "model"), "1"]
+    done = subprocess.run(export, capture_output=True, text=True, env=venv_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "onnxruntime vs MXNet logits, relative difference" in done.stdout
+    assert (workspace / "model-0001.onnx").exists()
+    (workspace / "model-0001.state.json").unlink()
+    refused = subprocess.run(export + ["--output", str(tmp_path / "again.onnx")], capture_output=True, text=True,
+                             env=venv_env())
+    assert refused.returncode == 2 and "--fuse-bn-relu 1" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "again.onnx").exists()

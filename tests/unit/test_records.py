@@ -1,0 +1,97 @@
+"""The training record order on a file stored in label order: two shards (in one process, through the real DALI
+CPU pipeline) are disjoint, cover every record once per epoch, draw from the whole file, and the order is
+reproducible with --seed and across a resume."""
+import mxnet as mx
+import numpy as np
+import pytest
+import train
+from rn50kit.data import loaders, records
+from conftest import write_record_file, NUM_RECORDS, parse_ordered, NUM_CLASSES
+from rn50kit.config import train_config
+from rn50kit.training import distributed
+
+
+def epoch_labels(iterator):
+    labels = []
+    for batch in iterator:
+        valid = batch.data[0].shape[0] - batch.pad
+        labels += batch.label[0].asnumpy()[:valid].astype(int).tolist()
+    return labels
+
+
+def rank_epochs(args, rank, epochs):
+    """Labels each rank reads in its first ``epochs`` epochs, built as train.py builds them (factory per epoch)."""
+    first = loaders.get_data_iterators(train_config.from_args(args), rank, 2, 0, 1, mx.cpu())[0]
+    dist = distributed.Distributed(None)
+    dist.rank, dist.size = rank, 2
+    make = train.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
+    return [epoch_labels(make(epoch)) for epoch in range(epochs)]
+
+
+def test_shards_disjoint_every_record_once_and_from_the_whole_file(sorted_rec):
+    rec, idx = sorted_rec
+    args = parse_ordered(rec, idx, "--seed", "5")
+    rank0, rank1 = rank_epochs(args, 0, 2), rank_epochs(args, 1, 2)
+    for epoch in range(2):
+        assert len(rank0[epoch]) == len(rank1[epoch]) == NUM_RECORDS // 2
+        assert not set(rank0[epoch]) & set(rank1[epoch])
+        assert sorted(rank0[epoch] + rank1[epoch]) == list(range(NUM_RECORDS))
+        for labels in (rank0[epoch], rank1[epoch]):
+            # DALI's reader would give rank 0 records 0..31 (classes 0 and 1) and rank 1 the rest
+            assert {label // 16 for label in labels} == set(range(NUM_CLASSES)), labels
+            assert labels != sorted(labels)
+    assert rank0[0] != rank0[1]  # a new shuffle each epoch
+
+
+def test_order_reproducible_with_seed_and_on_resume(sorted_rec):
+    rec, idx = sorted_rec
+    run_a = rank_epochs(parse_ordered(rec, idx, "--seed", "5"), 0, 3)
+    run_b = rank_epochs(parse_ordered(rec, idx, "--seed", "5"), 0, 3)
+    assert run_a == run_b
+    # a run resumed at epoch 2 builds only that epoch's pipeline: the same records in the same order
+    args = parse_ordered(rec, idx, "--seed", "5")
+    first = loaders.get_data_iterators(train_config.from_args(args), 0, 2, 0, 1, mx.cpu())[0]
+    dist = distributed.Distributed(None)
+    dist.rank, dist.size = 0, 2
+    make = train.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
+    assert epoch_labels(make(2)) == run_a[2]
+    assert rank_epochs(parse_ordered(rec, idx, "--seed", "6"), 0, 1)[0] != run_a[0]
+
+
+def test_without_seed_the_epochs_continue_through_new_shuffles(sorted_rec):
+    """Without --seed the same pipeline serves every epoch: each still covers the rank's shard of a new shuffle."""
+    rec, idx = sorted_rec
+    iterators = [loaders.get_data_iterators(train_config.from_args(parse_ordered(rec, idx)), rank, 2, 0, 1, mx.cpu())[0] for rank in (0, 1)]
+    for _ in range(2):
+        labels = [epoch_labels(iterator) for iterator in iterators]
+        assert sorted(labels[0] + labels[1]) == list(range(NUM_RECORDS))
+
+
+def test_shard_order_with_uneven_shards():
+    """53 records over 3 shards (sizes 17, 18, 18): disjoint, complete, and a batch crossing the end of a shard
+    continues into the next epoch's shard."""
+    orders = [records.ShardOrder(53, shard, 3, seed=1) for shard in range(3)]
+    sizes = [records.shard_bounds(53, shard, 3) for shard in range(3)]
+    epoch0 = [order.take(end - start) for order, (start, end) in zip(orders, sizes)]
+    assert sorted(sum(epoch0, [])) == list(range(53))
+    epoch1 = [order.take(end - start) for order, (start, end) in zip(orders, sizes)]
+    assert sorted(sum(epoch1, [])) == list(range(53)) and epoch1 != epoch0
+    crossing = records.ShardOrder(53, 0, 3, seed=1)
+    assert crossing.take(20) == epoch0[0] + epoch1[0][:3]
+
+
+@pytest.mark.parametrize("no_mmap", [False, True])
+def test_each_image_arrives_with_its_own_label(tmp_path, no_mmap):
+    """Record i holds a flat image of grey level 4*i and label i: after the training pipeline (crop, resize,
+    normalisation with mean 0 and std 1) every sample's mean pixel is still 4 * its label, read through mmap
+    or, with --dali-dont-use-mmap, with plain reads."""
+    flat = [np.full((24, 32, 3), 4 * i, dtype=np.uint8) for i in range(NUM_RECORDS)]
+    rec, idx = write_record_file(str(tmp_path / "flat"), flat, range(NUM_RECORDS))
+    extra = ["--rgb-mean", "0,0,0", "--rgb-std", "1,1,1", "--seed", "2"] + (["--dali-dont-use-mmap"] if no_mmap else [])
+    iterator = loaders.get_data_iterators(train_config.from_args(parse_ordered(rec, idx, *extra)), 0, 1, 0, 1, mx.cpu())[0]
+    seen = 0
+    for batch in iterator:
+        means = batch.data[0].asnumpy().mean(axis=(1, 2, 3))
+        np.testing.assert_allclose(means, 4 * batch.label[0].asnumpy(), atol=2)
+        seen += len(means)
+    assert seen == NUM_RECORDS
