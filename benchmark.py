@@ -637,6 +637,176 @@ def raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
+def read_baseline(path):
+    """--baseline's earlier result, or None without it."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as problem:
+        error(f"--baseline {path} cannot be read: {problem}")
+
+
+def new_result(args, dtype, keys, argv):
+    """The sweep's JSON before any run: dtype, layout, data and weights are filled in from what runner resolves and
+    what the runs report."""
+    return OrderedDict(model="", image_shape=None, ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
+                       layout=None, data_backend=None, real_data=None, data=None, kv_store=None, weights=None,
+                       metric_keys=keys, timed_iters=args.benchmark_iters, warmup_iters=WARMUP_ITERS,
+                       epochs=args.epochs, warmup_epochs=args.warmup, repeat=args.repeat,
+                       benchmark_command=shlex.join([sys.executable, str(Path(__file__).resolve())] +
+                                                    list(sys.argv[1:] if argv is None else argv)),
+                       date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_info(),
+                       versions=library_versions(),
+                       metrics=OrderedDict((str(n), OrderedDict()) for n in args.ngpus),
+                       weak_scaling=OrderedDict(), failed=[], runs=OrderedDict())
+
+
+def note_missing_train_flags(flags):
+    """An older train.py without --benchmark-iters or --no-metrics: its epochs are capped by --num-examples."""
+    if flags is None:
+        return
+    missing = [f for f in ("--benchmark-iters", "--no-metrics") if f not in flags]
+    if missing:
+        print(f"benchmark: note: train.py has no {', '.join(missing)}; epochs are capped by --num-examples",
+              file=sys.stderr)
+
+
+def with_data_backend(args, passthrough):
+    """``passthrough``, with --data-backend synthetic when no data was given: a throughput sweep still means
+    something on synthetic data, the compute alone."""
+    missing = no_data_reason(args.executable, args.mode, passthrough)
+    if not missing:
+        return passthrough
+    print(f"benchmark: note: {missing.split(';')[0]}: benchmarking on --data-backend synthetic "
+          "(give --data-root, or --data-backend, to choose)", file=sys.stderr)
+    return passthrough + ["--data-backend", "synthetic"]
+
+
+def runner_commands(args, configs, output, scratch, passthrough, flags):
+    """{(n, bs, run): (runner's command, the report it writes)} for every configuration and repeat."""
+    commands = {}
+    for n, bs in configs:
+        for run in range(args.repeat):
+            report = report_name(output, n, bs, run, args.repeat)
+            commands[n, bs, run] = (runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}",
+                                                   passthrough, flags), report)
+    return commands
+
+
+def dry_run(args, configs, commands):
+    """--dry-run: what the sweep would run, and what it would skip (runner's own checks, as the run); status 1
+    when nothing would run."""
+    runnable = 0
+    for n, bs in configs:
+        reason, _ = check_upfront(commands[n, bs, 0][0])
+        if reason:
+            print(f"benchmark: would skip n={n} bs={bs}: {reason}", file=sys.stderr)
+            continue
+        runnable += 1
+        for run in range(args.repeat):
+            print(shlex.join(commands[n, bs, run][0]))
+    return 0 if runnable else 1
+
+
+class Sweep:
+    """The runs of a sweep and their results as they come: each configuration's cells (a run that reported), its
+    failures and the weights scored, written to the JSON (-o) after every run."""
+
+    def __init__(self, args, keys, given_load, result, output):
+        self.args, self.keys, self.given_load, self.result, self.output = args, keys, given_load, result, output
+        self.cells, self.failures, self.scored = {}, {}, []
+
+    def record_failure(self, n, bs, reason):
+        self.result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = {"failed": reason}
+        self.result["failed"].append(OrderedDict(ngpus=n, bs=bs, reason=reason))
+
+    def plan(self, configs, commands):
+        """The configurations that can run here; the others (too many workers, float16 without a GPU, ...) are
+        said and recorded up front: no minutes lost. Records each one's runner commands and launch plan."""
+        runnable = []
+        for n, bs in configs:
+            reason, plan = check_upfront(commands[n, bs, 0][0])
+            if reason:
+                print(f"benchmark: skipping n={n} bs={bs}: {reason}", file=sys.stderr)
+                self.record_failure(n, bs, reason)
+                continue
+            runnable.append((n, bs))
+            plan = launch_plan(plan)
+            self.result["runs"].setdefault(str(n), OrderedDict())[str(bs)] = OrderedDict(
+                runner=[shlex.join(commands[n, bs, run][0]) for run in range(self.args.repeat)], **plan)
+            if len(runnable) == 1:  # what runner resolved (machine defaults included) is the same for all
+                settings = run_settings(plan["command"])
+                self.result.update((key, settings[key]) for key in
+                                   ("dtype", "layout", "data_backend", "real_data", "data", "kv_store", "image_shape"))
+        return runnable
+
+    def run_all(self, runnable, commands):
+        """Every run, in interleaved rounds, with progress and ETA; the exit status if interrupted, else None."""
+        todo = [(n, bs, run) for run in range(self.args.repeat) for n, bs in runnable]
+        start = time.time()
+        for done, (n, bs, run) in enumerate(todo):
+            elapsed = time.time() - start
+            eta = f", ETA {elapsed / done * (len(todo) - done):.0f} s" if done else ""
+            which = f" run {run + 1}/{self.args.repeat}" if self.args.repeat > 1 else ""
+            print(f"benchmark: [{done + 1}/{len(todo)}] n={n} bs={bs}{which}{eta}", file=sys.stderr, flush=True)
+            command, report_path = commands[n, bs, run]
+            try:
+                reason = run_one(command, self.args.timeout)
+            except KeyboardInterrupt as stop:  # the interrupted run's report (a partial epoch) is not a result
+                report_path.unlink(missing_ok=True)
+                finished = sum(len(c) for c in self.cells.values())
+                kept = f"; the {finished} finished run(s) are in {self.output}" if finished else ""
+                print(f"benchmark: interrupted during n={n} bs={bs}{which}{kept}", file=sys.stderr, flush=True)
+                return getattr(stop, "status", 130)
+            self.record_run(n, bs, run, which, reason, report_path)
+        return None
+
+    def read_report(self, n, bs, which, report_path):
+        """The run's report into its configuration's cells; why it is bad, or None."""
+        try:
+            cell, weights, model = read_run(report_path, self.keys, self.args)
+            self.result["model"] = self.result["model"] or model
+            self.cells.setdefault((n, bs), []).append(cell)
+            if weights:
+                self.scored.append(weights)
+            scored_note = f" ({'fresh weights' if weights == 'fresh' else weights})" if weights else ""
+            print(f"benchmark: n={n} bs={bs}{which}: {self.keys[0]} {cell[self.keys[0]]:.1f} images/s{scored_note}",
+                  file=sys.stderr, flush=True)
+        except (OSError, ValueError, KeyError) as problem:
+            return f"bad report: {problem}"
+        return None
+
+    def record_run(self, n, bs, run, which, reason, report_path):
+        """One run's outcome (``reason`` it failed, or None) into the result, saved at once."""
+        if reason is None:
+            reason = self.read_report(n, bs, which, report_path)
+        if reason is not None:
+            print(f"benchmark: n={n} bs={bs}{which} failed: {reason}", file=sys.stderr, flush=True)
+            self.failures.setdefault((n, bs), []).append(reason)
+        result = self.result
+        if (n, bs) in self.cells:
+            combined = combine_runs(self.cells[n, bs])
+            if self.failures.get((n, bs)):
+                combined["failed_runs"] = self.failures[n, bs]
+            result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = combined
+        elif run + 1 == self.args.repeat:
+            self.record_failure(n, bs, self.failures[n, bs][0])
+        result["weights"] = weights_used(self.args.mode, self.given_load, self.scored)
+        result["weak_scaling"] = weak_scaling(result["metrics"], self.keys[0])
+        save_json(result, self.output)
+
+
+def compare_with_baseline(result, baseline, ips_key, baseline_path):
+    """--baseline: the speedup per configuration, what it is against, and warnings where the two differ."""
+    result["speedup"] = speedup(result["metrics"], baseline, ips_key)
+    result["speedup_against"] = OrderedDict((k, baseline.get(k)) for k in ("model", "image_shape", "dtype", "mode"))
+    result["speedup_warnings"] = baseline_problems(result, baseline)
+    for problem in result["speedup_warnings"]:
+        print(f"benchmark: warning: --baseline {baseline_path}: {problem}", file=sys.stderr)
+
+
 def main(argv=None):
     signal.signal(signal.SIGTERM, raise_interrupted)  # clean up as for Ctrl-C
     args, passthrough = get_args_parser().parse_known_args(argv)
@@ -644,128 +814,26 @@ def main(argv=None):
         args.mode = "val"
     given = peek_flags(passthrough)
     check_args(args, given)
-    dtype = given.dtype
-    baseline = None
-    if args.baseline:
-        try:
-            with open(args.baseline) as f:
-                baseline = json.load(f)
-        except (OSError, ValueError) as problem:
-            error(f"--baseline {args.baseline} cannot be read: {problem}")
+    baseline = read_baseline(args.baseline)
     output = Path(args.output).resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     keys = metric_keys(args.mode)
-    # dtype, layout, data and weights are filled in from what runner resolves and what the runs report.
-    result = OrderedDict(model="", image_shape=None, ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
-                         layout=None, data_backend=None, real_data=None, data=None, kv_store=None, weights=None,
-                         metric_keys=keys, timed_iters=args.benchmark_iters, warmup_iters=WARMUP_ITERS,
-                         epochs=args.epochs, warmup_epochs=args.warmup, repeat=args.repeat,
-                         benchmark_command=shlex.join([sys.executable, str(Path(__file__).resolve())] +
-                                                      list(sys.argv[1:] if argv is None else argv)),
-                         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_info(),
-                         versions=library_versions(),
-                         metrics=OrderedDict((str(n), OrderedDict()) for n in args.ngpus),
-                         weak_scaling=OrderedDict(), failed=[], runs=OrderedDict())
+    result = new_result(args, given.dtype, keys, argv)
     flags = None if args.dry_run else train_flags(args.executable)
-    if flags is not None:
-        missing = [f for f in ("--benchmark-iters", "--no-metrics") if f not in flags]
-        if missing:
-            print(f"benchmark: note: train.py has no {', '.join(missing)}; epochs are capped by --num-examples",
-                  file=sys.stderr)
-    missing = no_data_reason(args.executable, args.mode, passthrough)
-    if missing:  # a throughput sweep still means something on synthetic data: the compute alone
-        print(f"benchmark: note: {missing.split(';')[0]}: benchmarking on --data-backend synthetic "
-              "(give --data-root, or --data-backend, to choose)", file=sys.stderr)
-        passthrough = passthrough + ["--data-backend", "synthetic"]
+    note_missing_train_flags(flags)
+    passthrough = with_data_backend(args, passthrough)
     configs = [(n, bs) for n in args.ngpus for bs in args.batch_sizes]
     with tempfile.TemporaryDirectory(prefix="benchmark-", dir=output.parent) as scratch:
-        commands = {}
-        for n, bs in configs:
-            for run in range(args.repeat):
-                report = report_name(output, n, bs, run, args.repeat)
-                commands[n, bs, run] = (runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}",
-                                                       passthrough, flags), report)
-        if args.dry_run:  # what the sweep would run, and what it would skip (runner's own checks, as the run)
-            runnable = 0
-            for n, bs in configs:
-                reason, _ = check_upfront(commands[n, bs, 0][0])
-                if reason:
-                    print(f"benchmark: would skip n={n} bs={bs}: {reason}", file=sys.stderr)
-                    continue
-                runnable += 1
-                for run in range(args.repeat):
-                    print(shlex.join(commands[n, bs, run][0]))
-            return 0 if runnable else 1
-
-        def record_failure(n, bs, reason):
-            result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = {"failed": reason}
-            result["failed"].append(OrderedDict(ngpus=n, bs=bs, reason=reason))
-
-        # Say up front what cannot run here (too many workers, float16 without a GPU, ...): no minutes lost.
-        runnable = []
-        for n, bs in configs:
-            reason, plan = check_upfront(commands[n, bs, 0][0])
-            if reason:
-                print(f"benchmark: skipping n={n} bs={bs}: {reason}", file=sys.stderr)
-                record_failure(n, bs, reason)
-                continue
-            runnable.append((n, bs))
-            plan = launch_plan(plan)
-            result["runs"].setdefault(str(n), OrderedDict())[str(bs)] = OrderedDict(
-                runner=[shlex.join(commands[n, bs, run][0]) for run in range(args.repeat)], **plan)
-            if len(runnable) == 1:  # what runner resolved (machine defaults included) is the same for all
-                settings = run_settings(plan["command"])
-                result.update((key, settings[key]) for key in
-                              ("dtype", "layout", "data_backend", "real_data", "data", "kv_store", "image_shape"))
-        cells, failures, scored = {}, {}, []
-        todo = [(n, bs, run) for run in range(args.repeat) for n, bs in runnable]  # interleaved rounds
-        start = time.time()
-        for done, (n, bs, run) in enumerate(todo):
-            elapsed = time.time() - start
-            eta = f", ETA {elapsed / done * (len(todo) - done):.0f} s" if done else ""
-            which = f" run {run + 1}/{args.repeat}" if args.repeat > 1 else ""
-            print(f"benchmark: [{done + 1}/{len(todo)}] n={n} bs={bs}{which}{eta}", file=sys.stderr, flush=True)
-            command, report_path = commands[n, bs, run]
-            try:
-                reason = run_one(command, args.timeout)
-            except KeyboardInterrupt as stop:  # the interrupted run's report (a partial epoch) is not a result
-                report_path.unlink(missing_ok=True)
-                finished = sum(len(c) for c in cells.values())
-                kept = f"; the {finished} finished run(s) are in {output}" if finished else ""
-                print(f"benchmark: interrupted during n={n} bs={bs}{which}{kept}", file=sys.stderr, flush=True)
-                return getattr(stop, "status", 130)
-            if reason is None:
-                try:
-                    cell, weights, model = read_run(report_path, keys, args)
-                    result["model"] = result["model"] or model
-                    cells.setdefault((n, bs), []).append(cell)
-                    if weights:
-                        scored.append(weights)
-                    scored_note = f" ({'fresh weights' if weights == 'fresh' else weights})" if weights else ""
-                    print(f"benchmark: n={n} bs={bs}{which}: {keys[0]} {cell[keys[0]]:.1f} images/s{scored_note}",
-                          file=sys.stderr, flush=True)
-                except (OSError, ValueError, KeyError) as problem:
-                    reason = f"bad report: {problem}"
-            if reason is not None:
-                print(f"benchmark: n={n} bs={bs}{which} failed: {reason}", file=sys.stderr, flush=True)
-                failures.setdefault((n, bs), []).append(reason)
-            if (n, bs) in cells:
-                combined = combine_runs(cells[n, bs])
-                if failures.get((n, bs)):
-                    combined["failed_runs"] = failures[n, bs]
-                result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = combined
-            elif run + 1 == args.repeat:
-                record_failure(n, bs, failures[n, bs][0])
-            result["weights"] = weights_used(args.mode, given.load, scored)
-            result["weak_scaling"] = weak_scaling(result["metrics"], keys[0])
-            save_json(result, output)
-    result["weights"] = weights_used(args.mode, given.load, scored)
+        commands = runner_commands(args, configs, output, scratch, passthrough, flags)
+        if args.dry_run:
+            return dry_run(args, configs, commands)
+        sweep = Sweep(args, keys, given.load, result, output)
+        interrupted = sweep.run_all(sweep.plan(configs, commands), commands)
+        if interrupted is not None:
+            return interrupted
+    result["weights"] = weights_used(args.mode, given.load, sweep.scored)
     if baseline is not None:
-        result["speedup"] = speedup(result["metrics"], baseline, keys[0])
-        result["speedup_against"] = OrderedDict((k, baseline.get(k)) for k in ("model", "image_shape", "dtype", "mode"))
-        result["speedup_warnings"] = baseline_problems(result, baseline)
-        for problem in result["speedup_warnings"]:
-            print(f"benchmark: warning: --baseline {args.baseline}: {problem}", file=sys.stderr)
+        compare_with_baseline(result, baseline, keys[0], args.baseline)
     save_json(result, output)
     print(tables(result))
     chart = plot(result, output.with_suffix(".png"))  # None, saying why, when nothing succeeded

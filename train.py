@@ -513,15 +513,9 @@ def configure(args, given, num_gpus):
     return cfg
 
 
-def main(args, command=None, given=()):
-    """Run ``args`` (from parse_args); ``command``: the command line, for the records; ``given``: the
-    destinations of the flags typed (settings.given_flags). Returns an Outcome."""
-    import mxnet as mx
-
-    command = list(command or [sys.argv[0]])
-    given = set(given)
-    typed = json_values(args)
-
+def start_worker(args):
+    """This process's place in the run (Horovod's world, or this process alone); a worker started as a script gets
+    faults' record and the watchdog; then the console and logging of its rank."""
     hvd = None
     if args.kv_store == "horovod":
         import horovod.mxnet as hvd
@@ -533,20 +527,36 @@ def main(args, command=None, given=()):
         watchdog.start(args.stall_timeout, dist.rank)
     attach_console(dist.rank)
     setup_logging(dist.rank)
-    cfg = configure(args, given, mx.context.num_gpus())
+    return dist
+
+
+def check_run(cfg):
+    """runner's rules (dtype, data backend, mode, fusion, layout against this machine), worded once."""
+    import mxnet as mx
     fit_cfg = cfg.fit
     problem = rules.run_problem(fit_cfg.dtype, cfg.data.data_backend, fit_cfg.mode, cfg.model.fuse_bn_relu,
-                                mx.context.num_gpus() > 0, conv_layout=cfg.model.conv_layout,
-                                gpus=fit_cfg.gpus)  # runner's rules, worded once
+                                mx.context.num_gpus() > 0, conv_layout=cfg.model.conv_layout, gpus=fit_cfg.gpus)
     if problem:
         raise UsageError(problem)
-    ctxs = contexts(fit_cfg, dist.local_rank, dist.local_size)
+
+
+def check_devices(cfg, ctxs, dist):
+    """The flags against the workers' devices; --dtype int8 against what this machine can quantize."""
     validate_args(cfg, dist.size * len(ctxs))
-    if fit_cfg.dtype == "int8":
-        why = quantize.int8_unavailable(fit_cfg.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
+    if cfg.fit.dtype == "int8":
+        why = quantize.int8_unavailable(cfg.fit.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:
             raise UsageError(why)
-    info = run_info(cfg, json_values(args), typed, given, command)
+
+
+def absolute_report_path(cfg, info):
+    """The absolute path of the run's report (a relative --report is inside the workspace)."""
+    return os.path.abspath(checkpoint.workspace_path(cfg.fit.workspace, info.report_path))
+
+
+def prepare_workspace(cfg, info, dist):
+    """The folders the run writes into, made now, then the workspace held (hold_workspace): the lock, or None."""
+    fit_cfg = cfg.fit
     trains = fit_cfg.mode in ("train", "train_val") and not cfg.data.test_io  # --test-io writes nothing
     if trains:
         os.makedirs(fit_cfg.workspace, exist_ok=True)
@@ -554,68 +564,118 @@ def main(args, command=None, given=()):
         os.makedirs(os.path.dirname(checkpoint.workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)) or ".",
                     exist_ok=True)
     if fit_cfg.mode != "pred" and not cfg.data.test_io:
-        report_file = os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))
-        os.makedirs(os.path.dirname(report_file), exist_ok=True)
-    lock = hold_workspace(fit_cfg.workspace, trains, dist)
-    if fit_cfg.seed is not None:
-        random.seed(fit_cfg.seed)
-        mx.random.seed(fit_cfg.seed)
-        import numpy as np
-        np.random.seed(fit_cfg.seed)
-    if fit_cfg.mode in ("val", "pred"):
-        problem = scoring.no_checkpoint_problem(fit_cfg, cfg.data.data_backend)
-        if problem:  # before the header line says what would be scored
+        os.makedirs(os.path.dirname(absolute_report_path(cfg, info)), exist_ok=True)
+    return hold_workspace(fit_cfg.workspace, trains, dist)
+
+
+def seed_everything(seed):
+    """--seed: Python's, MXNet's and NumPy's generators."""
+    if seed is None:
+        return
+    import mxnet as mx
+    random.seed(seed)
+    mx.random.seed(seed)
+    import numpy as np
+    np.random.seed(seed)
+
+
+def announce_run(cfg, info, dist):
+    """Scoring without a checkpoint refused before the header line says what would be scored; the warnings, then
+    rank 0's header line."""
+    if cfg.fit.mode in ("val", "pred"):
+        problem = scoring.no_checkpoint_problem(cfg.fit, cfg.data.data_backend)
+        if problem:
             raise UsageError(problem)
     warn_about(cfg, dist.is_primary)
-    if dist.is_primary and fit_cfg.mode != "pred":
+    if dist.is_primary and cfg.fit.mode != "pred":
         logging.info("%s", header(cfg, dist.size, info.report_path))
 
-    stopped = False
-    try:
-        if cfg.data.test_io and fit_cfg.mode != "pred":  # time the data pipeline alone: no network
-            train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
-                                                                      dist.local_size, ctxs)
-            return Outcome(io=loaders.test_io(cfg, train_iter, val_iter, dist))
-        # bfloat16 runs through AMP's patched operators, but for scoring's fused graph (models.to_bfloat16)
-        net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
-        check_memory(cfg, net, ctxs, dist)
-        if fit_cfg.mode == "pred":
-            model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None))
-            return Outcome(net=model.net, prediction=scoring.predict_image(cfg, model, ctxs))
-        train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
-                                                                  dist.local_size, ctxs)
-        if fit_cfg.mode == "val":
-            model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, train_iter))
-            net = model.net
-            report = scoring.score(cfg, info, model, val_iter, ctxs, dist)
-        else:
-            if train_iter is None:
-                raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
-            make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)
-            train_iter = None  # the factory holds it only as long as it is needed
-            if cfg.finetune.pretrained:
-                info = start_from_pretrained(cfg, info, net, ctxs, dist)
-            report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
-                                      cfg.model.num_classes, cfg.finetune)
-            if stopped and dist.is_primary:
-                print(f"Stopped by {stop_cause()} after saving a checkpoint; rerun the same command to resume")
-    except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, loaders.DataError,
-            predict.PredictionError, pretrained.PretrainedError) as error:
-        raise UsageError(str(error))
+
+def time_data_pipeline(cfg, ctxs, dist):
+    """--test-io: the data pipeline alone, no network."""
+    train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
+                                                              dist.local_size, ctxs)
+    return Outcome(io=loaders.test_io(cfg, train_iter, val_iter, dist))
+
+
+def predict_one_image(cfg, net, ctxs, dist):
+    """--mode pred: the checkpoint's (or the published weights') prediction for one image."""
+    model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None))
+    return Outcome(net=model.net, prediction=scoring.predict_image(cfg, model, ctxs))
+
+
+def score_or_train(cfg, info, net, ctxs, dist):
+    """--mode val scores the checkpoint; train and train_val train ``net``. Returns (the network, the report,
+    whether a stop signal ended the training)."""
+    fit_cfg = cfg.fit
+    train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
+                                                              dist.local_size, ctxs)
+    if fit_cfg.mode == "val":
+        model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, train_iter))
+        return model.net, scoring.score(cfg, info, model, val_iter, ctxs, dist), False
+    if train_iter is None:
+        raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
+    make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)
+    train_iter = None  # the factory holds it only as long as it is needed
+    if cfg.finetune.pretrained:
+        info = start_from_pretrained(cfg, info, net, ctxs, dist)
+    report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
+                              cfg.model.num_classes, cfg.finetune)
+    if stopped and dist.is_primary:
+        print(f"Stopped by {stop_cause()} after saving a checkpoint; rerun the same command to resume")
+    return net, report, stopped
+
+
+def finish_run(cfg, info, dist, lock, report, stopped):
+    """Every rank finishes together; then rank 0 tells runner how the run ended (the lock) and prints the result
+    lines and the report's path."""
     dist.finish()
     if lock is not None and dist.is_primary:  # every rank has finished cleanly: tell runner how
         lock.finish("stopped" if stopped else "done")
-    if dist.is_primary:
-        top1 = report.metrics.get("val.top1")
-        if top1:
-            print(f"Validation top-1: {top1[-1]:.4f}")
-        target = report.info.get("target")
-        if target:
-            print(f"Target top-1 {target['top1']:g} reached at epoch {target['epoch']} after "
-                  f"{target['train_seconds']:.0f} s of training, {target['wall_seconds']:.0f} s in all")
-        report_file = os.path.abspath(checkpoint.workspace_path(fit_cfg.workspace, info.report_path))
-        print(f"Report: {report_file}")
-        write_confusion_png(report, report_file)
+    if not dist.is_primary:
+        return
+    top1 = report.metrics.get("val.top1")
+    if top1:
+        print(f"Validation top-1: {top1[-1]:.4f}")
+    target = report.info.get("target")
+    if target:
+        print(f"Target top-1 {target['top1']:g} reached at epoch {target['epoch']} after "
+              f"{target['train_seconds']:.0f} s of training, {target['wall_seconds']:.0f} s in all")
+    path = absolute_report_path(cfg, info)
+    print(f"Report: {path}")
+    write_confusion_png(report, path)
+
+
+def main(args, command=None, given=()):
+    """Run ``args`` (from parse_args); ``command``: the command line, for the records; ``given``: the
+    destinations of the flags typed (settings.given_flags). Returns an Outcome."""
+    import mxnet as mx
+
+    command = list(command or [sys.argv[0]])
+    given = set(given)
+    typed = json_values(args)
+    dist = start_worker(args)
+    cfg = configure(args, given, mx.context.num_gpus())
+    check_run(cfg)
+    ctxs = contexts(cfg.fit, dist.local_rank, dist.local_size)
+    check_devices(cfg, ctxs, dist)
+    info = run_info(cfg, json_values(args), typed, given, command)
+    lock = prepare_workspace(cfg, info, dist)
+    seed_everything(cfg.fit.seed)
+    announce_run(cfg, info, dist)
+    try:
+        if cfg.data.test_io and cfg.fit.mode != "pred":  # time the data pipeline alone: no network
+            return time_data_pipeline(cfg, ctxs, dist)
+        # bfloat16 runs through AMP's patched operators, but for scoring's fused graph (models.to_bfloat16)
+        net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
+        check_memory(cfg, net, ctxs, dist)
+        if cfg.fit.mode == "pred":
+            return predict_one_image(cfg, net, ctxs, dist)
+        net, report, stopped = score_or_train(cfg, info, net, ctxs, dist)
+    except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, loaders.DataError,
+            predict.PredictionError, pretrained.PretrainedError) as error:
+        raise UsageError(str(error))
+    finish_run(cfg, info, dist, lock, report, stopped)
     return Outcome(net=net, report=report, stopped=stopped)
 
 

@@ -320,133 +320,181 @@ def run_one(argv, for_gpu=False):
     print(json.dumps(dict(result, backend=args.data_backend, auto_augment=args.auto_augment)))
 
 
-def main():
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helptext
-    from rn50kit.common.helptext import HelpFormatter
-    from rn50kit.common import cli
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--rec", help="RecordIO to read (default: build a photo set in --workdir)")
-    parser.add_argument("--workdir", default="data/bench_io", help="where the photo set is built")
-    parser.add_argument("--count", type=int, default=1024, help="images in the built photo set")
-    parser.add_argument("--backends", default="dali-cpu,mxnet", help="comma-separated backends to compare")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="decoding threads, every backend")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--image-shape", default="3,224,224")
-    parser.add_argument("--mode", default="train", choices=["train", "val"], help="pipeline to time")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the data per backend and round")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
-    parser.add_argument("--devices", type=int, default=1,
-                        help="also time this many per-device pipelines (--kv-store device), --threads shared out "
-                             "among them, against one pipeline with a share's threads: do they run at once?")
-    parser.add_argument("--dali-cpu-resize", choices=["opencv", "dali"],
-                        help="what resizes the DALI CPU training crops (default: train.py's)")
-    parser.add_argument("--auto-augment", default="none",
-                        help="comma-separated policies the DALI training pipelines are timed with (none, autoaugment, "
-                             "randaugment, trivialaugment); the other backends run without")
-    parser.add_argument("--no-ceiling", action="store_true",
-                        help="skip the decode-only ceiling and one-thread pipeline runs (training mode, dali-cpu)")
-    parser.add_argument("--step-thread", action="store_true",
-                        help="time the training step's thread in the record source instead (read in the call vs "
-                             "read ahead)")
-    parser.add_argument("--read-ahead", type=cli.batches_ahead,
-                        help="--step-thread: batches read ahead (default: train.py's --dali-read-ahead)")
-    parser.add_argument("--steps", type=int, default=15, help="--step-thread, --handover: batches timed per round")
-    parser.add_argument("--step-ms", type=float, default=100,
-                        help="--step-thread, --handover: compute per step, in ms")
-    parser.add_argument("--cold", action="store_true", help="--step-thread: empty the page cache first (root)")
-    parser.add_argument("--handover", action="store_true",
-                        help="time instead what the step's thread spends per batch in DaliBatches.next() of the "
-                             "training pipeline, the batch shared with MXNet (the default on CPU) vs copied, and "
-                             "copied as the uint8 crops a GPU gets (--steps, --step-ms: give more ms than the "
-                             "pipeline needs per batch)")
-    parser.add_argument("--dont-use-mmap", action="store_true", help="--step-thread: plain reads, not mmap")
+def add_data_args(parser):
+    """The RecordIO timed: given, or a photo set built once."""
+    group = parser.add_argument_group("Data")
+    group.add_argument("--rec", help="RecordIO to read (default: build a photo set in --workdir)")
+    group.add_argument("--workdir", default="data/bench_io", help="where the photo set is built")
+    group.add_argument("--count", type=int, default=1024, help="images in the built photo set")
+    return group
+
+
+def add_sweep_args(parser):
+    """The rows compared and how each is run and repeated."""
+    group = parser.add_argument_group("Sweep")
+    group.add_argument("--backends", default="dali-cpu,mxnet", help="comma-separated backends to compare")
+    group.add_argument("--threads", type=int, default=os.cpu_count(), help="decoding threads, every backend")
+    group.add_argument("--batch-size", type=int, default=64)
+    group.add_argument("--image-shape", default="3,224,224")
+    group.add_argument("--mode", default="train", choices=["train", "val"], help="pipeline to time")
+    group.add_argument("--epochs", type=int, default=2, help="passes over the data per backend and round")
+    group.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
+    group.add_argument("--devices", type=int, default=1,
+                       help="also time this many per-device pipelines (--kv-store device), --threads shared out "
+                            "among them, against one pipeline with a share's threads: do they run at once?")
+    group.add_argument("--dali-cpu-resize", choices=["opencv", "dali"],
+                       help="what resizes the DALI CPU training crops (default: train.py's)")
+    group.add_argument("--auto-augment", default="none",
+                       help="comma-separated policies the DALI training pipelines are timed with (none, autoaugment, "
+                            "randaugment, trivialaugment); the other backends run without")
+    group.add_argument("--no-ceiling", action="store_true",
+                       help="skip the decode-only ceiling and one-thread pipeline runs (training mode, dali-cpu)")
+    return group
+
+
+def add_step_thread_args(parser, batches_ahead):
+    """--step-thread and --handover: the training step's thread timed instead of the pipeline's rate."""
+    group = parser.add_argument_group("Step thread and handover")
+    group.add_argument("--step-thread", action="store_true",
+                       help="time the training step's thread in the record source instead (read in the call vs "
+                            "read ahead)")
+    group.add_argument("--read-ahead", type=batches_ahead,
+                       help="--step-thread: batches read ahead (default: train.py's --dali-read-ahead)")
+    group.add_argument("--steps", type=int, default=15, help="--step-thread, --handover: batches timed per round")
+    group.add_argument("--step-ms", type=float, default=100,
+                       help="--step-thread, --handover: compute per step, in ms")
+    group.add_argument("--cold", action="store_true", help="--step-thread: empty the page cache first (root)")
+    group.add_argument("--handover", action="store_true",
+                       help="time instead what the step's thread spends per batch in DaliBatches.next() of the "
+                            "training pipeline, the batch shared with MXNet (the default on CPU) vs copied, and "
+                            "copied as the uint8 crops a GPU gets (--steps, --step-ms: give more ms than the "
+                            "pipeline needs per batch)")
+    group.add_argument("--dont-use-mmap", action="store_true", help="--step-thread: plain reads, not mmap")
+    return group
+
+
+def add_child_args(parser):
+    """The hidden entries of the child processes that time one row each."""
     parser.add_argument("--one", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--one-for-gpu", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
     parser.add_argument("--dali-decode-only", nargs=2, metavar=("REC", "IDX"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one is not None or args.one_for_gpu is not None:
-        return run_one(args.one if args.one is not None else args.one_for_gpu, for_gpu=args.one is None)
-    if args.decode_only is not None:
-        return decode_only(*args.decode_only)
-    if args.dali_decode_only is not None:
-        return dali_decode_only(*args.dali_decode_only, args.batch_size)
-    if not args.step_thread and (args.devices < 1 or args.threads % args.devices):
-        parser.exit(2, f"bench_io.py: error: --devices {args.devices}: give a divisor of --threads {args.threads} "
-                       f"(each device's pipeline gets the same share of the threads)\n")
+
+
+def get_args_parser():
+    sys.path.insert(0, ROOT)  # rn50kit
+    from rn50kit.common.helptext import HelpFormatter
+    from rn50kit.common import cli
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    add_data_args(parser)
+    add_sweep_args(parser)
+    add_step_thread_args(parser, cli.batches_ahead)
+    add_child_args(parser)
+    return parser
+
+
+def fail(status, message):
+    """As argparse's parser.exit: the message on stderr, then the status."""
+    sys.stderr.write(message)
+    sys.exit(status)
+
+
+def record_file(args):
+    """The .rec to time: --rec, checked, or the photo set of --count images in --workdir, built the first time."""
     if args.rec:
-        rec = args.rec
-        if not os.path.isfile(rec) or not os.path.isfile(os.path.splitext(rec)[0] + ".idx"):
-            parser.exit(2, f"bench_io.py: error: --rec {rec} or its .idx does not exist\n")
-    else:
-        os.makedirs(args.workdir, exist_ok=True)
-        rec = os.path.join(args.workdir, f"photos{args.count}.rec")
-        if not os.path.isfile(rec):
-            print(f"building {args.count} photos of 500x375 in {rec}", file=sys.stderr)
-            make_photo_rec(rec[:-4], args.count)
-    idx = os.path.splitext(rec)[0] + ".idx"
-    if args.step_thread:
-        return step_thread(args, rec, idx)
-    if args.handover:
-        return handover(args, rec, idx)
-    policies = args.auto_augment.split(",")
-    # (row name, backend, policy, threads, devices): a DALI training pipeline once per policy, everything else once
-    configs = [(backend if policy == "none" else f"{backend}+{policy}", backend, policy, args.threads, 1)
-               for backend in args.backends.split(",")
-               for policy in (policies if backend.startswith("dali") and args.mode == "train" else ["none"])]
-    backends = [name for name, *_ in configs]
-    # The ceiling: decoding alone and the plain DALI CPU pipeline on one thread, in the same rounds.
-    # (the plain DALI CPU training pipeline must be one of the rows: it is the ceiling's multi-thread figure)
-    ceiling = args.mode == "train" and "dali-cpu" in backends and not args.no_ceiling
-    if ceiling:
-        configs += [("decode-only", None, "none", 1, 1), ("dali decode-only", None, "none", 1, 1),
-                    (FOR_GPU, "dali-cpu", "none", args.threads, 1)]
-        if args.threads > 1:
-            configs += [("dali-cpu 1 thread", "dali-cpu", "none", 1, 1),
-                        (FOR_GPU + " 1 thread", "dali-cpu", "none", 1, 1)]
-    # Per-device pipelines (--kv-store device) against one pipeline with the threads each of them has.
+        if not os.path.isfile(args.rec) or not os.path.isfile(os.path.splitext(args.rec)[0] + ".idx"):
+            fail(2, f"bench_io.py: error: --rec {args.rec} or its .idx does not exist\n")
+        return args.rec
+    os.makedirs(args.workdir, exist_ok=True)
+    rec = os.path.join(args.workdir, f"photos{args.count}.rec")
+    if not os.path.isfile(rec):
+        print(f"building {args.count} photos of 500x375 in {rec}", file=sys.stderr)
+        make_photo_rec(rec[:-4], args.count)
+    return rec
+
+
+# A row of the comparison: (row name, backend, policy, threads, devices); the ceiling's decoders have no backend.
+def backend_rows(args, policies):
+    """A DALI training pipeline once per policy, everything else once."""
+    return [(backend if policy == "none" else f"{backend}+{policy}", backend, policy, args.threads, 1)
+            for backend in args.backends.split(",")
+            for policy in (policies if backend.startswith("dali") and args.mode == "train" else ["none"])]
+
+
+def ceiling_rows(threads):
+    """The ceiling: decoding alone and the plain DALI CPU pipeline on one thread, for the CPU and for a GPU (the
+    plain DALI CPU training pipeline must be one of the backend rows: it is the ceiling's multi-thread figure)."""
+    rows = [("decode-only", None, "none", 1, 1), ("dali decode-only", None, "none", 1, 1),
+            (FOR_GPU, "dali-cpu", "none", threads, 1)]
+    if threads > 1:
+        rows += [("dali-cpu 1 thread", "dali-cpu", "none", 1, 1), (FOR_GPU + " 1 thread", "dali-cpu", "none", 1, 1)]
+    return rows
+
+
+def device_row_names(threads, devices):
+    """(the per-device pipelines' row, the row of one pipeline with the threads each of them has)."""
+    share = threads // devices
+    return f"dali-cpu {devices} devices", f"dali-cpu {share} thread" + "s" * (share > 1)
+
+
+def device_rows(args, rows):
+    """Per-device pipelines (--kv-store device) against one pipeline with the threads each of them has (unless
+    ``rows`` has it already)."""
     share = args.threads // args.devices
-    per_device, one_of_share = f"dali-cpu {args.devices} devices", f"dali-cpu {share} thread" + "s" * (share > 1)
-    if args.devices > 1:
-        configs.append((per_device, "dali-cpu", "none", share, args.devices))
-        if one_of_share not in [name for name, *_ in configs]:
-            configs.append((one_of_share, "dali-cpu", "none", share, 1))
+    per_device, one_of_share = device_row_names(args.threads, args.devices)
+    added = [(per_device, "dali-cpu", "none", share, args.devices)]
+    if one_of_share not in [name for name, *_ in rows]:
+        added.append((one_of_share, "dali-cpu", "none", share, 1))
+    return added
 
-    def images_per_sec(name, backend, policy, threads, devices):
-        if name == "decode-only":
-            command = [sys.executable, __file__, "--decode-only", rec, idx]
-            env = dict(os.environ, OMP_NUM_THREADS="1", **DECODE_ONLY_ENV)
-        elif name == "dali decode-only":
-            command = [sys.executable, __file__, "--dali-decode-only", rec, idx, "--batch-size", str(args.batch_size)]
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-        else:
-            argv = ["--data-backend", backend, f"--data-{args.mode}", rec, f"--data-{args.mode}-idx", idx,
-                    "--batch-size", str(args.batch_size), "--image-shape", args.image_shape, "--test-io",
-                    "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", str(threads),
-                    "--dali-validation-threads", str(threads), "--data-mxnet-threads", str(threads), "--seed", "1",
-                    "--auto-augment", policy, "--randaugment-m", "18"]
-            if args.dali_cpu_resize:
-                argv += ["--dali-cpu-resize", args.dali_cpu_resize]
-            if devices > 1:
-                argv += ["--kv-store", "device", "--cpu-contexts", str(devices)]
-            command = [sys.executable, __file__, "--one-for-gpu" if name.startswith(FOR_GPU) else "--one", *argv]
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads * devices))
-        # A core per thread (the first ones): DALI's executor, the step's thread and the resize share them, so a
-        # one-thread rate is a rate per core, as the ceiling's share and scaling need.
-        cores = set(sorted(os.sched_getaffinity(0))[:threads * devices])
-        child = subprocess.run(command, env=env, capture_output=True, text=True,
-                               preexec_fn=lambda: os.sched_setaffinity(0, cores))
-        if child.returncode:
-            parser.exit(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
-        return json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
 
-    rounds = []  # backends alternate within each round, so a load change on a shared machine hits all of them
-    for _ in range(args.repeats):
-        rounds.append({row[0]: images_per_sec(*row) for row in configs})
-    reference = backends[-1]  # "dali-cpu 1.63x" reads as in the README: DALI's speed over MXNet's
-    if len(policies) > 1:  # the cost of automatic augmentation: against the plain pipeline
-        reference = next((name for name, backend, policy, *_ in configs if backend.startswith("dali")
+def child_command(args, rec, idx, name, backend, policy, threads, devices):
+    """(command, environment) of the child process that times one row."""
+    if name == "decode-only":
+        return ([sys.executable, __file__, "--decode-only", rec, idx],
+                dict(os.environ, OMP_NUM_THREADS="1", **DECODE_ONLY_ENV))
+    if name == "dali decode-only":
+        return ([sys.executable, __file__, "--dali-decode-only", rec, idx, "--batch-size", str(args.batch_size)],
+                dict(os.environ, OMP_NUM_THREADS="1"))
+    argv = ["--data-backend", backend, f"--data-{args.mode}", rec, f"--data-{args.mode}-idx", idx,
+            "--batch-size", str(args.batch_size), "--image-shape", args.image_shape, "--test-io",
+            "--test-io-mode", args.mode, "--num-epochs", str(args.epochs), "--dali-threads", str(threads),
+            "--dali-validation-threads", str(threads), "--data-mxnet-threads", str(threads), "--seed", "1",
+            "--auto-augment", policy, "--randaugment-m", "18"]
+    if args.dali_cpu_resize:
+        argv += ["--dali-cpu-resize", args.dali_cpu_resize]
+    if devices > 1:
+        argv += ["--kv-store", "device", "--cpu-contexts", str(devices)]
+    command = [sys.executable, __file__, "--one-for-gpu" if name.startswith(FOR_GPU) else "--one", *argv]
+    return command, dict(os.environ, OMP_NUM_THREADS=str(threads * devices))
+
+
+def images_per_sec(args, rec, idx, row):
+    """One row's images/s, timed in a child process on a core per thread."""
+    name, _, _, threads, devices = row
+    command, env = child_command(args, rec, idx, *row)
+    # A core per thread (the first ones): DALI's executor, the step's thread and the resize share them, so a
+    # one-thread rate is a rate per core, as the ceiling's share and scaling need.
+    cores = set(sorted(os.sched_getaffinity(0))[:threads * devices])
+    child = subprocess.run(command, env=env, capture_output=True, text=True,
+                           preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    if child.returncode:
+        fail(1, f"bench_io.py: error: {name} failed:\n{child.stderr[-2000:]}\n")
+    return json.loads(child.stdout.strip().splitlines()[-1])["images_per_sec"]
+
+
+def reference_row(rows, backends, policies):
+    """The row the ratios are against: the last backend ("dali-cpu 1.63x" reads as in the README: DALI's speed over
+    MXNet's), or, for the cost of automatic augmentation, the plain DALI pipeline."""
+    reference = backends[-1]
+    if len(policies) > 1:
+        reference = next((name for name, backend, policy, *_ in rows if backend.startswith("dali")
                           and policy == "none"), reference)
+    return reference
+
+
+def print_table(args, rec, backends, rounds, reference):
+    """The table of the backend rows (median images/s, median ratio to ``reference``); returns its results."""
     print(f"{args.mode} pipeline, {args.threads} threads, batch {args.batch_size}, {args.repeats} rounds, {rec}")
     width = max(10, *(len(name) for name in backends))
     print(f"{'backend':<{width}} {'images/s (median)':>18} {'ratio to ' + reference + ' (median of rounds)':>36}")
@@ -456,23 +504,72 @@ def main():
         ratio = statistics.median(r[backend] / r[reference] for r in rounds)
         summary[backend] = {"images_per_sec": rate, "ratio": ratio, "rounds": [r[backend] for r in rounds]}
         print(f"{backend:<{width}} {rate:>18.1f} {ratio:>35.2f}x")
-    report = {"mode": args.mode, "threads": args.threads, "results": summary}
+    return summary
 
-    def median(name):
-        return statistics.median(r[name] for r in rounds)
+
+def median_of(rounds, name):
+    return statistics.median(r[name] for r in rounds)
+
+
+def one_and_all(rounds, name, threads):
+    """(one thread's, all threads') median images/s of a pipeline (the same row when --threads 1)."""
+    return (median_of(rounds, f"{name} 1 thread") if threads > 1 else median_of(rounds, name)), median_of(rounds, name)
+
+
+def compare_backends(args, rec, idx):
+    """The backends' rows (and the ceiling's and per-device rows) alternating within each round, the table, the
+    summaries and the JSON line."""
+    policies = args.auto_augment.split(",")
+    rows = backend_rows(args, policies)
+    backends = [name for name, *_ in rows]
+    ceiling = args.mode == "train" and "dali-cpu" in backends and not args.no_ceiling
     if ceiling:
-        def one_and_all(name):
-            return (median(f"{name} 1 thread") if args.threads > 1 else median(name)), median(name)
-        lines, report["ceiling"] = ceiling_summary(median("decode-only"), median("dali decode-only"),
-                                                   one_and_all("dali-cpu"), one_and_all(FOR_GPU), args.threads,
-                                                   len(os.sched_getaffinity(0)))
+        rows += ceiling_rows(args.threads)
+    if args.devices > 1:
+        rows += device_rows(args, rows)
+    # backends alternate within each round, so a load change on a shared machine hits all of them
+    rounds = [{row[0]: images_per_sec(args, rec, idx, row) for row in rows} for _ in range(args.repeats)]
+    reference = reference_row(rows, backends, policies)
+    report = {"mode": args.mode, "threads": args.threads,
+              "results": print_table(args, rec, backends, rounds, reference)}
+    cores = len(os.sched_getaffinity(0))
+    if ceiling:
+        lines, report["ceiling"] = ceiling_summary(
+            median_of(rounds, "decode-only"), median_of(rounds, "dali decode-only"),
+            one_and_all(rounds, "dali-cpu", args.threads), one_and_all(rounds, FOR_GPU, args.threads), args.threads,
+            cores)
         print("\n".join(lines))
     if args.devices > 1:
-        line, report["devices"] = devices_summary(args.devices, share, median(per_device), median(one_of_share),
-                                                  median("dali-cpu") if "dali-cpu" in backends else None,
-                                                  len(os.sched_getaffinity(0)))
+        per_device, one_of_share = device_row_names(args.threads, args.devices)
+        line, report["devices"] = devices_summary(
+            args.devices, args.threads // args.devices, median_of(rounds, per_device), median_of(rounds, one_of_share),
+            median_of(rounds, "dali-cpu") if "dali-cpu" in backends else None, cores)
         print(line)
     print(json.dumps(report))
+
+
+def main():
+    parser = get_args_parser()
+    args = parser.parse_args()
+    # a child process: one row's timing
+    if args.one is not None or args.one_for_gpu is not None:
+        return run_one(args.one if args.one is not None else args.one_for_gpu, for_gpu=args.one is None)
+    if args.decode_only is not None:
+        return decode_only(*args.decode_only)
+    if args.dali_decode_only is not None:
+        return dali_decode_only(*args.dali_decode_only, args.batch_size)
+    # the driver
+    if not args.step_thread and (args.devices < 1 or args.threads % args.devices):
+        parser.exit(2, f"bench_io.py: error: --devices {args.devices}: give a divisor of --threads {args.threads} "
+                       f"(each device's pipeline gets the same share of the threads)\n")
+    rec = record_file(args)
+    idx = os.path.splitext(rec)[0] + ".idx"
+    if args.step_thread:
+        return step_thread(args, rec, idx)
+    if args.handover:
+        return handover(args, rec, idx)
+    return compare_backends(args, rec, idx)
+
 
 if __name__ == "__main__":
     main()

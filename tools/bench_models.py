@@ -524,41 +524,70 @@ def describe_built(built):
     return "; ".join(parts)
 
 
-def main(argv=None):
-    sys.path.insert(0, ROOT)
+def add_model_args(parser, model_names):
+    """What is timed: our model, the batch and the image size, and our training's BatchNorm+ReLU."""
+    group = parser.add_argument_group("Model")
+    group.add_argument("--model", default="resnet50_v1.5", choices=model_names,
+                       help="our model (PyTorch's is always ResNet-50 v1.5)")
+    group.add_argument("--batch-size", type=int, default=16, help="images per batch")
+    group.add_argument("--image-size", type=int, default=224, help="image height and width")
+    group.add_argument("--fuse-bn-relu", action="store_true",
+                       help="our training steps with MXNet's fused BatchNorm+ReLU, as train.py --fuse-bn-relu 1 "
+                       "trains (inference graphs fold BatchNorm into the convolutions either way)")
+    return group
+
+
+def add_timing_args(parser):
+    """How the variants are timed, and against which PyTorch."""
+    group = parser.add_argument_group("Timing")
+    group.add_argument("--iters", type=int, default=3, help="timed batches per variant per round")
+    group.add_argument("--warmup", type=int, default=1, help="untimed batches before each timing")
+    group.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    group.add_argument("--torch-python", default=None,
+                       help="a Python with PyTorch (its own venv); without it only ours is measured")
+    return group
+
+
+def add_breakdown_args(parser):
+    """The oneDNN kernel breakdown of the training steps."""
+    group = parser.add_argument_group("Breakdown")
+    group.add_argument("--breakdown-steps", type=int, default=5,
+                       help="training steps the breakdown sums (on a shared machine 2 steps' shares moved by 3 "
+                       "points between runs, 5 steps' by 1-3)")
+    group.add_argument("--no-breakdown", action="store_true",
+                       help="skip the oneDNN kernel breakdown of the training steps")
+    return group
+
+
+def add_output_args(parser):
+    group = parser.add_argument_group("Output")
+    group.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    return group
+
+
+def get_args_parser(model_names):
+    """The driver's flags, and the hidden ones its worker processes are started with."""
     from rn50kit.common.helptext import HelpFormatter
-    if (sys.argv[1:] if argv is None else argv)[:2] == ["--worker", "torch"]:
-        model_names = None  # PyTorch's own venv has no MXNet; the driver checked --model
-    else:
-        import models
-        model_names = models.list_models()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--model", default="resnet50_v1.5", choices=model_names,
-                        help="our model (PyTorch's is always ResNet-50 v1.5)")
-    parser.add_argument("--batch-size", type=int, default=16, help="images per batch")
-    parser.add_argument("--image-size", type=int, default=224, help="image height and width")
-    parser.add_argument("--iters", type=int, default=3, help="timed batches per variant per round")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed batches before each timing")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
-    parser.add_argument("--torch-python", default=None,
-                        help="a Python with PyTorch (its own venv); without it only ours is measured")
-    parser.add_argument("--breakdown-steps", type=int, default=5,
-                        help="training steps the breakdown sums (on a shared machine 2 steps' shares moved by 3 "
-                        "points between runs, 5 steps' by 1-3)")
-    parser.add_argument("--fuse-bn-relu", action="store_true",
-                        help="our training steps with MXNet's fused BatchNorm+ReLU, as train.py --fuse-bn-relu 1 "
-                        "trains (inference graphs fold BatchNorm into the convolutions either way)")
-    parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    parser.add_argument("--no-breakdown", action="store_true",
-                        help="skip the oneDNN kernel breakdown of the training steps")
+    add_model_args(parser, model_names)
+    add_timing_args(parser)
+    add_breakdown_args(parser)
+    add_output_args(parser)
     parser.add_argument("--worker", default=None, choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--breakdown-worker", default=None, choices=("float32", "bfloat16"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        return worker(args.worker, args.model, args.batch_size, args.image_size, args.fuse_bn_relu)
-    if args.breakdown_worker:
-        return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size,
-                                args.breakdown_steps, args.fuse_bn_relu)
+    return parser
+
+
+def our_model_names(argv):
+    """The models --model takes; None in the PyTorch worker (its own venv has no MXNet; the driver checked --model)."""
+    if (sys.argv[1:] if argv is None else argv)[:2] == ["--worker", "torch"]:
+        return None
+    import models
+    return models.list_models()
+
+
+def check_args(parser, args):
+    """Refuse bad numbers and a PyTorch interpreter that cannot import torch, before any worker starts."""
     if min(args.batch_size, args.iters, args.rounds, args.image_size, args.breakdown_steps) < 1 or args.warmup < 0:
         parser.error("--batch-size, --image-size, --iters, --rounds and --breakdown-steps must be positive, --warmup "
                      "not negative")
@@ -566,12 +595,21 @@ def main(argv=None):
         why = check_torch_python(args.torch_python)
         if why:
             parser.error(why)
+
+
+def start_workers(args):
     workers = [Worker(sys.executable, kind, args) for kind in ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16")]
     if args.torch_python:
         workers.append(Worker(args.torch_python, "torch", args))
+    return workers
+
+
+def time_rounds(workers, args):
+    """{(worker, variant): images/s of each round}, every variant once per round (interleaved), each worker's
+    ceilings measured again in every round; the workers are closed at the end."""
     samples = {}
     try:
-        for round_ in range(args.rounds):  # interleaved: every variant once per round
+        for round_ in range(args.rounds):
             for w in workers:
                 for key in w.steps:
                     samples.setdefault((w, key), []).append(w.time(key, args.iters, args.warmup))
@@ -581,17 +619,30 @@ def main(argv=None):
     finally:
         for w in workers:
             w.close()
-    # The machine's practical ceiling per precision: the fastest matrix product either library reached.
+    return samples
+
+
+def machine_ceilings(workers):
+    """The machine's practical ceiling per precision: the fastest matrix product either library reached."""
     ceilings = {}
     for w in workers:
         for precision, rate in w.ceilings.items():
             ceilings[precision] = max(rate, ceilings.get(precision, 0.0))
+    return ceilings
+
+
+def variant_results(samples, ceilings, args):
+    """{variant: median, min, max, the rounds and the share of its precision's ceiling}."""
     results = {}
     for (w, key), values in samples.items():
         median = statistics.median(values)
         results[key] = {"median": median, "min": min(values), "max": max(values), "rounds": values,
                         "ceiling_fraction": fraction(key, median, ceilings, args.model, args.image_size)}
-    torch_version = next((w.version for w in workers if w.version), None)
+    return results
+
+
+def print_results(args, results, torch_version):
+    """The heading line and a line per variant (and a note for a share above the ceiling)."""
     print(f"# {args.model}, batch {args.batch_size}, {args.image_size} px, {args.rounds} interleaved rounds of "
           f"{args.iters} timed batches, {os.cpu_count()} CPUs"
           + (f"; our training with {fused_label()}" if args.fuse_bn_relu else "") + "; images/s, median [min-max]"
@@ -602,6 +653,10 @@ def main(argv=None):
     note = above_ceiling_note(results)
     if note:
         print(note)
+
+
+def print_workers(workers):
+    """Per worker: what it could not measure, what it built, and its ceilings."""
     for w in workers:
         if w.unavailable:
             print(f"not measured: {w.kind}: {w.unavailable}")
@@ -612,6 +667,53 @@ def main(argv=None):
             rates = w.ceiling_samples[precision]
             print(f"ceiling: {w.kind:<15} {precision:<9} matrix product {rate:8.1f} {unit} (best of {len(rates)}; "
                   f"least {min(rates):.1f})")
+
+
+def breakdowns_of(results, args):
+    """Where the timed training steps' time goes (bfloat16 only where the CPU has its kernels), printed."""
+    breakdowns = {}
+    for precision in ("float32", "bfloat16"):
+        key = f"ours {precision} training step"
+        if key in results:
+            kernels_ms, wall_ms = measure_breakdown(sys.executable, precision, args)
+            breakdowns[key] = step_breakdown(kernels_ms, args.breakdown_steps, wall_ms)
+            timed_ms = 1000 * args.batch_size / results[key]["median"]
+            print_breakdown(key, breakdowns[key], args.breakdown_steps, timed_ms)
+    return breakdowns
+
+
+def write_numbers(path, args, workers, results, torch_version, ratio, difference, breakdowns):
+    """--json: every number, written atomically."""
+    out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
+           "fuse_bn_relu": args.fuse_bn_relu,
+           "rounds": args.rounds, "iters": args.iters, "breakdown_steps": args.breakdown_steps,
+           "torch": torch_version, "images_per_s": results,
+           "ceilings": {w.kind: w.ceilings for w in workers},
+           "ceiling_samples": {w.kind: w.ceiling_samples for w in workers}, "ratios": ratio, "cmd": sys.argv,
+           "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
+           "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference,
+           "breakdown": breakdowns}
+    with open(path + ".tmp", "w") as f:
+        json.dump(out, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def main(argv=None):
+    sys.path.insert(0, ROOT)
+    parser = get_args_parser(our_model_names(argv))
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.model, args.batch_size, args.image_size, args.fuse_bn_relu)
+    if args.breakdown_worker:
+        return breakdown_worker(args.breakdown_worker, args.model, args.batch_size, args.image_size,
+                                args.breakdown_steps, args.fuse_bn_relu)
+    check_args(parser, args)
+    workers = start_workers(args)
+    samples = time_rounds(workers, args)
+    results = variant_results(samples, machine_ceilings(workers), args)
+    torch_version = next((w.version for w in workers if w.version), None)
+    print_results(args, results, torch_version)
+    print_workers(workers)
     difference = logits_difference(workers)
     if difference is not None:
         print(f"check: bfloat16 logits vs float32 (same weights and image): largest difference "
@@ -619,28 +721,9 @@ def main(argv=None):
     ratio = ratios(results)
     for key, value in ratio.items():
         print(f"{key:<60}{value:>6.2f}x")
-    breakdowns = {}
-    if not args.no_breakdown:
-        for precision in ("float32", "bfloat16"):
-            key = f"ours {precision} training step"
-            if key in results:  # timed: bfloat16 only where the CPU has its kernels
-                kernels_ms, wall_ms = measure_breakdown(sys.executable, precision, args)
-                breakdowns[key] = step_breakdown(kernels_ms, args.breakdown_steps, wall_ms)
-                timed_ms = 1000 * args.batch_size / results[key]["median"]
-                print_breakdown(key, breakdowns[key], args.breakdown_steps, timed_ms)
+    breakdowns = {} if args.no_breakdown else breakdowns_of(results, args)
     if args.json:
-        out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
-               "fuse_bn_relu": args.fuse_bn_relu,
-               "rounds": args.rounds, "iters": args.iters, "breakdown_steps": args.breakdown_steps,
-               "torch": torch_version, "images_per_s": results,
-               "ceilings": {w.kind: w.ceilings for w in workers},
-               "ceiling_samples": {w.kind: w.ceiling_samples for w in workers}, "ratios": ratio, "cmd": sys.argv,
-               "not_measured": {w.kind: w.unavailable for w in workers if w.unavailable},
-               "built": {w.kind: w.built for w in workers if w.built}, "bfloat16_logits_difference": difference,
-               "breakdown": breakdowns}
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(out, f, indent=2)
-        os.replace(args.json + ".tmp", args.json)
+        write_numbers(args.json, args, workers, results, torch_version, ratio, difference, breakdowns)
     return 0
 
 
