@@ -96,7 +96,8 @@ def get_args_parser():
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
     parser.add_argument("--baseline", default=None,
                         help="an earlier benchmark JSON (e.g. float32) to compute the speed-up against")
-    parser.add_argument("--dry-run", action="store_true", help="print the runner commands, run nothing (configurations runner refuses are named; "
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the runner commands, run nothing (configurations runner refuses are named; "
                              "status 1 when none would run)")
     return parser
 

@@ -94,7 +94,8 @@ def alone_env():
     by hand."""
     from rn50kit.launch import world
     env = venv_env()
-    for name in ["OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS"] + [v for launcher in world.LAUNCHERS for v in launcher[1:]]:
+    launcher_variables = [variable for launcher in world.LAUNCHERS for variable in launcher[1:]]
+    for name in ["OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS"] + launcher_variables:
         env.pop(name, None)
     return env
 
@@ -591,7 +592,8 @@ def train_refusal(*argv):
 def plan_refusal(*argv, gpus=0):
     from rn50kit.launch import launcher
     with pytest.raises(cli.UsageError) as error:
-        launcher.plan_launch(["--data-backend", "synthetic", "--dtype", "float32", *argv], launcher.Machine(gpus, 2), {})
+        launcher.plan_launch(["--data-backend", "synthetic", "--dtype", "float32", *argv], launcher.Machine(gpus, 2),
+                             {})
     return str(error.value)
 
 

@@ -53,8 +53,9 @@ BREAKDOWN_MARKS = ("bench_models: breakdown starts", "bench_models: breakdown en
 
 def bfloat16_missing(cpuinfo="/proc/cpuinfo"):
     """Why this CPU has no bfloat16 worth timing, or None (also where the flags cannot be read). oneDNN's bfloat16
-    kernels (in both libraries) need AVX-512 (F, BW, VL, DQ), the rule train.py refuses by (rules.py); kept free of MXNet for the PyTorch worker. Without them MXNet fails ("could not create a
-    primitive descriptor") and PyTorch emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
+    kernels (in both libraries) need AVX-512 (F, BW, VL, DQ), the rule train.py refuses by (rules.py); kept free of
+    MXNet for the PyTorch worker. Without them MXNet fails ("could not create a primitive descriptor") and PyTorch
+    emulates (1.2 GFLOP/s for a matrix product on an AVX2 EPYC)."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     from rn50kit.common import rules  # MXNet-free: the PyTorch worker imports it too
@@ -279,7 +280,7 @@ def torch_steps(batch_size, image_size):
         loss_fn = torch.nn.CrossEntropyLoss()
         infer_net = torch_resnet50(torch).to(memory_format=torch.channels_last).eval()
 
-        def step(net=train_net, optimizer=optimizer, autocast=autocast):
+        def step(net=train_net, optimizer=optimizer, autocast=autocast, loss_fn=loss_fn):
             net.train()
             optimizer.zero_grad(set_to_none=True)
             with autocast():

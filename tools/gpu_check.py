@@ -418,8 +418,8 @@ def check_data_gpu(machine, args):
         found[name] = {"mean_abs_pixel_error": error, "batch": str(where), "labels_equal": same_labels}
         worst = max(worst, error if same_labels else float("inf"))
         parts.append(f"{name} -> {where[0]} {where[1]} {tuple(where[2])}: {error:.2f}")
-    return ("pass" if worst <= PIXEL_TOLERANCE else "fail"), (
-        f"vs dali-cpu on the CPU (mean absolute, 0-255 units, tolerance {PIXEL_TOLERANCE:g}): " + "; ".join(parts)), found
+    summary = f"vs dali-cpu on the CPU (mean absolute, 0-255 units, tolerance {PIXEL_TOLERANCE:g}): " + "; ".join(parts)
+    return ("pass" if worst <= PIXEL_TOLERANCE else "fail"), summary, found
 
 
 # --- collectives ----------------------------------------------------------------------------------------------
@@ -528,7 +528,8 @@ CHECKS = [
     Check("kernels", "the GPU's architecture has MXNet kernels (a float16 NHWC convolution runs)", check_kernels,
           gpu_only=True),
     Check("horovod-build", "horovodrun --check-build: MXNet, Gloo (and NCCL with GPUs)", check_horovod_build),
-    Check("numerics-cpu", "float32 ResNet-50 vs a float64 reference, and in the 4-channel structure", check_numerics_cpu),
+    Check("numerics-cpu", "float32 ResNet-50 vs a float64 reference, and in the 4-channel structure",
+          check_numerics_cpu),
     Check("numerics-gpu", "float16 NHWC 4-channel ResNet-50 on the GPU vs float32 NCHW on the CPU", check_numerics_gpu,
           gpu_only=True),
     Check("training-cpu", "float32 steps on synthetic data: the loss falls", check_training_cpu),
@@ -537,7 +538,8 @@ CHECKS = [
     Check("data-cpu", "dali-cpu validation batch vs OpenCV", check_data_cpu),
     Check("data-gpu", "dali-gpu and dali-cpu batches on the GPU vs dali-cpu on the CPU", check_data_gpu, gpu_only=True),
     Check("allreduce-cpu", "Horovod Gloo allreduce over 2 processes is exact", check_allreduce_cpu),
-    Check("allreduce-gpu", "Horovod allreduce over every local GPU (NCCL) is exact", check_allreduce_gpu, gpu_only=True),
+    Check("allreduce-gpu", "Horovod allreduce over every local GPU (NCCL) is exact", check_allreduce_gpu,
+          gpu_only=True),
     Check("layout-speed", "float16 NCHW vs NHWC step time", check_layout_speed, gpu_only=True),
     Check("memory", "the original's -b 208 fits (float16 NHWC ResNet-50)", check_memory, gpu_only=True),
 ]
@@ -610,7 +612,8 @@ def main(argv=None):
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)
     shutil.rmtree(machine.workdir, ignore_errors=True)
-    print(f"\n{verdict.upper()}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + f"; JSON: {os.path.abspath(args.json)}")
+    counted = ", ".join(f"{n} {v}" for v, n in counts.items())
+    print(f"\n{verdict.upper()}: {counted}; JSON: {os.path.abspath(args.json)}")
     return 1 if verdict == "fail" else 0
 
 

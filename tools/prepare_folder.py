@@ -11,9 +11,10 @@ re-encoded as RGB JPEG (quality --quality), other JPEGs are packed byte for byte
 Each class puts round(n * val-fraction) of its n good images (at least 1 when n >= 2, never all of them) in the
 validation split, chosen by --seed; both lists are shuffled, so no record file is in label order.
 
-OUT receives train.lst/.rec/.idx, val.lst/.rec/.idx, classes.txt (one class name per line in label order: train.py
-finds it beside train.rec and saves the names in its checkpoints) and prepare.json (the split per class, the images left out). Outputs are written under
-temporary names and renamed when complete; a rerun rebuilds them (the same seed gives the same split).
+OUT receives train.lst/.rec/.idx, val.lst/.rec/.idx, classes.txt (one class name per line in label order: train.py finds
+it beside train.rec and saves the names in its checkpoints) and prepare.json (the split per class, the images left out).
+Outputs are written under temporary names and renamed when complete; a rerun rebuilds them (the same seed gives the same
+split).
 """
 import argparse
 import collections

@@ -96,10 +96,10 @@ BACKENDS = {backend.name: backend for backend in (
             pipeline_device="gpu", flag_prefix="dali_", auto_augment=True),
     Backend("dali-cpu", "DALI: decoding and augmentation on the CPU", "rn50kit.data.loaders:get_dali_iterators",
             flag_prefix="dali_", auto_augment=True),
-    Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "rn50kit.data.loaders:get_mxnet_iterators", flag_prefix="data_mxnet_",
-            input_layout_fixed="NCHW"),
-    Backend("synthetic", "random images made on the device (speed tests)", "rn50kit.data.loaders:get_synthetic_iterators",
-            root_layout=NO_FILES),
+    Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "rn50kit.data.loaders:get_mxnet_iterators",
+            flag_prefix="data_mxnet_", input_layout_fixed="NCHW"),
+    Backend("synthetic", "random images made on the device (speed tests)",
+            "rn50kit.data.loaders:get_synthetic_iterators", root_layout=NO_FILES),
 )}
 NAMES = list(BACKENDS)
 

@@ -30,7 +30,8 @@ def dtype_problem(dtype, mode, gpu, why=""):
         return (f"--dtype int8 scores and predicts only (--mode val or pred), not --mode {mode}: train in float32 "
                 "or bfloat16, then score the checkpoint with --dtype int8")
     if dtype == "int8" and gpu:
-        return "--dtype int8 runs on the CPU only (oneDNN); use --dtype float16 on GPUs (or hide them: CUDA_VISIBLE_DEVICES=)"
+        return ("--dtype int8 runs on the CPU only (oneDNN); use --dtype float16 on GPUs "
+                "(or hide them: CUDA_VISIBLE_DEVICES=)")
     return None
 
 

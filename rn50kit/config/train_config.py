@@ -1,8 +1,8 @@
-"""train.py's configuration: one frozen, typed config per concern, each beside the code that reads it and the
-flags that set it (models.ModelConfig, data.DataConfig, fit.FitConfig, pretrained.FinetuneConfig,
-quantize.QuantizeConfig, predict.PredictConfig, watchdog.WatchdogConfig). Every flag of train.py is a field of exactly one of them; their defaults are the flags'
-defaults. The entry point builds a RunConfig once from the parsed and completed flags and passes it down: no
-argparse Namespace goes past train.py."""
+"""train.py's configuration: one frozen, typed config per concern, each beside the code that reads it and the flags that
+set it (models.ModelConfig, data.DataConfig, fit.FitConfig, pretrained.FinetuneConfig, quantize.QuantizeConfig,
+predict.PredictConfig, watchdog.WatchdogConfig). Every flag of train.py is a field of exactly one of them; their
+defaults are the flags' defaults. The entry point builds a RunConfig once from the parsed and completed flags and passes
+it down: no argparse Namespace goes past train.py."""
 import dataclasses
 
 from rn50kit.common.cli import config_from

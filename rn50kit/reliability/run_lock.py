@@ -1,13 +1,13 @@
 """One training run per workspace, and how a run ended, for the launcher.
 
-The process that writes the checkpoints (rank 0) holds an advisory lock (flock) on <workspace>/run.lock for its
-whole life. The file records who holds it (pid, host, start time) and, at the end, how the run ended: "stopped"
-(by a signal, after saving a checkpoint), "done" or "failed" (an error ended it); a holder killed outright
-cannot write, and run_state reads its "running" as "crashed" (the lock is free). Why flock: the kernel drops the lock when its holder exits,
-however it dies (SIGKILL, the OOM killer), so a dead run's lock is taken over without any clean-up, and workers
-left running by a launcher killed outright keep the workspace until they are gone. On NFS, Linux maps flock to
-the server's byte-range locks, so runs on different nodes exclude each other; a file system without locks
-(Lustre without -o flock, NFS mounted -o nolock) gets a warning and no lock.
+The process that writes the checkpoints (rank 0) holds an advisory lock (flock) on <workspace>/run.lock for its whole
+life. The file records who holds it (pid, host, start time) and, at the end, how the run ended: "stopped" (by a signal,
+after saving a checkpoint), "done" or "failed" (an error ended it); a holder killed outright cannot write, and run_state
+reads its "running" as "crashed" (the lock is free). Why flock: the kernel drops the lock when its holder exits, however
+it dies (SIGKILL, the OOM killer), so a dead run's lock is taken over without any clean-up, and workers left running by
+a launcher killed outright keep the workspace until they are gone. On NFS, Linux maps flock to the server's byte-range
+locks, so runs on different nodes exclude each other; a file system without locks (Lustre without -o flock, NFS mounted
+-o nolock) gets a warning and no lock.
 
 Only the standard library: runner imports this without MXNet.
 """
@@ -158,7 +158,8 @@ def read_outcome(path):
 
 if __name__ == "__main__":
     import sys
-    usage = "usage: python -m rn50kit.reliability.run_lock WORKSPACE   (prints how the run there ended, or that it runs)"
+    usage = ("usage: python -m rn50kit.reliability.run_lock WORKSPACE   "
+             "(prints how the run there ended, or that it runs)")
     if sys.argv[1:] in (["-h"], ["--help"]):
         print(usage)
         sys.exit(0)

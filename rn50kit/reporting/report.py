@@ -227,7 +227,8 @@ def confusion_png_path(report_path):
 
 def main():
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m rn50kit.reporting.report", description="Summarise a run's JSON report")
+    parser = argparse.ArgumentParser(prog="python -m rn50kit.reporting.report",
+                                     description="Summarise a run's JSON report")
     parser.add_argument("report", help="report.json written by train.py")
     path = parser.parse_args().report
     try:

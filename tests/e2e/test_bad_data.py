@@ -155,7 +155,8 @@ def test_iterators_name_the_record_that_does_not_decode(tmp_path, backend, split
         ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
          "--image-shape", "3,32,32", "--data-val-resize", "32", "--dali-threads", "1", "--data-mxnet-threads", "1"])
     with pytest.raises(loaders.DataError) as error:  # ImageRecordIter decodes its first batch when it is made
-        iterator = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())[0 if split == "train" else 1]
+        iterators = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
+        iterator = iterators[0 if split == "train" else 1]
         for _ in iterator:
             pass
     assert str(error.value).startswith(f"{rec} record 13 (byte ") and "does not decode" in str(error.value)

@@ -184,11 +184,12 @@ def test_evaluate_cycles_the_set_for_max_iters_and_counts_each_sample_once(data_
     assert metrics["samples"] == VAL_COUNT
     assert metrics["top1"] == pytest.approx(expected_top1)
     counting.drawn = 0
-    metrics = scoring.evaluate(net, counting, [mx.cpu()], distributed.Distributed(None), args.dtype)  # a plain scoring pass
+    one_process = distributed.Distributed(None)
+    metrics = scoring.evaluate(net, counting, [mx.cpu()], one_process, args.dtype)  # a plain scoring pass
     assert counting.drawn == 3 and metrics["samples"] == VAL_COUNT
     assert metrics["top1"] == pytest.approx(expected_top1)
     counting.drawn = 0
-    metrics = scoring.evaluate(net, counting, [mx.cpu()], distributed.Distributed(None), args.dtype, max_iters=2)  # a shorter cap
+    metrics = scoring.evaluate(net, counting, [mx.cpu()], one_process, args.dtype, max_iters=2)  # a shorter cap
     assert counting.drawn == 2 == len(metrics["durations"]) and metrics["samples"] == 8
 
 

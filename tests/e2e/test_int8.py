@@ -134,13 +134,15 @@ def test_int8_needs_an_int8_capable_cpu():
 
 def test_runner_refuses_int8_training_and_forwards_int8_scoring(digits_data):
     runner = [sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "--data-backend", "synthetic", "--dry-run"]
-    refused = subprocess.run(runner + ["--dtype", "int8"], env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+    refused = subprocess.run(runner + ["--dtype", "int8"], env=venv_env(), capture_output=True, text=True,
+                             timeout=HANG_S)
     assert refused.returncode == 2 and "--dtype int8 scores and predicts only" in refused.stderr, refused.stderr
     scoring = subprocess.run(runner + ["--dtype", "int8", "--mode", "val", "--calib-batches", "3"], env=venv_env(),
                              capture_output=True, text=True, timeout=HANG_S)
     assert scoring.returncode == 0, scoring.stderr
     assert "--dtype int8" in scoring.stdout and "--calib-batches 3" in scoring.stdout
     calibrated = subprocess.run(runner[:4] + ["--data-root", str(digits_data), "--dtype", "int8", "--mode", "val",
-                                              "--dry-run"], env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+                                              "--dry-run"], env=venv_env(), capture_output=True, text=True,
+                                timeout=HANG_S)
     assert calibrated.returncode == 0, calibrated.stderr
     assert f"--data-train {digits_data}/train.rec" in calibrated.stdout  # the calibration records

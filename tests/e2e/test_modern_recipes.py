@@ -45,7 +45,10 @@ def test_drop_path_is_absent_from_the_scoring_graph_and_changes_no_prediction():
     dropped = models.get_model("resnet18_v1.5", drop_path=0.2, **kwargs)
     rates = [block.bn_add_relu.drop_path for block in dropped.features if hasattr(block, "bn_add_relu")]
     np.testing.assert_allclose(rates, np.linspace(0, 0.2, 8))  # rising linearly, 0 at the first block
-    ops = lambda net: {node["op"] for node in json.loads(net(mx.sym.var("data")).tojson())["nodes"]}
+
+    def ops(net):
+        return {node["op"] for node in json.loads(net(mx.sym.var("data")).tojson())["nodes"]}
+
     assert "Dropout" not in ops(plain) and "Dropout" in ops(dropped)
     plain.initialize(mx.init.Xavier())
     dropped.initialize(mx.init.Xavier())

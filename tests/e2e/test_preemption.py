@@ -362,8 +362,8 @@ def test_a_lock_whose_holder_crashed_or_was_killed_does_not_read_running(tmp_pat
     wait_until(lambda: pid_gone(holder.pid), "the killed holder to be gone")
     assert run_lock.read_record(run_lock.lock_path(str(killed)))["state"] == "running"  # what it last wrote
     assert run_lock.run_state(str(killed))["state"] == "crashed"
-    shown = subprocess.run([sys.executable, "-m", "rn50kit.reliability.run_lock", str(killed)], cwd=ROOT, capture_output=True,
-                           text=True, timeout=HANG_S)
+    shown = subprocess.run([sys.executable, "-m", "rn50kit.reliability.run_lock", str(killed)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=HANG_S)
     assert '"state": "crashed"' in shown.stdout
 
 

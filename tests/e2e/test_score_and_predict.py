@@ -45,8 +45,8 @@ def test_evaluate_queues_every_devices_forward_before_reading(monkeypatch):
 
 @pytest.mark.slow  # launches a process
 def test_printed_list_reads_as_class_names(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rn50kit.common.imagenet_classes"], cwd=ROOT, capture_output=True, text=True,
-                         env=venv_env(), check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "rn50kit.common.imagenet_classes"], cwd=ROOT, capture_output=True,
+                         text=True, env=venv_env(), check=True).stdout
     (tmp_path / "classes.txt").write_text(out)
     assert predict.class_names(str(tmp_path / "classes.txt"), None) == imagenet_classes.names()
 

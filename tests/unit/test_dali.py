@@ -302,7 +302,7 @@ def test_resize_threads_end_with_their_pipeline(photo_rec):
         new = resize_threads() - before
         assert 1 <= len(new) <= 2
         del pipe, source
-        wait_until(lambda: not resize_threads() & new, "the resize threads of a pipeline let go to end")
+        wait_until(lambda new=new: not resize_threads() & new, "the resize threads of a pipeline let go to end")
 
 
 def test_resize_after_its_pool_shut_down():
@@ -396,7 +396,8 @@ def test_dali_normalize_flag_picks_where(photo_rec):
 CONTEXTS = [mx.cpu(), mx.cpu(1), mx.gpu(0), mx.gpu(3)]
 
 
-@pytest.mark.parametrize("backend", [name for name in backends.NAMES if backends.get(name).builder.endswith("dali_iterators")])
+@pytest.mark.parametrize("backend", [name for name in backends.NAMES
+                                     if backends.get(name).builder.endswith("dali_iterators")])
 @pytest.mark.parametrize("ctx", CONTEXTS, ids=str)
 def test_every_dali_copy_has_source_and_destination_of_one_memory_kind(backend, ctx):
     """Found by the second review of the GPU paths (issue 21)."""

@@ -35,7 +35,8 @@ def test_setup_installs_the_package_and_the_card_modules_only():
     """No generic top-level name (config, settings, report ...) goes into a user's environment."""
     result = subprocess.run([sys.executable, "-c", "import runpy, setuptools\n"
                              "captured = {}\nsetuptools.setup = lambda **kw: captured.update(kw)\n"
-                             "runpy.run_path('setup.py')\nimport json\nprint(json.dumps(sorted(captured['py_modules'])))\n"
+                             "runpy.run_path('setup.py')\nimport json\n"
+                             "print(json.dumps(sorted(captured['py_modules'])))\n"
                              "print(json.dumps(sorted(p.split('.')[0] for p in captured['packages'])))"],
                             cwd=ROOT, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -61,7 +61,8 @@ def test_order_reproducible_with_seed_and_on_resume(sorted_rec):
 def test_without_seed_the_epochs_continue_through_new_shuffles(sorted_rec):
     """Without --seed the same pipeline serves every epoch: each still covers the rank's shard of a new shuffle."""
     rec, idx = sorted_rec
-    iterators = [loaders.get_data_iterators(train_config.from_args(parse_ordered(rec, idx)), rank, 2, 0, 1, mx.cpu())[0] for rank in (0, 1)]
+    cfg = train_config.from_args(parse_ordered(rec, idx))
+    iterators = [loaders.get_data_iterators(cfg, rank, 2, 0, 1, mx.cpu())[0] for rank in (0, 1)]
     for _ in range(2):
         labels = [epoch_labels(iterator) for iterator in iterators]
         assert sorted(labels[0] + labels[1]) == list(range(NUM_RECORDS))
@@ -88,7 +89,8 @@ def test_each_image_arrives_with_its_own_label(tmp_path, no_mmap):
     flat = [np.full((24, 32, 3), 4 * i, dtype=np.uint8) for i in range(NUM_RECORDS)]
     rec, idx = write_record_file(str(tmp_path / "flat"), flat, range(NUM_RECORDS))
     extra = ["--rgb-mean", "0,0,0", "--rgb-std", "1,1,1", "--seed", "2"] + (["--dali-dont-use-mmap"] if no_mmap else [])
-    iterator = loaders.get_data_iterators(train_config.from_args(parse_ordered(rec, idx, *extra)), 0, 1, 0, 1, mx.cpu())[0]
+    cfg = train_config.from_args(parse_ordered(rec, idx, *extra))
+    iterator = loaders.get_data_iterators(cfg, 0, 1, 0, 1, mx.cpu())[0]
     seen = 0
     for batch in iterator:
         means = batch.data[0].asnumpy().mean(axis=(1, 2, 3))

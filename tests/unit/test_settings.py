@@ -40,7 +40,8 @@ def test_cpu_defaults_are_a_batch_a_cpu_can_run():
     assert (args.batch_size, args.dtype) == (192, "float16")
     cpu, gpus = launcher.Machine(gpus=0, cores=2), launcher.Machine(gpus=8, cores=64)
     assert "--batch-size 32" in " ".join(launcher.plan_launch(["--data-backend", "synthetic"], cpu, {})[2])
-    assert "--batch-size 1536" in " ".join(launcher.plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2])
+    command = launcher.plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2]
+    assert "--batch-size 1536" in " ".join(command)
 
 
 def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp_path):

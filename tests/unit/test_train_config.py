@@ -61,7 +61,8 @@ def test_a_typed_flag_lands_in_its_config():
                                              "--calib-mode", "entropy", "--data-pred", "x.jpg"]))
     assert cfg.model.num_layers == 18 and cfg.data.image_shape == (4, 32, 32) and cfg.fit.lr == 0.3
     assert cfg.quantize.calib_mode == "entropy" and cfg.predict.data_pred == "x.jpg"
-    assert train_config.owner("lr") == "fit" and train_config.owner("rgb_mean") == "data" and train_config.owner("nope") is None
+    assert train_config.owner("lr") == "fit" and train_config.owner("rgb_mean") == "data"
+    assert train_config.owner("nope") is None
 
 
 def test_fit_check_names_the_flag():
@@ -93,7 +94,8 @@ def test_recipe_gives_the_defaults_and_the_command_line_wins():
 
 def kit_sources():
     """The kit's Python files (tests and tools' own parsers aside), without their add_*_args functions."""
-    paths = (glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "rn50kit", "**", "*.py"), recursive=True)
+    paths = (glob.glob(os.path.join(ROOT, "*.py"))
+             + glob.glob(os.path.join(ROOT, "rn50kit", "**", "*.py"), recursive=True)
              + glob.glob(os.path.join(ROOT, "tools", "*.py")))
     code = []
     for path in paths:
