@@ -1,5 +1,5 @@
 """The training loop of fit.py driven in-process on one CPU context, as train.py builds it: the run's description,
-the (state, loop) pair for a FitConfig and a network, and a fixture that restores the signal handlers fit.py
+the (state, loop) pair for a FitConfig and a network, and a fixture that restores the signal handlers the loop
 installs."""
 import signal
 
@@ -9,26 +9,26 @@ import pytest
 from rn50kit.training import distributed
 import fit
 from rn50kit.training import precision
-from rn50kit.reporting.progress import JsonLog, Progress
+from rn50kit.training.state import RunInfo
+from rn50kit.training.stop_signals import StopFlag
 
 CPU = [mx.cpu()]
-RUN = fit.RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json",
-                  record={"args": {}})
+RUN = RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json",
+              record={"args": {}})
 
 
 def start(cfg, net, num_classes):
-    """fit.prepare's state and a Loop for ``net`` on the CPU, alone (no Horovod), without progress output."""
+    """fit.prepare's state and a Loop for ``net`` on the CPU, alone (no Horovod), without outputs."""
     dist = distributed.Distributed(None)
     state = fit.prepare(cfg, RUN, net, CPU, dist)
-    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
-                    progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
-                    num_classes=num_classes)
+    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=StopFlag(dist), guard=precision.StatsGuard(net),
+                    end_epoch=cfg.num_epochs, num_classes=num_classes)
     return state, loop
 
 
 @pytest.fixture()
 def keep_signal_handlers():
-    """fit.py's StopFlag installs handlers for SIGTERM, SIGUSR1 and SIGINT: put pytest's back after the test."""
+    """stop_signals.StopFlag installs handlers for SIGTERM, SIGUSR1 and SIGINT: put pytest's back after the test."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     yield
     for sig, handler in saved.items():

@@ -6,7 +6,7 @@ import pytest
 
 from rn50kit.config import train_config
 from rn50kit.data import loaders
-import fit
+from rn50kit.training import fit_flags
 from rn50kit.common import schedules
 import train
 
@@ -63,5 +63,5 @@ def test_a_typed_flag_lands_in_its_config():
 
 def test_fit_check_names_the_flag():
     with pytest.raises(ValueError, match="--ema-decay"):
-        fit.check(fit.FitConfig(num_epochs=2, ema_decay=1.5))
-    fit.check(fit.FitConfig(num_epochs=2))
+        fit_flags.check(fit_flags.FitConfig(num_epochs=2, ema_decay=1.5))
+    fit_flags.check(fit_flags.FitConfig(num_epochs=2))

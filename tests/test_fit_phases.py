@@ -9,6 +9,7 @@ import pytest
 from rn50kit.training import checkpoint
 from rn50kit.config import train_config
 import fit
+from rn50kit.training.state import gather_partial
 import loop_harness
 from loop_harness import CPU, RUN, keep_signal_handlers  # noqa: F401 (a fixture)
 from rn50kit.scoring import scoring
@@ -98,7 +99,7 @@ def test_an_epoch_stopped_saved_and_resumed_ends_as_the_uninterrupted_one(args, 
     assert stopped_at == STOP_AFTER and first.steps == STOP_AFTER
     prefix = str(tmp_path / "model")
     fit.save_checkpoint(prefix, net_b, state_b, RUN, epoch=1, step=stopped_at, keep_last=0, seed=args.seed,
-                        partials=fit.gather_partial(first, loop_b.dist, "partial"))
+                        partials=gather_partial(first, loop_b.dist, "partial"))
 
     # A fresh process's view: new network and state, restored from the files, the epoch finished from there.
     net_c = tiny_net(init)

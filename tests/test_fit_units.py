@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import fit
+from rn50kit.training import optimizers, targets
+from rn50kit.training.ema import EMA
 import models
 from rn50kit.training import precision
 from rn50kit.common import schedules
@@ -83,7 +85,7 @@ def test_batchnorm_and_bias_get_no_weight_decay_conv_weights_do():
     net = models.get_model("resnet18_v1.5", num_classes=5)
     net.initialize(mx.init.Xavier())
     x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
-    fit.set_wd_groups(net)
+    optimizers.set_wd_groups(net)
     lr, wd = 0.5, 0.1
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr, "wd": wd, "momentum": 0.0},
                             kvstore=None)
@@ -104,7 +106,7 @@ def test_batchnorm_and_bias_get_no_weight_decay_conv_weights_do():
             np.testing.assert_allclose(after[name], value * (1 - lr * wd), rtol=1e-5, atol=1e-7, err_msg=name)
             kinds["conv"] += "conv" in name
     assert kinds["conv"] > 10 and kinds["bn"] > 10 and kinds["bias"] == 1
-    fit.set_wd_groups(net, decay_all=True)
+    optimizers.set_wd_groups(net, decay_all=True)
     assert all(p.wd_mult == 1.0 for p in net.collect_params().values())
 
 
@@ -146,7 +148,7 @@ def test_recipe_gives_the_defaults_and_the_command_line_wins():
 def test_ema_follows_the_exponential_average_of_the_weights():
     net = small_net()
     decay = 0.9
-    ema = fit.EMA(net, decay)
+    ema = EMA(net, decay)
     history = [snapshot(net)]
     for _ in range(2):  # move the weights, then fold them into the average
         for p in net.collect_params().values():
@@ -173,7 +175,7 @@ def test_mixup_mixes_each_sample_with_the_reversed_batch():
     data = mx.nd.random.uniform(shape=(4, 3, 2, 2))
     label = mx.nd.array([0, 1, 2, 1])
     rng = np.random.RandomState(5)
-    mixed, target = fit.make_targets(label, 3, 0.0, 0.2, rng, data)
+    mixed, target = targets.make_targets(label, 3, 0.0, 0.2, rng, data)
     coeffs = np.random.RandomState(5).beta(0.2, 0.2, size=4).astype("float32")
     x, onehot = data.asnumpy(), np.eye(3, dtype="float32")[[0, 1, 2, 1]]
     c = coeffs.reshape(-1, 1, 1, 1)

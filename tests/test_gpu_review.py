@@ -126,8 +126,8 @@ def test_python_train_py_on_a_gpu_gets_the_float16_defaults_runner_gets(tmp_path
 # --- 4: one rule for --gpus: it selects the GPUs with every --kv-store, consistently with runner's variable ---
 
 def fit_cfg(**fields):
-    import fit
-    return fit.FitConfig(**fields)
+    from rn50kit.training import fit_flags
+    return fit_flags.FitConfig(**fields)
 
 
 def test_kv_store_device_gpus_2_3_under_runner_computes_on_the_two_gpus_it_sees(data_root):
@@ -199,13 +199,14 @@ import weakref  # noqa: E402
 
 from rn50kit.config import train_config  # noqa: E402
 import fit  # noqa: E402
+from rn50kit.training.state import RunInfo  # noqa: E402
 from rn50kit.scoring import scoring  # noqa: E402
 from rn50kit.training.distributed import Distributed  # noqa: E402
 
 
 def run_info(**args):
-    return fit.RunInfo(model_name="resnet50_v1.5", arch="resnetv15", command=[], report_path="report.json",
-                       record={"args": args, "given": [], "derived": {}})
+    return RunInfo(model_name="resnet50_v1.5", arch="resnetv15", command=[], report_path="report.json",
+                   record={"args": args, "given": [], "derived": {}})
 
 
 FLOAT32_RUN = dict(dtype="float32", conv_layout="NCHW", input_layout="NCHW", image_shape=[3, 224, 224])

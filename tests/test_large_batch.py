@@ -7,6 +7,8 @@ import pytest
 
 from rn50kit.training import distributed
 import fit
+from rn50kit.training import optimizers
+from rn50kit.training.state import gather_partial
 from rn50kit.common import schedules
 
 
@@ -40,10 +42,10 @@ def lars_reference(weights, grads, moms, lr, wd, momentum, eta, eps, rescale):
 def test_lars_steps_equal_the_numpy_formula(eps):
     mx.random.seed(1)
     net = small_net()
-    fit.set_wd_groups(net)
+    optimizers.set_wd_groups(net)
     wd, momentum, eta, batch = 5e-5, 0.9, 0.001, 6
-    trainer = fit.make_trainer(net, distributed.Distributed(None), None, "lars", wd, momentum, lars_eta=eta,
-                               lars_eps=eps)
+    trainer = optimizers.make_trainer(net, distributed.Distributed(None), None, "lars", wd, momentum,
+                                      lars_eta=eta, lars_eps=eps)
     trained = {name: p for name, p in net.collect_params().items() if p.grad_req != "null"}
     assert sorted(trained) == ["small_batchnorm0_beta", "small_batchnorm0_gamma", "small_dense0_bias",
                                "small_dense0_weight", "small_dense1_bias", "small_dense1_weight"]
@@ -194,7 +196,7 @@ def test_stopped_inside_an_accumulation_and_resumed_ends_as_the_uninterrupted(tm
     assert stopped_at == 2 * ACCUM and first.steps == 2 * ACCUM
     prefix = str(tmp_path / "model")
     fit.save_checkpoint(prefix, net_b, state_b, RUN, epoch=1, step=stopped_at, keep_last=0, seed=cfg.seed,
-                        partials=fit.gather_partial(first, loop_b.dist, "partial"))
+                        partials=gather_partial(first, loop_b.dist, "partial"))
 
     net_c = tiny_net(init, "live")
     state_c, loop_c = start(cfg, net_c)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-import fit
+from rn50kit.training import fit_flags, optimizers, targets
 import models
 
 
@@ -28,7 +28,7 @@ def test_cutmix_targets_sum_to_one_and_match_the_pasted_area(layout):
     rng = np.random.RandomState(0)
     seen_partial = 0
     for _ in range(20):
-        data, target = fit.make_targets(label, classes, 0.0, 0.0, rng, constant_batch(n, layout), cutmix=1.0)
+        data, target = targets.make_targets(label, classes, 0.0, 0.0, rng, constant_batch(n, layout), cutmix=1.0)
         data, target = data.asnumpy(), target.asnumpy()
         np.testing.assert_allclose(target.sum(axis=1), 1, rtol=1e-6)
         for i in range(n):
@@ -49,9 +49,9 @@ def test_mixup_and_cutmix_switch_as_asked():
     data = constant_batch(4, "NCHW")
     rng = np.random.RandomState(1)
     for _ in range(5):  # switch probability 1: always CutMix (pixels are one image's or the other's)
-        mixed, _ = fit.make_targets(label, 4, 0.0, 0.2, rng, data, cutmix=1.0, switch_prob=1.0)
+        mixed, _ = targets.make_targets(label, 4, 0.0, 0.2, rng, data, cutmix=1.0, switch_prob=1.0)
         assert set(np.unique(mixed.asnumpy()[0])) <= {1.0, 4.0}
-    mixed, target = fit.make_targets(label, 4, 0.0, 0.2, rng, data, cutmix=1.0, switch_prob=0.0)  # always mixup
+    mixed, target = targets.make_targets(label, 4, 0.0, 0.2, rng, data, cutmix=1.0, switch_prob=0.0)  # always mixup
     first = mixed.asnumpy()[0]
     assert np.ptp(first) < 1e-6  # a blend: one value over the whole image
     np.testing.assert_allclose(first.flat[0], target.asnumpy()[0, 0] * 1 + target.asnumpy()[0, 3] * 4, rtol=1e-5)
@@ -68,7 +68,7 @@ def test_bce_loss_and_gradient_equal_numpy(thresh):
     target = rng.dirichlet(np.ones(7) * 0.3, size=5).astype("float32")
     x = mx.nd.array(logits)
     x.attach_grad()
-    loss_fn = fit.make_loss(fit.FitConfig(loss="bce", bce_target_thresh=thresh))
+    loss_fn = targets.make_loss(fit_flags.FitConfig(loss="bce", bce_target_thresh=thresh))
     with autograd.record():
         loss = loss_fn(x, mx.nd.array(target))
     loss.backward()
@@ -76,7 +76,7 @@ def test_bce_loss_and_gradient_equal_numpy(thresh):
     np.testing.assert_allclose(loss.asnumpy(), numpy_bce(logits, used), rtol=1e-5, atol=1e-6)
     sigmoid = 1 / (1 + np.exp(-logits))
     np.testing.assert_allclose(x.grad.asnumpy(), (sigmoid - used) / 7, rtol=1e-4, atol=1e-6)
-    assert isinstance(fit.make_loss(fit.FitConfig()), gluon.loss.SoftmaxCrossEntropyLoss)
+    assert isinstance(targets.make_loss(fit_flags.FitConfig()), gluon.loss.SoftmaxCrossEntropyLoss)
 
 
 def numpy_lamb(w, grads, lr, wd, beta1=0.9, beta2=0.999, eps=1e-6):
@@ -97,7 +97,7 @@ def test_lamb_steps_equal_numpy():
     net = gluon.nn.Dense(3, in_units=4, use_bias=False)
     net.initialize(mx.init.Normal(0.5))
     w0 = net.weight.data().asnumpy().astype("float64")
-    trainer = fit.make_trainer(net, None, "local", "lamb", wd=0.02, momentum=0.9)
+    trainer = optimizers.make_trainer(net, None, "local", "lamb", wd=0.02, momentum=0.9)
     assert type(trainer._optimizer).__name__ == "LAMB"
     grads = []
     for step in range(3):
@@ -123,7 +123,7 @@ def test_lamb_one_step_equals_the_reference_function():
     net = gluon.nn.Dense(2, in_units=3, use_bias=False)
     net.initialize(mx.init.Normal(1.0))
     w0 = net.weight.data().asnumpy().astype("float64")
-    trainer = fit.make_trainer(net, None, "local", "lamb", wd=0.0, momentum=0.0)
+    trainer = optimizers.make_trainer(net, None, "local", "lamb", wd=0.0, momentum=0.0)
     trainer.set_learning_rate(0.1)
     x = np.array([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]], dtype="float32")
     with autograd.record():

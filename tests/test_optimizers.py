@@ -21,7 +21,7 @@ def make_params(seed, dtype="float32", zero=()):
         param.initialize(mx.init.Constant(0))
         if name not in zero:  # (a zero weight: LARS and LAMB keep the LR as it is)
             param.set_data(mx.nd.array(rng.normal(size=shape), dtype=dtype))
-        if name.endswith(("gamma", "beta", "bias")):  # as fit.set_wd_groups does
+        if name.endswith(("gamma", "beta", "bias")):  # as optimizers.set_wd_groups does
             param.wd_mult = 0.0
         param.lr_mult = 0.5 if name == "fc_weight" else 1.0  # as a fine-tuned head's
     return params
@@ -109,7 +109,7 @@ def test_cpu_updates_one_weight_at_a_time(tmp_path):
     assert "sgd_mom_update" in ours and "multi_sgd_mom_update" not in ours
 
 
-# LARS and LAMB, with fit.optimizer_params' settings (LARS reads which weights keep their LR from the names)
+# LARS and LAMB, with optimizers.optimizer_params' settings (LARS reads which weights keep their LR from the names)
 
 
 def named_kwargs(name, params, clip=None):
