@@ -70,6 +70,7 @@ from rn50kit.launch import devices
 from rn50kit.training.distributed import Distributed
 from rn50kit.reliability import faults
 import fit
+from rn50kit.training import fit_flags, state, stop_signals
 from rn50kit.common.helptext import HelpFormatter
 from rn50kit.launch import memory
 import models
@@ -89,7 +90,7 @@ def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
     """train.py's flags, with ``recipe``'s hyper-parameters as their defaults."""
     parser = OneLineParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     models.add_model_args(parser)
-    fit.add_fit_args(parser)
+    fit_flags.add_fit_args(parser)
     pretrained.add_pretrained_args(parser)
     loaders.add_data_args(parser)
     loaders.add_dali_args(parser)
@@ -148,7 +149,7 @@ def fill_hyper_parameters(args, given=()):
 def check_config(cfg):
     """Every hyper-parameter of a RunConfig, checked (a UsageError names the flag)."""
     try:
-        fit.check(cfg.fit)
+        fit_flags.check(cfg.fit)
         pretrained.check_pretrained_args(cfg.finetune)
         if cfg.fit.mode == "pred":
             predict.check_pred_args(cfg.predict.data_pred)
@@ -181,7 +182,7 @@ def json_values(namespace):
 
 
 def run_info(cfg, resolved, typed, given, command):
-    """fit.RunInfo: what this run derived, apart from what the user typed. ``resolved``: json_values of the
+    """state.RunInfo: what this run derived, apart from what the user typed. ``resolved``: json_values of the
     completed arguments; ``typed``: of the arguments as parsed, before the kit filled in the defaults that depend
     on the machine, the data, the recipe or a checkpoint."""
     model_name = cfg.model.name
@@ -196,7 +197,7 @@ def run_info(cfg, resolved, typed, given, command):
         if names:
             record["class_names"] = names
             report_info["class_names"] = predict.readable(names)
-    return fit.RunInfo(model_name=model_name, arch=cfg.model.arch, command=list(command), report_path=report_path,
+    return state.RunInfo(model_name=model_name, arch=cfg.model.arch, command=list(command), report_path=report_path,
                        record=record, report_info=report_info)
 
 
@@ -391,7 +392,7 @@ def hold_workspace(workspace, trains, dist):
             busy = str(error)
     if dist.sum([1.0 if busy else 0.0], "workspace.lock")[0]:
         refuse_together(dist, busy)
-    fit.catch_stop_signals(EARLY_STOPS)  # from here on a SIGTERM/SIGUSR1 means: save at the next step boundary
+    stop_signals.catch_stop_signals(EARLY_STOPS)  # from here on a SIGTERM/SIGUSR1 means: save at the next step boundary
     return lock
 
 
@@ -680,7 +681,7 @@ def main(args, command=None, given=()):
 
 
 def stop_cause():
-    return "Ctrl-C (SIGINT)" if signal.SIGINT in fit.stop_signals_received else "signal"
+    return "Ctrl-C (SIGINT)" if signal.SIGINT in stop_signals.stop_signals_received else "signal"
 
 
 INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
@@ -702,7 +703,7 @@ def run(argv=None):
         print("train.py: interrupted (Ctrl-C twice): stopped without saving; rerun the same command to resume "
               "from the last checkpoint", file=sys.stderr)
         sys.exit(INTERRUPTED)
-    if outcome.stopped and signal.SIGINT in fit.stop_signals_received:
+    if outcome.stopped and signal.SIGINT in stop_signals.stop_signals_received:
         sys.exit(INTERRUPTED)  # saved, as for SIGTERM, but the shell learns it was interrupted
 
 

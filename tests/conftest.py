@@ -146,7 +146,7 @@ def same_random_state():
 
 @pytest.fixture()
 def keep_signal_handlers():
-    """fit.py's StopFlag installs handlers for SIGTERM, SIGUSR1 and SIGINT: put pytest's back after the test."""
+    """stop_signals.StopFlag installs handlers for SIGTERM, SIGUSR1 and SIGINT: put pytest's back after the test."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     yield
     for sig, handler in saved.items():

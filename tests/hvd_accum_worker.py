@@ -14,8 +14,8 @@ import horovod.mxnet as hvd  # noqa: E402
 
 from rn50kit.training import distributed  # noqa: E402
 import fit  # noqa: E402
-from rn50kit.reporting.progress import JsonLog, Progress  # noqa: E402
 from rn50kit.training import precision  # noqa: E402
+from rn50kit.training.stop_signals import StopFlag  # noqa: E402
 from conftest import ACCUM, MICRO, TINY_CLASSES, AccumBatches, fit_config, learned_accum, tiny_accum_net  # noqa: E402
 from loop_harness import CPU, RUN  # noqa: E402
 
@@ -32,9 +32,8 @@ def main():
         cfg = fit_config(workspace, global_batch, accum, "--kv-store", "horovod", "--optimizer", optimizer)
         net = tiny_accum_net(pathlib.Path(out) / f"init-{dist.rank}.params")  # rank 0's weights are broadcast
         state = fit.prepare(cfg, RUN, net, CPU, dist)
-        loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
-                        progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
-                        num_classes=TINY_CLASSES)
+        loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=StopFlag(dist), guard=precision.StatsGuard(net),
+                        end_epoch=cfg.num_epochs, num_classes=TINY_CLASSES)
         stats, steps, _ = fit.train_one_epoch(cfg, loop, state, AccumBatches(size, count, seed=dist.rank), 0)
         assert steps == count and stats.samples == size * count, (steps, stats.samples)
         np.savez(os.path.join(out, f"{name}-rank{dist.rank}.npz"), **learned_accum(net))

@@ -6,18 +6,18 @@ import mxnet as mx
 from rn50kit.training import distributed
 import fit
 from rn50kit.training import precision
-from rn50kit.reporting.progress import JsonLog, Progress
+from rn50kit.training.state import RunInfo
+from rn50kit.training.stop_signals import StopFlag
 
 CPU = [mx.cpu()]
-RUN = fit.RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json",
-                  record={"args": {}})
+RUN = RunInfo(model_name="tiny", arch="resnetv15", command=["test"], report_path="report.json",
+              record={"args": {}})
 
 
 def start(cfg, net, num_classes):
-    """fit.prepare's state and a Loop for ``net`` on the CPU, alone (no Horovod), without progress output."""
+    """fit.prepare's state and a Loop for ``net`` on the CPU, alone (no Horovod), without outputs."""
     dist = distributed.Distributed(None)
     state = fit.prepare(cfg, RUN, net, CPU, dist)
-    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=fit.StopFlag(dist), guard=precision.StatsGuard(net),
-                    progress=Progress(False, 0), json_log=JsonLog(None), end_epoch=cfg.num_epochs,
-                    num_classes=num_classes)
+    loop = fit.Loop(net=net, ctxs=CPU, dist=dist, stop=StopFlag(dist), guard=precision.StatsGuard(net),
+                    end_epoch=cfg.num_epochs, num_classes=num_classes)
     return state, loop

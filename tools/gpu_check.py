@@ -280,13 +280,14 @@ def train_steps(ctx, dtype, layout, channels, size, layers, steps, batch, lr):
     from rn50kit.data import loaders
     import fit
     import models
+    from rn50kit.training import optimizers
     from rn50kit.training.distributed import Distributed
     net = models.get_model(f"resnet{layers}_v1.5", num_classes=10, layout=layout, input_layout=layout,
                            in_channels=channels, dtype=dtype)
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
     iterator = loaders.SyntheticIterator(batch, (channels, size, size), 10, steps, ctx, dtype=dtype, layout=layout)
-    trainer = fit.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
+    trainer = optimizers.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
     trainer.set_learning_rate(lr)
     scaler = fit.make_loss_scaler(None, dtype)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -475,6 +476,7 @@ def step_seconds(layout, channels, batch, steps=10, warmup=3):
     from rn50kit.data import loaders
     import fit
     import models
+    from rn50kit.training import optimizers
     from rn50kit.training.distributed import Distributed
     from mxnet import gluon
     ctx = mx.gpu(0)
@@ -484,7 +486,7 @@ def step_seconds(layout, channels, batch, steps=10, warmup=3):
     net.hybridize(static_alloc=True, static_shape=True)
     iterator = loaders.SyntheticIterator(batch, (channels, 224, 224), 1000, steps + warmup, ctx, dtype="float16",
                                       layout=layout, pool=1)
-    trainer = fit.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
+    trainer = optimizers.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
     trainer.set_learning_rate(0.01)
     scaler = fit.make_loss_scaler(None, "float16")
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

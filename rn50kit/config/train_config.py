@@ -1,5 +1,5 @@
 """train.py's configuration: one frozen, typed config per concern, each beside the code that reads it and the flags that
-set it (models.ModelConfig, data.DataConfig, fit.FitConfig, pretrained.FinetuneConfig, quantize.QuantizeConfig,
+set it (models.ModelConfig, data.DataConfig, fit_flags.FitConfig, pretrained.FinetuneConfig, quantize.QuantizeConfig,
 predict.PredictConfig, watchdog.WatchdogConfig). Every flag of train.py is a field of exactly one of them; their
 defaults are the flags' defaults. The entry point builds a RunConfig once from the parsed and completed flags and passes
 it down: no argparse Namespace goes past train.py."""
@@ -7,7 +7,7 @@ import dataclasses
 
 from rn50kit.common.cli import config_from
 from rn50kit.data.loaders import DataConfig
-from fit import FitConfig
+from rn50kit.training.fit_flags import FitConfig
 from models import ModelConfig
 from rn50kit.scoring.predict import PredictConfig
 from rn50kit.weights.pretrained import FinetuneConfig

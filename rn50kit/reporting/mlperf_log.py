@@ -25,7 +25,7 @@ class MLPerfLog:
         self.logger = None
         if not path:
             return
-        from mlperf_logging import mllog  # imported only when asked for (fit.check says when it is missing)
+        from mlperf_logging import mllog  # imported only when asked for (fit_flags.check says when it is missing)
         self.c = mllog.constants
         handler = logging.FileHandler(path, mode="w" if fresh else "a")
         handler.setLevel(logging.INFO)

@@ -13,9 +13,14 @@ LARS and LAMB need each weight's norm (and its gradient's, or its update's). MXN
 512x512x3x3 convolution, against 0.13 ms for a BLAS dot product of the flattened array with itself. LARS also updates
 in groups (`preloaded_multi_sgd_mom_update`, unvectorized like SGD's), LAMB in groups of 45 (`multi_lamb_update`).
 A whole ResNet-50 update, same machine: LARS 105-114 ms -> 43, LAMB 774-820 ms -> 179.
+
+At the end, the optimizer a run trains with, from its flags: weight-decay groups (none on BatchNorm gamma/beta and
+biases), the optimizer's parameters, and the trainer that applies it (Horovod's DistributedTrainer or a Gluon
+Trainer on a kvstore).
 """
 import mxnet as mx
 import numpy as np
+from mxnet import gluon
 
 
 class SGD(mx.optimizer.SGD):
@@ -159,3 +164,50 @@ def load_states(trainer, path):
         trainer._optimizer.__class__ = ours
         if ours is LARS:
             take_whole_steps(trainer._optimizer)
+
+
+OPTIMIZERS = ("sgd", "nag", "lars", "lamb")  # MXNet's registered names
+
+
+def no_decay(name):
+    """BatchNorm gamma/beta and biases: decaying them only hurts (Goyal et al. 2017; NVIDIA's README)."""
+    return name.endswith(("gamma", "beta", "bias"))
+
+
+def set_wd_groups(net, decay_all=False):
+    for name, param in net.collect_params().items():
+        param.wd_mult = 1.0 if decay_all or not no_decay(name) else 0.0
+
+
+def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0):
+    """The optimizer's parameters (the LR is set every step).
+
+    lars: MXNet 1.9.1's LARS decides which parameters get no trust ratio by their names (ending in gamma, beta or
+    bias), read from ``param_idx2name``, which a Gluon Trainer does not fill in (every parameter would get one):
+    it is given here, indexed as the Trainer indexes (parameters sorted by name). Its momentum correction (momentum
+    x LR / previous LR) is off: the LR changes every step, and from a warmup's first LR of 0 it would make the
+    second step's momentum 2x. lamb: its own moments (MXNet's defaults, timm's: betas 0.9/0.999, eps 1e-6, bias
+    correction), no momentum."""
+    params = {"learning_rate": 0.0, "wd": wd, "multi_precision": True}
+    if optimizer != "lamb":
+        params["momentum"] = momentum
+    if optimizer == "lars":
+        params.update(eta=lars_eta, eps=lars_eps, momentum_correction=False,
+                      param_idx2name=dict(enumerate(sorted(net.collect_params().keys()))))
+    return params
+
+
+def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0, lars_eta=0.001,
+                 lars_eps=0.0):
+    """Multi-precision SGD/NAG/LARS/LAMB; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
+    optimizer_params_ = optimizer_params(net, optimizer, wd, momentum, lars_eta, lars_eps)
+    # MXNet's optimizers; SGD, LARS and LAMB with faster updates on CPU (above)
+    optimizer, optimizer_params_ = create(optimizer, **optimizer_params_), None
+    params = net.collect_params()
+    if kvstore == "horovod":
+        hvd = dist.hvd
+        compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+        return hvd.DistributedTrainer(params, optimizer, optimizer_params_, compression=compression,
+                                      num_groups=num_groups)
+    store = mx.kvstore.create(kvstore) if kvstore else None
+    return gluon.Trainer(params, optimizer, optimizer_params_, kvstore=store, update_on_kvstore=False)

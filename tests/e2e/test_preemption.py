@@ -235,21 +235,21 @@ def test_lock_names_its_live_holder_and_is_taken_over_once_the_holder_is_killed(
 
 def test_partial_sums_go_back_to_their_ranks_or_to_rank_0_with_another_worker_count():
     from types import SimpleNamespace
-    import fit
+    from rn50kit.training.state import PARTIAL_KEYS, resumed_partial, sum_partial
 
     def rank(r, size):
         return SimpleNamespace(rank=r, size=size, is_primary=r == 0)
 
-    sums = [dict(zip(fit.PARTIAL_KEYS, [1.5, 2, 40, 60, 64])), dict(zip(fit.PARTIAL_KEYS, [2.25, 2, 30, 58, 64]))]
-    state = {"partial": fit.sum_partial(sums), "partial_ranks": sums}
-    assert [fit.resumed_partial(state, rank(r, 2)) for r in (0, 1)] == sums
+    sums = [dict(zip(PARTIAL_KEYS, [1.5, 2, 40, 60, 64])), dict(zip(PARTIAL_KEYS, [2.25, 2, 30, 58, 64]))]
+    state = {"partial": sum_partial(sums), "partial_ranks": sums}
+    assert [resumed_partial(state, rank(r, 2)) for r in (0, 1)] == sums
     # Four workers now: rank 0 carries both ranks' sums, so each sample still counts once in the epoch.
-    assert fit.resumed_partial(state, rank(0, 4)) == dict(zip(fit.PARTIAL_KEYS, [3.75, 4, 70, 118, 128]))
-    assert [fit.resumed_partial(state, rank(r, 4)) for r in (1, 2, 3)] == [None] * 3
+    assert resumed_partial(state, rank(0, 4)) == dict(zip(PARTIAL_KEYS, [3.75, 4, 70, 118, 128]))
+    assert [resumed_partial(state, rank(r, 4)) for r in (1, 2, 3)] == [None] * 3
     # A checkpoint from before per-rank sums: only rank 0 starts from them (they used to be given to every rank).
     old = {"partial": sums[0]}
-    assert fit.resumed_partial(old, rank(0, 2)) == sums[0] and fit.resumed_partial(old, rank(1, 2)) is None
-    assert fit.resumed_partial({"partial": None}, rank(0, 2)) is None
+    assert resumed_partial(old, rank(0, 2)) == sums[0] and resumed_partial(old, rank(1, 2)) is None
+    assert resumed_partial({"partial": None}, rank(0, 2)) is None
 
 
 def test_a_stop_signal_during_start_up_saves_at_the_first_step(digits_data, tmp_path):

@@ -5,6 +5,7 @@ import resource
 import pytest
 import mxnet as mx
 
+from rn50kit.training import state
 import fit
 from conftest import fake_checkpoint
 from rn50kit.training.distributed import Distributed
@@ -65,7 +66,7 @@ def test_a_save_on_a_full_disk_removes_its_part_and_says_so(tmp_path):
 
 
 def run_info(**args):
-    return fit.RunInfo(model_name="resnet50_v1.5", arch="resnetv15", command=[], report_path="report.json",
+    return state.RunInfo(model_name="resnet50_v1.5", arch="resnetv15", command=[], report_path="report.json",
                        record={"args": args, "given": [], "derived": {}})
 
 

@@ -2,17 +2,17 @@
 import mxnet as mx
 import pytest
 
+from rn50kit.training import fit_flags
 from rn50kit.launch import launcher as runner
 import train
 
-import fit
 from conftest import planned_train_argv
 
 
 # --- 4: one rule for --gpus: it selects the GPUs with every --kv-store, consistently with runner's variable ---
 
 def fit_cfg(**fields):
-    return fit.FitConfig(**fields)
+    return fit_flags.FitConfig(**fields)
 
 
 def test_kv_store_device_gpus_2_3_under_runner_computes_on_the_two_gpus_it_sees(data_folder):

@@ -3,6 +3,8 @@ weight-decay groups, gradient accumulation, mixup and CutMix, BCE, model_best.""
 import mxnet as mx
 import numpy as np
 import pytest
+from rn50kit.training import optimizers
+from rn50kit.training import fit_flags
 import fit
 import loop_harness
 import train
@@ -207,7 +209,7 @@ def test_batchnorm_and_bias_get_no_weight_decay_conv_weights_do():
     net = models.get_model("resnet18_v1.5", num_classes=5)
     net.initialize(mx.init.Xavier())
     x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
-    fit.set_wd_groups(net)
+    optimizers.set_wd_groups(net)
     lr, wd = 0.5, 0.1
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr, "wd": wd, "momentum": 0.0},
                             kvstore=None)
@@ -228,7 +230,7 @@ def test_batchnorm_and_bias_get_no_weight_decay_conv_weights_do():
             np.testing.assert_allclose(after[name], value * (1 - lr * wd), rtol=1e-5, atol=1e-7, err_msg=name)
             kinds["conv"] += "conv" in name
     assert kinds["conv"] > 10 and kinds["bn"] > 10 and kinds["bias"] == 1
-    fit.set_wd_groups(net, decay_all=True)
+    optimizers.set_wd_groups(net, decay_all=True)
     assert all(p.wd_mult == 1.0 for p in net.collect_params().values())
 
 
@@ -403,7 +405,7 @@ def test_bce_loss_and_gradient_equal_numpy(thresh):
     target = rng.dirichlet(np.ones(7) * 0.3, size=5).astype("float32")
     x = mx.nd.array(logits)
     x.attach_grad()
-    loss_fn = fit.make_loss(fit.FitConfig(loss="bce", bce_target_thresh=thresh))
+    loss_fn = fit.make_loss(fit_flags.FitConfig(loss="bce", bce_target_thresh=thresh))
     with autograd.record():
         loss = loss_fn(x, mx.nd.array(target))
     loss.backward()
@@ -411,7 +413,7 @@ def test_bce_loss_and_gradient_equal_numpy(thresh):
     np.testing.assert_allclose(loss.asnumpy(), numpy_bce(logits, used), rtol=1e-5, atol=1e-6)
     sigmoid = 1 / (1 + np.exp(-logits))
     np.testing.assert_allclose(x.grad.asnumpy(), (sigmoid - used) / 7, rtol=1e-4, atol=1e-6)
-    assert isinstance(fit.make_loss(fit.FitConfig()), gluon.loss.SoftmaxCrossEntropyLoss)
+    assert isinstance(fit.make_loss(fit_flags.FitConfig()), gluon.loss.SoftmaxCrossEntropyLoss)
 
 
 def test_model_best_holds_the_ema_weights_that_were_scored(tmp_path):

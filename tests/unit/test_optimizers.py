@@ -3,7 +3,6 @@ of their formulas and MXNet's own optimizers."""
 import mxnet as mx
 import numpy as np
 import pytest
-import fit
 from mxnet import autograd, gluon
 from rn50kit.training import distributed, optimizers
 
@@ -38,9 +37,9 @@ def lars_reference(weights, grads, moms, lr, wd, momentum, eta, eps, rescale):
 def test_lars_steps_equal_the_numpy_formula(eps):
     mx.random.seed(1)
     net = small_net()
-    fit.set_wd_groups(net)
+    optimizers.set_wd_groups(net)
     wd, momentum, eta, batch = 5e-5, 0.9, 0.001, 6
-    trainer = fit.make_trainer(net, distributed.Distributed(None), None, "lars", wd, momentum, lars_eta=eta,
+    trainer = optimizers.make_trainer(net, distributed.Distributed(None), None, "lars", wd, momentum, lars_eta=eta,
                                lars_eps=eps)
     trained = {name: p for name, p in net.collect_params().items() if p.grad_req != "null"}
     assert sorted(trained) == ["small_batchnorm0_beta", "small_batchnorm0_gamma", "small_dense0_bias",
@@ -86,7 +85,7 @@ def test_lamb_steps_equal_numpy():
     net = gluon.nn.Dense(3, in_units=4, use_bias=False)
     net.initialize(mx.init.Normal(0.5))
     w0 = net.weight.data().asnumpy().astype("float64")
-    trainer = fit.make_trainer(net, None, "local", "lamb", wd=0.02, momentum=0.9)
+    trainer = optimizers.make_trainer(net, None, "local", "lamb", wd=0.02, momentum=0.9)
     assert type(trainer._optimizer).__name__ == "LAMB"
     grads = []
     for step in range(3):
@@ -113,7 +112,7 @@ def test_lamb_one_step_equals_the_reference_function():
     net = gluon.nn.Dense(2, in_units=3, use_bias=False)
     net.initialize(mx.init.Normal(1.0))
     w0 = net.weight.data().asnumpy().astype("float64")
-    trainer = fit.make_trainer(net, None, "local", "lamb", wd=0.0, momentum=0.0)
+    trainer = optimizers.make_trainer(net, None, "local", "lamb", wd=0.0, momentum=0.0)
     trainer.set_learning_rate(0.1)
     x = np.array([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]], dtype="float32")
     with autograd.record():
@@ -141,7 +140,7 @@ def make_params(seed, dtype="float32", zero=()):
         param.initialize(mx.init.Constant(0))
         if name not in zero:  # (a zero weight: LARS and LAMB keep the LR as it is)
             param.set_data(mx.nd.array(rng.normal(size=shape), dtype=dtype))
-        if name.endswith(("gamma", "beta", "bias")):  # as fit.set_wd_groups does
+        if name.endswith(("gamma", "beta", "bias")):  # as optimizers.set_wd_groups does
             param.wd_mult = 0.0
         param.lr_mult = 0.5 if name == "fc_weight" else 1.0  # as a fine-tuned head's
     return params
@@ -229,7 +228,7 @@ def test_cpu_updates_one_weight_at_a_time(tmp_path):
     assert "sgd_mom_update" in ours and "multi_sgd_mom_update" not in ours
 
 
-# LARS and LAMB, with fit.optimizer_params' settings (LARS reads which weights keep their LR from the names)
+# LARS and LAMB, with optimizers.optimizer_params' settings (LARS reads which weights keep their LR from the names)
 
 
 def named_kwargs(name, params, clip=None):

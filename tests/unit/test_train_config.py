@@ -2,7 +2,7 @@
 each config builds without the parser from its own defaults, and the recipes fill what was not typed."""
 import dataclasses
 import pytest
-import fit
+from rn50kit.training import fit_flags
 import train
 import math
 import ast
@@ -67,8 +67,8 @@ def test_a_typed_flag_lands_in_its_config():
 
 def test_fit_check_names_the_flag():
     with pytest.raises(ValueError, match="--ema-decay"):
-        fit.check(fit.FitConfig(num_epochs=2, ema_decay=1.5))
-    fit.check(fit.FitConfig(num_epochs=2))
+        fit_flags.check(fit_flags.FitConfig(num_epochs=2, ema_decay=1.5))
+    fit_flags.check(fit_flags.FitConfig(num_epochs=2))
 
 
 def test_recipe_gives_the_defaults_and_the_command_line_wins():
