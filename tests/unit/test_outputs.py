@@ -12,8 +12,8 @@ from rn50kit.reporting import outputs
 from rn50kit.reporting.report import Report
 from rn50kit.training import fit_flags
 from rn50kit.training.distributed import Distributed
-from test_large_batch import CLASSES, CPU, MICRO, RUN, Batches, fit_config, tiny_net
-from loop_harness import keep_signal_handlers  # noqa: F401 (a fixture)
+from conftest import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from loop_harness import CPU, RUN
 
 EVENTS = ["run_start", "epoch_start", "iteration", "steps_end", "trained", "validation_start", "validation",
           "epoch_end", "run_end", "close"]
@@ -42,9 +42,9 @@ def test_an_output_added_to_the_list_hears_every_event_of_a_real_run_in_order(tm
     monkeypatch.setattr(fit, "open_outputs", with_recorder)
     epochs, batches = 2, 3
     cfg = fit_config(tmp_path, MICRO, 1, "--num-epochs", str(epochs), "--ema-decay", "0")
-    train_batches = Batches(MICRO, batches)
-    report, stopped = fit.fit(cfg, RUN, tiny_net(tmp_path / "init.params"), lambda epoch: train_batches,
-                              Batches(MICRO, 2, seed=1), CPU, Distributed(None), CLASSES)
+    train_batches = AccumBatches(MICRO, batches)
+    report, stopped = fit.fit(cfg, RUN, tiny_accum_net(tmp_path / "init.params"), lambda epoch: train_batches,
+                              AccumBatches(MICRO, 2, seed=1), CPU, Distributed(None), TINY_CLASSES)
     assert not stopped
     per_epoch = ["epoch_start"] + ["iteration"] * batches + ["steps_end", "trained", "validation_start",
                                                              "validation", "epoch_end"]
