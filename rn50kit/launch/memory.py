@@ -42,7 +42,9 @@ def activation_elements(net, input_shape):
 
 
 def parameter_count(net):
-    return sum(int(p.data().size) for p in net.collect_params().values())
+    """Elements of ``net``'s parameters, read from their first device's copy: Parameter.data() without a context
+    asks for the current context, cpu(0), which a network on GPUs (or on [cpu(1), cpu(2)]) does not have."""
+    return sum(int(p.list_data()[0].size) for p in net.collect_params().values())
 
 
 def training_bytes(params, activations_per_image, batch_per_device, dtype):

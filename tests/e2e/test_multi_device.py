@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import mxnet as mx
 import numpy as np
 import pytest
 from conftest import ROOT, venv_env, HANG_S
@@ -47,3 +48,40 @@ def test_train_resume_and_score_on_two_contexts(digits_data, tmp_path):
             scored = json.load(f)["metrics"]
         assert abs(scored["val.top1"][0] - metrics["val.top1"][-1]) < 1e-9, (name, scored, metrics["val.top1"])
         assert abs(scored["val.loss"][0] - metrics["val.loss"][-1]) < 1e-4 * abs(metrics["val.loss"][-1])
+
+
+# train.py with its CPU contexts moved up by one ([cpu(1), cpu(2)]): no cpu(0), as on GPUs, where
+# Parameter.data() without a context (which asks for cpu(0)) fails.
+WITHOUT_CPU0 = """import sys, mxnet as mx, train
+chosen = train.contexts
+train.contexts = lambda *args, **kwargs: [mx.cpu(c.device_id + 1) for c in chosen(*args, **kwargs)]
+train.run(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_training_with_ema_on_contexts_without_cpu0_matches_cpu0_and_cpu1(tmp_path):
+    """The memory check, EMA's update, swap (validation) and save, and a resume, on [cpu(1), cpu(2)]: the same
+    losses and EMA weights as on [cpu(0), cpu(1)]."""
+    common = ["--data-backend", "synthetic", "--dtype", "float32", "--num-layers", "18", "--image-shape", "3,32,32",
+              "--num-classes", "10", "--batch-size", "8", "--num-epochs", "2", "--num-examples", "32", "--seed", "2",
+              "--ema-decay", "0.9", "--memory-check", "refuse"]
+    for name in ("with_cpu0", "without_cpu0"):
+        for extra in (["--run-epochs", "1"], []):  # stopped after an epoch, then resumed
+            workspace = ["--workspace", str(tmp_path / name)]
+            if name == "with_cpu0":
+                run_train(*common, *extra, *workspace)
+                continue
+            command = [sys.executable, "-c", WITHOUT_CPU0, "--kv-store", "device", "--cpu-contexts", "2", *common,
+                       *extra, *workspace]
+            result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+            assert result.returncode == 0, result.stderr[-3000:]
+    reports = {}
+    for name in ("with_cpu0", "without_cpu0"):
+        with open(tmp_path / name / "report.json") as f:
+            reports[name] = json.load(f)["metrics"]
+    assert len(reports["without_cpu0"]["train.loss"]) == 2
+    np.testing.assert_allclose(reports["without_cpu0"]["train.loss"], reports["with_cpu0"]["train.loss"], rtol=1e-5)
+    averages = [mx.nd.load(str(tmp_path / name / "model-0002-ema.params")) for name in ("with_cpu0", "without_cpu0")]
+    for key, value in averages[0].items():
+        np.testing.assert_allclose(averages[1][key].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=key)
