@@ -120,29 +120,78 @@ WHOLE_STEP = 1 << 16
 
 
 class LAMB(mx.optimizer.LAMB):
-    """MXNet's LAMB (its per-weight path: `lamb_update_phase1`, the norms of the weight and of the update, then
-    `lamb_update_phase2`), with the norms taken by BLAS for float32 weights on CPU."""
+    """MXNet's LAMB with timm's rule for the parameters without weight decay, and the norms taken by BLAS for
+    float32 weights on CPU (its per-weight path there: `lamb_update_phase1`, the norms of the weight and of the
+    update, then `lamb_update_phase2`; MXNet's grouped `multi_lamb_update` elsewhere, as on GPUs).
+
+    timm's LAMB (timm/optim/lamb.py, `if weight_decay != 0 or always_adapt`), whose procedure the rsb recipes cite,
+    scales the step by the trust ratio |w| / |step| only for parameters with weight decay: BatchNorm gamma/beta and
+    biases (wd_mult 0, set_wd_groups) take the plain bias-corrected Adam step, lr m_hat / (sqrt(v_hat) + eps).
+    MXNet's kernels scale every parameter's step, so a zero-initialised beta moved about lr times its own tiny norm
+    per step (10 steps at LR 0.01: -0.011 against timm's -0.100). MXNet's kernels take the plain step where the
+    weight's norm is 0 (optimizer_op-inl.h LambUpdatePhaseTwoKernel, multi_lamb.cc/.cu step 2), after clamping it
+    to ``upper_bound``: with an upper bound of 0 they compute timm's step for those parameters."""
 
     def _update_impl(self, index, weight, grad, state, multi_precision=False):
+        listed = isinstance(index, (tuple, list))
         indices, weights, grads, states = _as_lists(index, weight, grad, state)
-        if multi_precision or not cpu_dense(weights, grads):
-            return super()._update_impl(index, weight, grad, state, multi_precision)
+        for adapt in (True, False):
+            chosen = [k for k, i in enumerate(indices) if (self._get_wd(i) != 0) == adapt]
+            if not chosen:
+                continue
+            group = [[items[k] for k in chosen] for items in (indices, weights, grads, states)]
+            if not multi_precision and cpu_dense(group[1], group[2]):
+                self._cpu_update(*group, adapt)
+            elif adapt:
+                super()._update_impl(*(group if listed else [items[0] for items in group]), multi_precision)
+            else:
+                self._plain_update(*group, multi_precision)
+        return None
+
+    def _kwargs(self):
+        kwargs = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon, "rescale_grad": self.rescale_grad,
+                  "bias_correction": self.bias_correction}
+        if self.clip_gradient:
+            kwargs["clip_gradient"] = self.clip_gradient
+        return kwargs
+
+    def _cpu_update(self, indices, weights, grads, states, adapt):
         bounds = {}
         if self.lower_bound:
             bounds["lower_bound"] = self.lower_bound
         if self.upper_bound:
             bounds["upper_bound"] = self.upper_bound
-        kwargs = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon, "rescale_grad": self.rescale_grad,
-                  "bias_correction": self.bias_correction}
-        if self.clip_gradient:
-            kwargs["clip_gradient"] = self.clip_gradient
         for index, weight, grad, (mean, var) in zip(indices, weights, grads, states):
             self._update_count(index)
             update = mx.nd.lamb_update_phase1(weight, grad, mean, var, wd=self._get_wd(index),
-                                              t=self._index_update_count[index], **kwargs)
-            mx.nd.lamb_update_phase2(weight, update, mx.nd.sqrt(sum_of_squares(weight)),
-                                     mx.nd.sqrt(sum_of_squares(update)), lr=self._get_lr(index), out=weight, **bounds)
-        return None
+                                              t=self._index_update_count[index], **self._kwargs())
+            if adapt:
+                norms = mx.nd.sqrt(sum_of_squares(weight)), mx.nd.sqrt(sum_of_squares(update))
+                mx.nd.lamb_update_phase2(weight, update, *norms, lr=self._get_lr(index), out=weight, **bounds)
+            else:  # a weight norm of 0: the trust ratio is 1
+                zero = mx.nd.zeros((1,), weight.context)
+                mx.nd.lamb_update_phase2(weight, update, zero, zero, lr=self._get_lr(index), out=weight)
+
+    def _plain_update(self, indices, weights, grads, states, multi_precision):
+        """MXNet's grouped kernels (as its LAMB groups them) with the weight norm clamped to 0: the plain step."""
+        steps, lrs, wds = [], [], []
+        for index in indices:
+            self._update_count(index)
+            steps.append(self._index_update_count[index])
+            lrs.append(self._get_lr(index))
+            wds.append(self._get_wd(index))
+        size = max(1, self.aggregate_num)
+        for start in range(0, len(indices), size):
+            part = slice(start, start + size)
+            kwargs = dict(out=weights[part], step_count=steps[part], lrs=lrs[part], wds=wds[part], upper_bound=0.0,
+                          **self._kwargs())
+            if multi_precision:  # state: (float32 master weights, (mean, var))
+                mean, var = zip(*[moments for _, moments in states[part]])
+                masters = [master for master, _ in states[part]]
+                mx.nd.contrib.multi_mp_lamb_update(weights[part], grads[part], mean, var, masters, **kwargs)
+            else:
+                mean, var = zip(*states[part])
+                mx.nd.contrib.multi_lamb_update(weights[part], grads[part], mean, var, **kwargs)
 
 
 BY_NAME = {"sgd": SGD, "lars": LARS, "lamb": LAMB}  # MXNet's registered names
