@@ -1,13 +1,16 @@
 """Self-check of this machine for the kit: versions, numerics, training, data, collectives, speed and memory.
 
-    python tools/gpu_check.py [--json gpu_check.json] [--only NAME,...] [--data-val val.rec] [-b 208]
+    python tools/gpu_check.py [--json gpu_check.json] [--only NAME,...] [--data-val val.rec] [-b 192]
 
 Prints a verdict table (pass / warn / fail / not run) and writes the same as JSON. On a GPU machine it checks
 what the kit's developers could not run (they have no GPU that MXNet 1.9.1 supports): the driver against DALI
 2.4, MXNet's kernels for this GPU, float16 NHWC numerics against float32 on the CPU, float16 training with dynamic
 loss scaling, the dali-gpu pipeline and the batch that reaches MXNet on the GPU, NCCL's allreduce, NCHW against
-NHWC step time and whether the original's batch of 208 fits. On a CPU machine every check with a CPU form runs
-and the GPU ones say "not run (no GPU)". Exit status 1 when a check fails.
+NHWC step time at the batch you train with (-b, runner's default) and whether that batch fits, in a fresh process.
+It runs with the variables runner gives its workers (CUDA graphs on, cuDNN autotune off, ...): the configuration
+training runs. On a CPU machine every check with a CPU form runs and the GPU ones say "not run (no GPU)". A GPU
+of compute capability 9.0 or newer (H100, H200) with an MXNet wheel from PyPI is named in one line before any
+kernel runs. Exit status 1 when a check fails.
 """
 import argparse
 import ctypes
@@ -27,10 +30,19 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 NOT_RUN = "not run (no GPU)"
+NOT_APPLICABLE = "not applicable"
+NO_KERNELS = "not run (no MXNet kernels for this GPU)"
 DALI_MIN_DRIVER = (525, 60)  # nvidia-dali-cuda120: CUDA 12 needs driver r525 or newer (NVIDIA's compatibility table)
 # mxnet-cu112 1.9.1's sm_ list: MXNET_CUDA_ARCH "5.0;6.0;7.0;8.0;8.6" in apache/mxnet config/distribution/
 # linux_cu112.cmake. A cubin for sm_XY also runs on sm_XZ with Z >= Y (same major): T4 (7.5), L4 (8.9) too.
 MXNET_WHEEL_ARCHS = (50, 60, 70, 80, 86)
+# Every MXNet 1.9.1 GPU wheel on PyPI (mxnet-cu101 to mxnet-cu117) carries machine code up to sm_86 and no PTX
+# (read with cuobjdump): on compute capability 9.0 and newer no kernel can run.
+PYPI_WHEEL = re.compile(r"^mxnet[-_]cu\d+$")
+NEWEST_WHEEL_GPU = 89  # sm_86's cubins run on 8.x up to 8.9
+SM90_ROUTES = ("NVIDIA's NGC MXNet container 24.05 or 24.06 (MXNet 1.9.1, CUDA 12.4; see README, GPU paths), "
+               "a source build of MXNet 1.9.1 for sm_90 (CUDA 11.8, gcc 11, cuDNN 8.9 for CUDA 11), "
+               "or a GPU of compute capability 5.0-8.9")
 FORWARD_TOLERANCE = 2e-2  # float16 NHWC logits vs float32 NCHW: relative L2 error
 BACKWARD_TOLERANCE = 5e-2  # the classifier's weight gradient: relative L2 error
 PIXEL_TOLERANCE = 4.0  # mean absolute difference, in 0..255 pixel units (decoders and resize filters differ)
@@ -49,6 +61,62 @@ class Machine:
         self.num_gpus = mx.context.num_gpus()
         self.gpu = self.num_gpus > 0
         self.workdir = tempfile.mkdtemp(prefix="rn50-gpu-check-")
+
+
+def runner_plan(gpus, cores, environ):
+    """(the variables runner sets, runner's default batch per GPU) for `runner -n <gpus>` on a machine of ``gpus``
+    GPUs and ``cores`` cores (launcher.build_env, as runner plans it; values already in ``environ`` win)."""
+    from rn50kit.launch import launcher
+    # synthetic data: the variables do not depend on the data, and runner's plan would look for the data root
+    args, extra = launcher.get_args_parser().parse_known_args(["-n", str(max(1, gpus)), "--data-backend",
+                                                               "synthetic"])
+    machine = launcher.Machine(gpus, cores)
+    launcher.resolve_and_check(args, extra, machine)
+    return launcher.build_env(args, machine, environ, extra), args.batch_size
+
+
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
+
+
+def compute_capability(ordinal=0):
+    """The compute capability of GPU ``ordinal`` as an int (90 for 9.0) from the driver API, or None. The driver
+    installs ``libcuda.so.1``; the unversioned ``libcuda.so`` that mx.util.get_cuda_compute_capability loads comes
+    only with the development package. No kernel runs."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+        return None
+    for value, attribute in ((major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                             (minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)):
+        if lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, device) != 0:
+            return None
+    return major.value * 10 + minor.value
+
+
+def pypi_gpu_wheel():
+    """'mxnet-cu112 1.9.1' when MXNet is a GPU wheel from PyPI (NGC's and source builds install as 'mxnet'),
+    else None."""
+    from importlib import metadata
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name") or ""
+        if PYPI_WHEEL.match(name.lower()):
+            return f"{name} {dist.version}"
+    return None
+
+
+def unsupported_gpu(machine):
+    """The one line saying this GPU cannot run the installed MXNet and what to do, or None."""
+    if not machine.gpu:
+        return None
+    arch, wheel = compute_capability(0), pypi_gpu_wheel()
+    if arch is None or arch <= NEWEST_WHEEL_GPU or wheel is None:
+        return None
+    return (f"this GPU is compute capability {arch // 10}.{arch % 10} (sm_{arch}), and the installed {wheel} from "
+            f"PyPI has kernels up to sm_86 and no PTX: every MXNet kernel fails here (\"no kernel image is "
+            f"available\"). Routes: {SM90_ROUTES}")
 
 
 # --- versions and capabilities --------------------------------------------------------------------------------
@@ -140,7 +208,7 @@ def check_kernels(machine, args):
     """The GPU's architecture against the wheel's sm_ list, and a real float16 convolution on every GPU."""
     import mxnet as mx
     from rn50kit.launch import devices
-    arch = mx.util.get_cuda_compute_capability(mx.gpu(0))
+    arch = compute_capability(0)
     found = {"compute_capability": arch, "wheel_archs": list(MXNET_WHEEL_ARCHS)}
     for i in range(machine.num_gpus):
         try:
@@ -149,6 +217,9 @@ def check_kernels(machine, args):
             mx.nd.Convolution(x, w, no_bias=True, kernel=(3, 3), num_filter=8, layout="NHWC").wait_to_read()
         except mx.base.MXNetError as error:
             return "fail", f"gpu({i}): {devices.describe_mxnet_error(error, machine.num_gpus)}", found
+    if arch is None:
+        return "pass", (f"a float16 NHWC convolution ran on all {machine.num_gpus} GPU(s); compute capability "
+                        "unknown (the driver's libcuda.so.1 did not answer)"), found
     note = "" if wheel_covers(arch) else \
         f" (sm_{arch} has no cubin in the mxnet-cu112 wheel's list: this is another build, or it ran from PTX)"
     return "pass", f"sm_{arch}; a float16 NHWC convolution ran on all {machine.num_gpus} GPU(s){note}", found
@@ -466,6 +537,8 @@ def check_allreduce_cpu(machine, args):
 
 
 def check_allreduce_gpu(machine, args):
+    if machine.num_gpus < 2:
+        return NOT_APPLICABLE, "one GPU: no traffic between GPUs to check", {}
     return run_allreduce(machine.num_gpus)
 
 
@@ -500,27 +573,53 @@ def step_seconds(layout, channels, batch, steps=10, warmup=3):
     return (time.perf_counter() - start) / steps
 
 
+def step_worker(spec):
+    """Run by measure_step in a fresh process: one timing, printed as a STEP line."""
+    import mxnet as mx
+    from rn50kit.launch import devices
+    layout, channels, batch, steps, warmup = json.loads(spec)
+    try:
+        result = {"seconds": step_seconds(layout, channels, batch, steps, warmup)}
+    except mx.base.MXNetError as error:
+        result = {"error": devices.describe_mxnet_error(error, mx.context.num_gpus())}
+    print("STEP " + json.dumps(result), flush=True)
+
+
+def measure_step(layout, channels, batch, steps=10, warmup=3):
+    """Seconds per float16 ResNet-50 training step on GPU 0, in a fresh process (with this process's environment,
+    runner's): no memory held by earlier checks in MXNet's or DALI's pools. (seconds or None, error line)."""
+    spec = json.dumps([layout, channels, batch, steps, warmup])
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--step-worker", spec],
+                            capture_output=True, text=True, timeout=1800)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("STEP ")]
+    if not lines:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        return None, f"the timing process exited with {result.returncode}: {tail[0]}"
+    report = json.loads(lines[-1][len("STEP "):])
+    return report.get("seconds"), report.get("error")
+
+
 def check_layout_speed(machine, args):
-    nchw, nhwc = step_seconds("NCHW", 3, 64), step_seconds("NHWC", 4, 64)
-    found = {"nchw_step_s": nchw, "nhwc_step_s": nhwc, "batch": 64}
-    detail = f"float16 ResNet-50 step at batch 64: NCHW {nchw * 1000:.0f} ms, NHWC {nhwc * 1000:.0f} ms"
+    batch = args.batch_size
+    (nchw, nchw_error), (nhwc, nhwc_error) = measure_step("NCHW", 3, batch), measure_step("NHWC", 4, batch)
+    found = {"nchw_step_s": nchw, "nhwc_step_s": nhwc, "batch": batch}
+    if nchw_error or nhwc_error:
+        return "fail", f"-b {batch}: NCHW {nchw_error or 'ran'}; NHWC {nhwc_error or 'ran'}", found
+    detail = f"float16 ResNet-50 step at batch {batch}: NCHW {nchw * 1000:.0f} ms, NHWC {nhwc * 1000:.0f} ms"
     if nhwc > 1.1 * nchw:
         return "warn", (detail + "; NHWC (the default) is slower on this GPU: train with --conv-layout NCHW "
-                                 "(e.g. `./runner -n 8 -b 208 --conv-layout NCHW`)"), found
+                                 f"(e.g. `./runner -n 8 -b {batch} --conv-layout NCHW`)"), found
     return "pass", detail + "; the NHWC default is right here", found
 
 
 def check_memory(machine, args):
     import mxnet as mx
-    from rn50kit.launch import devices
-    try:
-        seconds = step_seconds("NHWC", 4, args.batch_size, steps=2, warmup=1)
-    except mx.base.MXNetError as error:
-        return "fail", (f"-b {args.batch_size} does not fit: {devices.describe_mxnet_error(error, machine.num_gpus)}"
-                        ), {"batch": args.batch_size}
+    seconds, error = measure_step("NHWC", 4, args.batch_size, steps=2, warmup=1)
+    if error:
+        return "fail", f"-b {args.batch_size} does not fit: {error}", {"batch": args.batch_size}
     free, total = mx.context.gpu_memory_info(0)
-    found = {"batch": args.batch_size, "step_s": seconds, "gpu_free_bytes": free, "gpu_total_bytes": total}
-    return "pass", (f"-b {args.batch_size} fits (float16 NHWC ResNet-50 training step, "
+    found = {"batch": args.batch_size, "step_s": seconds, "gpu_total_bytes": total}
+    return "pass", (f"-b {args.batch_size} fits (float16 NHWC ResNet-50 training step in a fresh process, "
                     f"{args.batch_size / seconds:.0f} img/s on one GPU; {total / 2 ** 30:.0f} GiB)"), found
 
 
@@ -542,17 +641,22 @@ CHECKS = [
     Check("allreduce-cpu", "Horovod Gloo allreduce over 2 processes is exact", check_allreduce_cpu),
     Check("allreduce-gpu", "Horovod allreduce over every local GPU (NCCL) is exact", check_allreduce_gpu,
           gpu_only=True),
-    Check("layout-speed", "float16 NCHW vs NHWC step time", check_layout_speed, gpu_only=True),
-    Check("memory", "the original's -b 208 fits (float16 NHWC ResNet-50)", check_memory, gpu_only=True),
+    Check("layout-speed", "float16 NCHW vs NHWC step time at -b", check_layout_speed, gpu_only=True),
+    Check("memory", "-b fits (float16 NHWC ResNet-50, in a fresh process)", check_memory, gpu_only=True),
 ]
 
 
-def run_checks(machine, args, checks=CHECKS):
+def run_checks(machine, args, checks=CHECKS, unsupported=None):
+    """Each check's result; ``unsupported``: the line saying MXNet has no kernels for this GPU (unsupported_gpu),
+    which the kernels check reports and for which no other GPU check runs."""
     results = []
     for check in checks:
         start = time.perf_counter()
         if check.gpu_only and not machine.gpu:
             verdict, detail, found = NOT_RUN, check.what, {}
+        elif check.gpu_only and unsupported:
+            verdict, detail, found = ("fail", unsupported, {}) if check.name == "kernels" else \
+                (NO_KERNELS, check.what, {})
         else:
             try:
                 verdict, detail, found = check.run(machine, args)
@@ -582,7 +686,7 @@ def summary(results):
     return counts
 
 
-def main(argv=None):
+def parse_args(argv):
     from rn50kit.common.helptext import HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--json", default="gpu_check.json", help="where the JSON report goes")
@@ -590,12 +694,15 @@ def main(argv=None):
                         ", ".join(c.name for c in CHECKS))
     parser.add_argument("--data-val", help="validation RecordIO to compare the pipelines on (default: 16 photos "
                                            "built in a temporary folder)")
-    parser.add_argument("-b", "--batch-size", type=int, default=208, help="per-GPU batch the memory check tries")
+    parser.add_argument("-b", "--batch-size", type=int, default=None,
+                        help="per-GPU batch you train with, for the layout timing and the memory check (default: "
+                             "runner's, 192 on GPUs; -b 208 for the original's)")
     parser.add_argument("--steps", type=int, default=30, help="training steps of the training checks")
     parser.add_argument("--allreduce-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--step-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.allreduce_worker:
-        return allreduce_worker()
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"-b must be at least 1, got {args.batch_size}")
     checks = CHECKS
     if args.only:
         names = args.only.split(",")
@@ -603,13 +710,44 @@ def main(argv=None):
         if unknown:
             parser.error(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(c.name for c in CHECKS)}")
         checks = [c for c in CHECKS if c.name in names]
+    return args, checks
+
+
+def use_runners_environment(args):
+    """Set the variables runner gives its workers on this machine (values already set win), before MXNet is
+    imported: the checks run the configuration training runs. Returns them."""
+    from rn50kit.common import cli
+    from rn50kit.launch import launcher
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        env, default_batch = runner_plan(launcher.nvidia_gpu_count(), cores, os.environ)
+    except cli.UsageError as error:
+        cli.fail("gpu_check", f"runner cannot plan a run on this machine: {error}")
+    os.environ.update(env)
+    if args.batch_size is None:
+        args.batch_size = default_batch
+    return env
+
+
+def main(argv=None):
+    args, checks = parse_args(argv)
+    if args.allreduce_worker:
+        return allreduce_worker()
+    if args.step_worker:
+        return step_worker(args.step_worker)
+    env = use_runners_environment(args)
     machine = Machine()
-    print(f"gpu_check: {machine.num_gpus} GPU(s) visible to MXNet; running {len(checks)} check(s)", file=sys.stderr)
-    results = run_checks(machine, args, checks)
+    print(f"gpu_check: {machine.num_gpus} GPU(s) visible to MXNet; running {len(checks)} check(s) with runner's "
+          f"variables ({', '.join(f'{k}={v}' for k, v in sorted(env.items()))})", file=sys.stderr)
+    unsupported = unsupported_gpu(machine)
+    if unsupported:
+        print(f"gpu_check: {unsupported}", file=sys.stderr, flush=True)
+    results = run_checks(machine, args, checks, unsupported)
     counts = summary(results)
     print(table(results))
     verdict = "fail" if counts.get("fail") else "pass"
     report = {"verdict": verdict, "gpus": machine.num_gpus, "summary": counts, "checks": results,
+              "environment": env, "batch_size": args.batch_size,
               "tolerances": {"forward": FORWARD_TOLERANCE, "backward": BACKWARD_TOLERANCE, "pixels": PIXEL_TOLERANCE}}
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)
