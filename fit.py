@@ -451,8 +451,17 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     prefix = workspace_path(cfg.workspace, cfg.model_prefix)
     state, resumed = start(cfg, run, net, ctxs, dist, prefix)
     first_epoch = state.epoch
-    run_outputs = open_outputs(cfg, run, state.report, dist, ctxs, resumed is None,
-                               lambda: len(make_train_iter(first_epoch)) * cfg.batch_size)
+    # The first epoch's pipeline, built once: the MLPerf log asks for an epoch's samples before the epoch begins
+    # (asking make_train_iter twice would build epoch 0's pipeline again under --seed).
+    first_iter = []
+
+    def epoch_iter(epoch):
+        return first_iter.pop() if epoch == first_epoch and first_iter else make_train_iter(epoch)
+
+    def train_samples():
+        first_iter[:] = first_iter or [make_train_iter(first_epoch)]
+        return len(first_iter[0]) * cfg.batch_size
+    run_outputs = open_outputs(cfg, run, state.report, dist, ctxs, resumed is None, train_samples)
     end_epoch = planned_end(cfg, state, dist)
     loop = Loop(net=net, ctxs=ctxs, dist=dist, stop=StopFlag(dist), guard=StatsGuard(net), end_epoch=end_epoch,
                 num_classes=num_classes, loss_fn=make_loss(cfg), outputs=run_outputs)
@@ -469,7 +478,7 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
         if finetune.changes_lr:  # Gluon's trainers read lr_mult at every update
             set_backbone_lr_mult(net, backbone_lr_mult(epoch, finetune.backbone_lr_mult,
                                                        finetune.freeze_backbone_epochs))
-        stopped, reached = run_epoch(cfg, loop, state, epoch, make_train_iter(epoch), val_iter, save)
+        stopped, reached = run_epoch(cfg, loop, state, epoch, epoch_iter(epoch), val_iter, save)
         if stopped or reached:
             break
     finished = end_epoch > first_epoch and not stopped and (reached or end_epoch == cfg.num_epochs)

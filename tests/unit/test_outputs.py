@@ -112,3 +112,20 @@ def test_the_files_are_written_by_rank_0_only(tmp_path, primary):
     listed.close()
     assert sorted(path.name for path in tmp_path.iterdir()) == (["log.jsonl", "report.json"] if primary else [])
     assert report.metrics["train.loss"] == [2.5] and report.total_duration == 3.0  # every rank keeps its report
+
+
+def test_the_mlperf_log_does_not_build_the_first_epochs_pipeline_twice(tmp_path, keep_signal_handlers):
+    """--mllog asks for an epoch's samples at the start: from the first epoch's pipeline, which the epoch then
+    uses (under --seed each call of make_train_iter builds a new pipeline)."""
+    cfg = fit_config(tmp_path, MICRO, 1, "--num-epochs", "2", "--ema-decay", "0", "--mllog", "mllog.txt")
+    built = []
+
+    def make_train_iter(epoch):
+        built.append(epoch)
+        return AccumBatches(MICRO, 3)
+    fit.fit(cfg, RUN, tiny_accum_net(tmp_path / "init.params"), make_train_iter, AccumBatches(MICRO, 2, seed=1),
+            CPU, Distributed(None), TINY_CLASSES)
+    assert built == [0, 1]
+    samples = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(tmp_path / "mllog.txt")
+               if ":::MLLOG " in line]
+    assert {r["key"]: r["value"] for r in samples}["train_samples"] == 3 * cfg.batch_size
