@@ -567,11 +567,12 @@ def configure(args, given, num_gpus):
     problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
     if problem:
         raise UsageError(problem)
-    for note in fill_hyper_parameters(args, given):
+    notes = fill_hyper_parameters(args, given)
+    cfg = train_config.from_args(args)
+    check_config(cfg)  # a refusal is the only line
+    for note in notes:
         if args.mode in ("train", "train_val") and not args.test_io:  # --test-io trains nothing
             logging.info("%s", note)  # rank 0 only logs at INFO
-    cfg = train_config.from_args(args)
-    check_config(cfg)
     return cfg
 
 
