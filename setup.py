@@ -12,6 +12,7 @@ setup(
     python_requires=">=3.11,<3.12",
     py_modules=CARD_MODULES,
     packages=find_packages(include=["rn50kit", "rn50kit.*"]),
+    package_data={"rn50kit.config": ["recipes/*.toml"]},  # the shipped recipes (schedules.RECIPES_DIR)
     scripts=["runner"],
     # MXNet is left out on purpose: the CPU build (mxnet) and the GPU builds (mxnet-cu112, ...) are
     # different distributions of the same package; the Makefile installs the one asked for.
@@ -22,6 +23,7 @@ setup(
         "nvidia-dali-cuda120>=2.0",
         "scikit-learn>=1.3",
         "safetensors>=0.4",  # --pretrained: torchvision/timm weights without PyTorch
+        "tomli-w==1.2.0",  # every run's resolved config.toml (reading TOML is the standard library's tomllib)
     ],
     extras_require={
         # ONNX export (tools/export_onnx.py): MXNet's exporter imports onnx.mapping, removed in onnx 1.16

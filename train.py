@@ -63,6 +63,7 @@ finally:
 from rn50kit.common import backends
 from rn50kit.training import checkpoint
 from rn50kit.common import cli
+from rn50kit.common import config_files
 from rn50kit.common.cli import OneLineParser, UsageError
 from rn50kit.config import train_config
 from rn50kit.data import loaders
@@ -86,8 +87,9 @@ from rn50kit.reliability import watchdog
 from rn50kit.launch import world
 
 
-def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
-    """train.py's flags, with ``recipe``'s hyper-parameters as their defaults."""
+def get_args_parser(recipe=schedules.DEFAULT_RECIPE, file_settings=None):
+    """train.py's flags, with ``recipe``'s hyper-parameters as their defaults and a config file's ``file_settings``
+    (config_files.Settings) over them; the command line wins over both."""
     parser = OneLineParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     models.add_model_args(parser)
     fit_flags.add_fit_args(parser)
@@ -98,25 +100,82 @@ def get_args_parser(recipe=schedules.DEFAULT_RECIPE):
     quantize.add_quantize_args(parser)
     predict.add_pred_args(parser)
     watchdog.add_watchdog_args(parser)  # faults: --stall-timeout
-    parser.set_defaults(**schedules.recipe_defaults(recipe))
+    parser.set_defaults(**recipe_values(parser, recipe))
+    if file_settings is not None:
+        parser.set_defaults(**{**file_values(parser, file_settings), "recipe": recipe})
     return parser
 
 
-def chosen_recipe(argv):
-    """--recipe's value in ``argv`` (the default recipe without one); a bad name is left to the full parser."""
+def recipe_values(parser, recipe):
+    """The flag defaults ``recipe`` sets, each checked as its flag would be (a user's recipe file may be wrong)."""
+    recipe_settings = config_files.read(schedules.recipe_file(recipe), "--recipe")
+    values = config_files.check_against(recipe_settings, parser, ignore=(),
+                                        allowed=("lr_per_256", "lr_points"))
+    return {key: value for key, value in values.items() if key not in schedules.DERIVED_FIELDS}
+
+
+def config_tables():
+    """The tables a config file may use besides the argument groups: a run's configs (a resolved config.toml's)."""
+    return {name: {field.name for field in dataclasses.fields(cls)} for name, cls in train_config.CONFIGS.items()}
+
+
+def file_values(parser, file_settings):
+    """A config file's values, checked and converted as the flags' (runner's own keys left to runner)."""
+    return config_files.check_against(file_settings, parser, config_tables(), allowed=("recipe",))
+
+
+def read_settings(argv):
+    """The Settings of --config's file in ``argv``, or None (a ConfigError for a bad file)."""
     probe = argparse.ArgumentParser(add_help=False)
-    probe.add_argument("--recipe", default=schedules.DEFAULT_RECIPE)
+    probe.add_argument("--config")
+    path = probe.parse_known_args(argv)[0].config
+    return None if path is None else config_files.read(os.path.abspath(path))
+
+
+def chosen_recipe(argv, file_settings=None):
+    """--recipe's value in ``argv``, else the config file's (a path relative to the file's folder), else the
+    default recipe; a bad name on the command line is left to the full parser."""
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--recipe")
     recipe = probe.parse_known_args(argv)[0].recipe
-    return recipe if recipe in schedules.RECIPES else schedules.DEFAULT_RECIPE
+    if recipe is not None:
+        try:
+            return schedules.recipe_argument(recipe)
+        except argparse.ArgumentTypeError:
+            return schedules.DEFAULT_RECIPE
+    if file_settings is None or "recipe" not in file_settings.values:
+        return schedules.DEFAULT_RECIPE
+    named = file_settings.values["recipe"]
+    if isinstance(named, str) and schedules.is_recipe_file(named):
+        named = os.path.join(os.path.dirname(file_settings.path), named)
+    try:
+        return schedules.recipe_argument(str(named))
+    except argparse.ArgumentTypeError as error:
+        raise config_files.ConfigError(f"{file_settings.where('recipe')}: {error}")
 
 
 def parse_args(argv=None, prog=None):
-    """The command line over --recipe's defaults over the parser's own (timm's order for its config files)."""
+    """The command line over --config's file over --recipe's defaults over the parser's own (timm's order for
+    its config files); a bad file or recipe is one error line."""
     argv = sys.argv[1:] if argv is None else [str(arg) for arg in argv]
-    parser = get_args_parser(chosen_recipe(argv))
+    try:
+        file_settings = read_settings(argv)
+        parser = get_args_parser(chosen_recipe(argv, file_settings), file_settings)
+    except config_files.ConfigError as error:
+        cli.fail(prog or "train.py", str(error))
     if prog:
         parser.prog = prog
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.config:
+        args.config = os.path.abspath(args.config)
+    return args
+
+
+def given_flags(argv):
+    """The destinations set by the user: the flags typed in ``argv`` and the keys of its --config file."""
+    parser, file_settings = get_args_parser(), read_settings(argv)
+    from_file = set() if file_settings is None else set(file_values(parser, file_settings))
+    return settings.given_flags(parser, argv) | from_file
 
 
 def setup_logging(rank):
@@ -134,7 +193,7 @@ def fill_hyper_parameters(args, given=()):
     if args.lr is None:
         args.lr, how = schedules.recipe_lr_source(args.recipe, args.batch_size * max(args.grad_accum_steps, 1))
         notes.append(how)
-    recipe_steps = schedules.RECIPES[args.recipe]["lr_steps"]
+    recipe_steps = schedules.recipe(args.recipe)["lr_steps"]
     if (args.mode in ("train", "train_val") and args.lr_schedule == "step" and "lr_steps" not in given
             and recipe_steps and list(args.lr_steps) == list(recipe_steps)
             and args.num_epochs != schedules.recipe_epochs(args.recipe)):
@@ -169,11 +228,12 @@ def check_flags(argv):
             cli.fail("train.py", str(error))
     if args.mode in ("val", "pred") and args.num_epochs is None:
         args.num_epochs = 1
-    fill_hyper_parameters(args, settings.given_flags(get_args_parser(), argv))
+    typed = settings.given_flags(get_args_parser(), argv)
+    fill_hyper_parameters(args, given_flags(argv))
     try:
         check_config(train_config.from_args(args))
     except UsageError as error:
-        cli.fail("train.py", str(error))
+        cli.fail("train.py", config_files.blame(str(error), read_settings(argv), typed))
 
 
 def json_values(namespace):
@@ -189,8 +249,9 @@ def run_info(cfg, resolved, typed, given, command):
     report_path = cfg.fit.report or ("score.json" if cfg.fit.mode == "val" else "report.json")
     derived = {k: v for k, v in resolved.items() if typed.get(k) != v}
     derived.update(model_name=model_name, report=report_path)
-    record = {"args": resolved, "given": sorted(given), "derived": derived}
-    report_info = {}
+    files = {"config_file": cfg.fit.config, "recipe_file": str(schedules.recipe_file(cfg.fit.recipe).resolve())}
+    record = {"args": resolved, "given": sorted(given), "derived": derived, **files}
+    report_info = dict(files)
     if cfg.fit.mode in ("train", "train_val"):  # the data's class names travel into every checkpoint
         names = predict.training_class_names(cfg.predict.class_names, cfg.data.data_train, cfg.data.data_val,
                                              cfg.model.num_classes)
@@ -506,11 +567,12 @@ def configure(args, given, num_gpus):
     problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
     if problem:
         raise UsageError(problem)
-    for note in fill_hyper_parameters(args, given):
+    notes = fill_hyper_parameters(args, given)
+    cfg = train_config.from_args(args)
+    check_config(cfg)  # a refusal is the only line
+    for note in notes:
         if args.mode in ("train", "train_val") and not args.test_io:  # --test-io trains nothing
             logging.info("%s", note)  # rank 0 only logs at INFO
-    cfg = train_config.from_args(args)
-    check_config(cfg)
     return cfg
 
 
@@ -553,6 +615,30 @@ def check_devices(cfg, ctxs, dist):
 def absolute_report_path(cfg, info):
     """The absolute path of the run's report (a relative --report is inside the workspace)."""
     return os.path.abspath(checkpoint.workspace_path(cfg.fit.workspace, info.report_path))
+
+
+CONFIG_FILE = "config.toml"  # every run's resolved configuration, in its workspace
+
+
+def resolved_tables(cfg, info, workers):
+    """A run's configuration as TOML tables: every field of every config as the run used it, the workers for
+    runner, and a record of the kit and the files read (not settings). --config is in the record: the file
+    written replaces it."""
+    import rn50kit
+    tables = {name: {key: value for key, value in dataclasses.asdict(getattr(cfg, name)).items() if key != "config"}
+              for name in train_config.CONFIGS}
+    tables["runner"] = {"ngpus": workers}
+    record = {"config_file": info.record.get("config_file"), "recipe_file": info.record.get("recipe_file")}
+    tables[config_files.RECORD_TABLE] = {**config_files.kit_identity(rn50kit.KIT_DIR), **record}
+    return tables
+
+
+def write_resolved_config(cfg, info, dist, ctxs):
+    """Rank 0 of a training run: <workspace>/config.toml, which `./runner --config` replays."""
+    workers = dist.size * (len(ctxs) if ctxs[0].device_type == "gpu" else 1)  # runner's -n: GPUs, else processes
+    path = os.path.join(cfg.fit.workspace, CONFIG_FILE)
+    config_files.write_resolved(path, resolved_tables(cfg, info, workers))
+    return path
 
 
 def prepare_workspace(cfg, info, dist):
@@ -662,6 +748,8 @@ def main(args, command=None, given=()):
     check_devices(cfg, ctxs, dist)
     info = run_info(cfg, json_values(args), typed, given, command)
     lock = prepare_workspace(cfg, info, dist)
+    if lock is not None and dist.is_primary:  # a training run holds its workspace: its configuration goes in
+        write_resolved_config(cfg, info, dist, ctxs)
     seed_everything(cfg.fit.seed)
     announce_run(cfg, info, dist)
     try:
@@ -690,11 +778,12 @@ INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctr
 def run(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    given = settings.given_flags(get_args_parser(), argv)  # flags typed, whatever their value
+    given = given_flags(argv)  # flags typed (whatever their value) and a config file's keys
     try:
         outcome = main(args, [sys.argv[0]] + argv, given)
-    except UsageError as error:
-        faults.fail("train.py", str(error))  # faults: cli.fail's line, recorded for runner
+    except UsageError as error:  # faults: cli.fail's line, recorded for runner; a flag a file set names the file
+        faults.fail("train.py", config_files.blame(str(error), read_settings(argv),
+                                                   settings.given_flags(get_args_parser(), argv)))
     except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
         if faults.is_teardown(str(error)):
             raise  # another rank went away: faults' hook records a teardown and names the rank that fell silent

@@ -1,69 +1,107 @@
-"""Training recipes (named hyper-parameter presets) and learning-rate schedules.
+"""Training recipes (named hyper-parameter presets, one TOML file each in rn50kit/config/recipes/) and learning-rate
+schedules.
 
-A recipe gives the parser its defaults: a flag on the command line wins. `--lr` is the absolute
-learning rate for the global batch (runner passes it already scaled); when it is not given, the recipe's
+A recipe gives the parser its defaults: a config file's values and a flag on the command line win. `--lr` is the
+absolute learning rate for the global batch (runner passes it already scaled); when it is not given, the recipe's
 LR per 256 images is scaled linearly: lr = lr_per_256 * batch_size / 256, or, for a recipe with LR points
 (mlperf), the nearest point's LR scaled by the square root of the batch ratio (points_lr).
 The batch is the effective global batch: --batch-size x --grad-accum-steps.
 """
+import argparse
 import math
+import os
+from functools import lru_cache
+from pathlib import Path
 
-RECIPES = {
-    # NVIDIA's 2019-10 kit: 90 epochs (50 and 250 documented; 250 with --mixup 0.2).
-    "nvidia": dict(optimizer="sgd", mom=0.875, lr_per_256=0.256, lr_schedule="cosine", lr_steps=[],
-                   lr_factor=0.1, warmup_epochs=5.0, wd=1 / 32768, label_smoothing=0.1, mixup=0.0,
-                   num_epochs=90),
-    # The 2019-01 Module kit: step schedule, no label smoothing, crop area from 5 %.
-    "nvidia-2019": dict(optimizer="sgd", mom=0.9, lr_per_256=0.1, lr_schedule="step", lr_steps=[30, 60, 80],
-                        lr_factor=0.1, warmup_epochs=5.0, wd=1e-4, label_smoothing=0.0, mixup=0.0,
-                        num_epochs=90, min_random_area=0.05),
-    # He et al. / the PyTorch reference recipe: Nesterov momentum, step schedule.
-    "he": dict(optimizer="nag", mom=0.9, lr_per_256=0.1, lr_schedule="step", lr_steps=[30, 60, 80],
-               lr_factor=0.1, warmup_epochs=5.0, wd=1e-4, label_smoothing=0.0, mixup=0.0, num_epochs=90),
-    # MLPerf Training's closed-division ResNet-50 v1.5 as NVIDIA submitted it on MXNet (v2.0-v4.0): LARS, poly
-    # decay of power 2 to 1e-4 over 37 epochs after a 2-epoch warmup, evaluation every 4 epochs from epoch 3;
-    # 75.9 % top-1 in about 35 epochs. LR by global batch from MLCommons' reference convergence points.
-    "mlperf": dict(optimizer="lars", mom=0.9, lr_points={1632: 7.4, 3200: 11.0, 3264: 10.5}, lr_schedule="poly",
-                   lr_power=2.0, lr_end=1e-4, lr_steps=[], lr_factor=0.1, warmup_epochs=2.0, wd=5e-5,
-                   lars_eta=0.001, lars_eps=0.0, label_smoothing=0.1, mixup=0.0, num_epochs=37,
-                   min_random_area=0.05, eval_every=4, eval_offset=2),
-    # Fine-tuning published ImageNet weights (--pretrained) on a user's classes: a short cosine run at a tenth of
-    # the from-scratch LR, the backbone at a tenth of that again, light augmentation (the usual transfer
-    # settings of torchvision's and timm's fine-tuning guides).
-    "finetune": dict(optimizer="sgd", mom=0.9, lr_per_256=0.01, lr_schedule="cosine", lr_steps=[], lr_factor=0.1,
-                     warmup_epochs=1.0, wd=1e-4, label_smoothing=0.1, mixup=0.0, num_epochs=15,
-                     min_random_area=0.25, backbone_lr_mult=0.1),
-    # "ResNet strikes back" (Wightman, Touvron, Jegou 2021), procedure A3: 100 epochs at 160 px, tested at 224 px
-    # with crop 0.95 (timm's resnet50.a3_in1k config: resize 235); LAMB at 8e-3 for a batch of 2048, weight decay
-    # 0.02, 5 warmup epochs, cosine; BCE with targets thresholded at 0.2, no label smoothing; mixup 0.1, CutMix
-    # 1.0 (switch probability 0.5); RandAugment rand-m6-mstd0.5-inc1 (m 6 of timm's 10 = 18 of DALI's 30, no
-    # magnitude noise); no stochastic depth, no EMA, no repeated augmentation. Published: 78.1 % top-1.
-    "rsb-a3": dict(optimizer="lamb", mom=0.9, lr_per_256=0.001, lr_schedule="cosine", lr_steps=[], lr_factor=0.1,
-                   warmup_epochs=5.0, wd=0.02, label_smoothing=0.0, mixup=0.1, cutmix=1.0, mixup_switch_prob=0.5,
-                   loss="bce", bce_target_thresh=0.2, auto_augment="randaugment", randaugment_n=2, randaugment_m=18,
-                   train_size=[160], data_val_resize=235, drop_path=0.0, num_epochs=100),
-    # FFCV's rn50_24_epochs.yaml (libffcv/ffcv-imagenet): SGD momentum 0.9, LR 1.7 for 8 x 512 images (0.10625 per
-    # 256), "cyclic" (linear up to the peak at epoch 2, linear down to 0 at the end), weight decay 1e-4 (none on
-    # BatchNorm), label smoothing 0.1, progressive resizing 160 -> 192 px between epochs 17 and 20 (multiples of
-    # 32), validation at 256 px with crop ratio 224/256 (resize 293). Published: 75.6 % top-1 (with BlurPool and
-    # flip test-time augmentation, which the kit has not).
-    "ffcv-24": dict(optimizer="sgd", mom=0.9, lr_per_256=0.10625, lr_schedule="linear", lr_steps=[], lr_factor=0.1,
-                    warmup_epochs=2.0, wd=1e-4, label_smoothing=0.1, mixup=0.0, train_size=[160, 192],
-                    train_size_epochs=[17, 20], train_size_step=32, image_shape=[3, 256, 256], data_val_resize=293,
-                    num_epochs=24),
-}
+from rn50kit.common import config_files
+from rn50kit.common.config_files import ConfigError
 
-
+# One TOML file per recipe, shipped in the package (setup.py's package_data): its source and published result are
+# comments at its top. A user's recipe is a file of the same form, given as --recipe PATH.toml.
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "config" / "recipes"
 DEFAULT_RECIPE = "nvidia"
 # Not parser defaults: the LR depends on the global batch, the epochs on --mode (scoring makes 1 pass).
 DERIVED_FIELDS = ("lr_per_256", "lr_points", "num_epochs")
 
 
+def is_recipe_file(text):
+    return str(text).endswith(".toml") or os.sep in str(text)
+
+
+def recipe_file(name):
+    """The file of recipe ``name``: a shipped one's, or the user's .toml path itself."""
+    return Path(name) if is_recipe_file(name) else RECIPES_DIR / f"{name}.toml"
+
+
+# The order --help and the docs list the shipped recipes in (oldest first); a file added to RECIPES_DIR comes after.
+LISTED_FIRST = ("nvidia", "nvidia-2019", "he", "mlperf", "finetune", "rsb-a3", "ffcv-24")
+
+
+def shipped_names():
+    """The shipped recipes' names, the default first."""
+    names = {path.stem for path in RECIPES_DIR.glob("*.toml")}
+    return [name for name in LISTED_FIRST if name in names] + sorted(names - set(LISTED_FIRST))
+
+
+def positive_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+@lru_cache(maxsize=None)
+def load_recipe(name):
+    """A recipe's fields (the flags' defaults, plus lr_per_256 or lr_points and num_epochs), read from its file;
+    a ConfigError (one line) for an unknown name or a file that is not a recipe."""
+    path = recipe_file(name)
+    if not is_recipe_file(name) and not path.is_file():
+        raise ConfigError(f"unknown recipe '{name}'; choose one of: {', '.join(shipped_names())}, or give a "
+                          "recipe file PATH.toml")
+    settings = config_files.read(path, "--recipe")
+    fields = dict(settings.values)
+    if "lr_points" in fields:
+        try:
+            fields["lr_points"] = {int(batch): float(lr) for batch, lr in fields["lr_points"].items()}
+        except (AttributeError, TypeError, ValueError):
+            raise ConfigError(f"{settings.where('lr_points')}: [lr_points] maps global batches to LRs, e.g. "
+                              "1632 = 7.4")
+    if ("lr_per_256" in fields) == ("lr_points" in fields):
+        raise ConfigError(f"{path}: a recipe gives its LR as lr_per_256 = X (per 256 images) or as an "
+                          "[lr_points] table (global batch = LR), one of the two")
+    if "lr_per_256" in fields and not positive_number(fields["lr_per_256"]):
+        raise ConfigError(f"{settings.where('lr_per_256')}: lr_per_256 = {fields['lr_per_256']!r}: expected a "
+                          "positive number")
+    epochs = fields.get("num_epochs")
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise ConfigError(f"{settings.where('num_epochs')}: a recipe needs num_epochs = N (a positive integer), "
+                          f"got {epochs!r}")
+    fields.setdefault("lr_steps", [])
+    return fields
+
+
+def recipe_argument(text):
+    """--recipe's type: a shipped recipe's name, or a recipe file (kept as its absolute path, so a run's record
+    still finds it from another directory)."""
+    try:
+        load_recipe(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error))
+    return os.path.abspath(text) if is_recipe_file(text) else text
+
+
+RECIPES = {name: load_recipe(name) for name in shipped_names()}  # the shipped recipes by name, from their files
+
+
+def recipe(name):
+    """The fields of recipe ``name``: a shipped one's name or a recipe file's path."""
+    return load_recipe(name)
+
+
 def recipe_defaults(name):
-    """The parser defaults a recipe sets (command line > recipe > parser defaults, as timm's config files)."""
-    if name not in RECIPES:
-        raise ValueError(f"unknown recipe '{name}'; choose one of: {', '.join(RECIPES)}")
-    return {key: value for key, value in RECIPES[name].items() if key not in DERIVED_FIELDS}
+    """The parser defaults a recipe sets (command line > config file > recipe > parser defaults)."""
+    try:
+        fields = load_recipe(name)
+    except ConfigError as error:
+        raise ValueError(str(error))
+    return {key: value for key, value in fields.items() if key not in DERIVED_FIELDS}
 
 
 def scaled_lr(lr_per_256, batch_size):
@@ -85,7 +123,7 @@ def points_lr(points, batch_size):
 
 def recipe_lr_source(name, batch_size):
     """(the recipe's LR for a global batch, a sentence on how it was found)."""
-    recipe = RECIPES[name]
+    recipe = load_recipe(name)
     if "lr_points" in recipe:
         lr, how = points_lr(recipe["lr_points"], batch_size)
         return lr, f"recipe {name}: LR {lr:g} for global batch {batch_size} ({how})"
@@ -111,13 +149,13 @@ def recipe_lr(name, batch_size):
 
 
 def recipe_epochs(name):
-    return RECIPES[name]["num_epochs"]
+    return load_recipe(name)["num_epochs"]
 
 
 def steps_for_length(name, num_epochs):
     """A recipe's --lr-steps for a run of ``num_epochs`` instead of its own length: the same fractions of the run
     (30/60/80 of 90 epochs are 10/20/26.67 of 30), rounded to hundredths of an epoch."""
-    return [round(s * num_epochs / recipe_epochs(name), 2) for s in RECIPES[name]["lr_steps"]]
+    return [round(s * num_epochs / recipe_epochs(name), 2) for s in load_recipe(name)["lr_steps"]]
 
 
 # After the warmup, the LR of each schedule as a small function of the progress through the remaining epochs (0 to

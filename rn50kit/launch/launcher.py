@@ -23,6 +23,7 @@ from pathlib import Path
 import rn50kit
 from rn50kit.common import backends
 from rn50kit.common import cli
+from rn50kit.common import config_files
 from rn50kit.common.cli import PREPARE_HINT, UsageError
 from rn50kit.launch import devices
 from rn50kit.reliability import faults
@@ -116,9 +117,14 @@ def get_args_parser():
     parser.add_argument("--network-interface", default=None, metavar="IFACE[,IFACE]",
                         help="multi-node: the network interface(s) for Horovod's Gloo, NCCL and MPI traffic "
                              "(default: horovodrun finds the common ones; MPI and NCCL choose their own)")
+    parser.add_argument("--config", metavar="FILE.toml", default=None,
+                        help="settings from a TOML file, for runner and train.py alike (README, Configuration "
+                             "files): keys are long flag names; batch_size is the global batch, lr the absolute LR; "
+                             "the command line wins")
     parser.add_argument("--dry-run", action="store_true",
                         help="check everything the run would check before starting (runner's arguments, train.py's "
                              "flags, the machine), print the environment and the command, do not run it")
+    parser.set_defaults(file_values={})  # a --config file's values runner plans from (read_config)
     return parser
 
 
@@ -176,15 +182,70 @@ def detect_machine():
 
 # --- checks --------------------------------------------------------------------------------------------------
 
-def peek_extra(extra):
-    """The train.py flags runner must know about (mode, explicit data files, workspace, --test-io), left in
-    `extra` as they are."""
+def peek_parser():
+    """The train.py flags runner must know about (mode, explicit data files, workspace, --test-io)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--mode", "--data-train", "--data-val", "--workspace", "--fuse-bn-relu", "--image-shape",
                  "--gpus", *LAYOUT_FLAGS):
         parser.add_argument(flag)
     parser.add_argument("--test-io", action="store_true")
+    return parser
+
+
+def peek_extra(extra, file_values=None):
+    """The values of the train.py flags runner must know about, as the workers will have them: typed in
+    ``extra`` (left there as they are), else from the --config file (``file_values``: read_config's)."""
+    parser = peek_parser()
+    known = {action.dest for action in parser._actions}
+    parser.set_defaults(**{dest: value for dest, value in (file_values or {}).items() if dest in known})
     return parser.parse_known_args(extra)[0]
+
+
+# What runner takes from a --config file for itself; train.py reads the whole file again (runner passes it on).
+RUNNER_FROM_FILE = ("ngpus", "dtype", "kv_store", "data_backend", "data_root", "launcher", "hosts", "hostfile",
+                    "network_interface")
+
+
+def read_config(path):
+    """runner's part of a --config file, converted as its flags would be: its own flags' values, the global
+    batch_size, and the train.py flags it plans from (peek_extra's). The rest is train.py's to check."""
+    file_settings = config_files.read(path)
+    own = {action.dest: action for action in get_args_parser()._actions
+           if action.dest in RUNNER_FROM_FILE or action.dest == "batch_size"}
+    peeked = {action.dest: action for action in peek_parser()._actions if action.option_strings}
+    values = {}
+    for dest, value in file_settings.values.items():
+        action = own.get(dest) or peeked.get(dest)
+        if action is not None:
+            values[dest] = config_files.convert(action, value, file_settings.where(dest), dest)
+    return values
+
+
+def parse_runner_args(argv):
+    """runner's arguments and train.py's (``extra``): the command line over a --config file over the defaults."""
+    parser = get_args_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.config is None:
+        return args, extra
+    path = os.path.abspath(args.config)
+    try:
+        values = read_config(path)
+    except config_files.ConfigError as error:
+        raise UsageError(str(error))
+    parser.set_defaults(**{dest: value for dest, value in values.items() if dest in RUNNER_FROM_FILE},
+                        file_values=values)
+    args, extra = parser.parse_known_args(argv)
+    args.config = path
+    return args, extra
+
+
+def batch_from_file(args):
+    """-b from a --config file's batch_size, which is the global batch (train.py's --batch-size) in a file."""
+    batch = args.file_values["batch_size"]
+    if batch % args.ngpus:
+        raise UsageError(f"batch_size = {batch} in {args.config} is the global batch, and does not divide across "
+                         f"{args.ngpus} workers; give a multiple of {args.ngpus}, or -b (per worker)")
+    return batch // args.ngpus
 
 
 def host_slots(args):
@@ -243,6 +304,8 @@ def resolve_and_check(args, extra, machine):
     if args.lr is not None and args.lr < 0:
         raise UsageError(f"-l must not be negative, got {args.lr}")
     check_launcher(args)
+    if args.batch_size is None and "batch_size" in args.file_values:
+        args.batch_size = batch_from_file(args)
     gpu = machine.gpus > 0
     why = f" ({machine.note})" if machine.note else ""
     if args.dtype is None:
@@ -251,7 +314,7 @@ def resolve_and_check(args, extra, machine):
         args.data_backend = backends.default(gpu)
     if args.batch_size is None:
         args.batch_size = 192 if gpu else CPU_BATCH_PER_WORKER
-    peeked = peek_extra(extra)
+    peeked = peek_extra(extra, args.file_values)
     problem = rules.run_problem(args.dtype, args.data_backend, peeked.mode or "train_val",
                                 peeked.fuse_bn_relu == "1", gpu, why, peeked.conv_layout, peeked.gpus)
     if problem:
@@ -274,7 +337,7 @@ def resolve_and_check(args, extra, machine):
         if not gpu and args.kv_store != "horovod" and args.ngpus > 1:
             raise UsageError(f"--kv-store {args.kv_store} runs one process, which drives GPUs; "
                              f"on a machine without GPUs use --kv-store horovod for -n {args.ngpus}")
-    check_data_root(args, peek_extra(extra))
+    check_data_root(args, peek_extra(extra, args.file_values))
 
 
 def check_launcher(args):
@@ -366,8 +429,9 @@ def build_env(args, machine, environ, extra=()):
     if machine.gpus:
         env.update(GPU_ENV)
         try:  # --gpus selects the GPUs with every --kv-store (devices.select_gpus); -n must agree with it
-            visible = devices.runner_visible_devices(peek_extra(extra).gpus, workers_per_node(args, environ)
-                                                     if args.kv_store == "horovod" else args.ngpus, args.kv_store)
+            workers_here = workers_per_node(args, environ) if args.kv_store == "horovod" else args.ngpus
+            visible = devices.runner_visible_devices(peek_extra(extra, args.file_values).gpus, workers_here,
+                                                     args.kv_store)
         except ValueError as error:
             raise UsageError(str(error))
         if visible is not None and "CUDA_VISIBLE_DEVICES" not in environ:
@@ -400,26 +464,32 @@ def build_command(args, extra, env=(), kit_dir=KIT_DIR):
     batch_size = args.batch_size * args.ngpus
     train = [str(kit_dir / "train.py")] if (kit_dir / "train.py").is_file() else ["-m", "train"]  # repo or installed
     command = launcher_prefix(args, env) + [sys.executable, *train]
-    command += data_flags(args, peek_extra(extra).mode or "train_val")
+    peeked = peek_extra(extra, args.file_values)
+    command += data_flags(args, peeked.mode or "train_val", peeked)
     command += ["--dtype", args.dtype, "--kv-store", args.kv_store, "--data-backend", args.data_backend,
                 "--batch-size", str(batch_size)]
     if args.num_epochs is not None:
         command += ["--num-epochs", str(args.num_epochs)]
     if args.lr is not None:  # else train.py scales the recipe's LR per 256 images by the same rule
         command += ["--lr", f"{schedules.scaled_lr(args.lr, batch_size):.10g}"]
+    if args.config:  # the workers read the same file: what runner took from it is on their command line too
+        command += ["--config", args.config]
     # A float16 run's NHWC layouts and 4-channel input are train.py's defaults on a GPU
     # (devices.float16_gpu_defaults): added here, they would count as the user's flags (scoring would refuse
     # a checkpoint of another image size).
     return command + extra
 
 
-def data_flags(args, mode):
+def data_flags(args, mode, given=None):
     """train.py's --data-<split> and --data-<split>-idx for the files of --data-root the backend's row names: the
     splits the mode needs, those it uses when present and, for INT8 (which calibrates on training data), the
-    training split when present."""
+    training split when present; not for a split ``given`` (peek_extra's) names a file of (its index is then
+    the one beside that file, train.py's default)."""
     layout, flags = backends.root_layout(args.data_backend), []
     needed, optional = layout.splits_for(mode)
     for split in layout.splits():
+        if given is not None and getattr(given, f"data_{split}", None):
+            continue
         files = layout.files(split)
         there = backends.present(layout.path_in(args.data_root, files.data), files.data)
         calibrates = split == "train" and args.dtype == "int8"
@@ -475,7 +545,7 @@ def plan_launch(argv, machine, environ, kit_dir=KIT_DIR):
     """What runner runs on ``machine`` (a Machine description) for the command-line arguments ``argv``: (the
     parsed arguments, the variables it sets, the command). Looks at nothing of this machine but ``environ`` and
     the files named, so tests plan GPU machines on a CPU. Raises UsageError."""
-    args, extra = get_args_parser().parse_known_args(argv)
+    args, extra = parse_runner_args(argv)
     resolve_and_check(args, extra, machine)
     env = build_env(args, machine, environ, extra)
     return args, env, build_command(args, extra, env, kit_dir)
@@ -500,7 +570,7 @@ def main(argv=None, kit_dir=KIT_DIR):
         return
     launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
     if launched:
-        refuse_busy_workspace(peek_extra(extra))
+        refuse_busy_workspace(peek_extra(extra, args.file_values))
     os.environ.update(env)  # horovodrun and mpirun pass the environment on to every worker
     os.environ.update(console_env(args))
     if not launched:
@@ -519,7 +589,7 @@ def main(argv=None, kit_dir=KIT_DIR):
         else:
             status, failure = run_mpirun(command)
         reaper.finish()
-        wait_for_workspace(peek_extra(extra).workspace)
+        wait_for_workspace(peek_extra(extra, args.file_values).workspace)
         summary = faults.summarize(fault_dir, first_failed) if status != 0 else None
         sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:

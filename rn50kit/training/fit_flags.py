@@ -16,6 +16,7 @@ class FitConfig:
     and the epochs are filled in from the recipe and the batch by train.fill_hyper_parameters)."""
     mode: str = "train_val"
     recipe: str = schedules.DEFAULT_RECIPE
+    config: str = None  # --config FILE.toml: the file's values over the recipe's (config_files)
     seed: int = None
     kv_store: str = "horovod"
     gpus: str = None
@@ -73,9 +74,13 @@ def add_run_args(parser):
     group.add_argument("--mode", choices=["train_val", "train", "val", "pred"],
                        help="train_val: train and validate each epoch; train: no validation; val: score a "
                             "checkpoint --num-epochs times; pred: top-5 classes of --data-pred")
-    group.add_argument("--recipe", choices=list(schedules.RECIPES),
-                       help="hyper-parameter preset: the defaults of the flags marked 'recipe:' (a flag given "
-                            "on the command line wins)")
+    group.add_argument("--recipe", type=schedules.recipe_argument, metavar="NAME|FILE.toml",
+                       help="hyper-parameter preset: the defaults of the flags marked 'recipe:' (a config file's "
+                            "value or a flag given on the command line wins): " + ", ".join(schedules.RECIPES) +
+                            " (rn50kit/config/recipes/), or a recipe file of your own")
+    group.add_argument("--config", metavar="FILE.toml",
+                       help="settings from a TOML file: keys are the flags' long names, at the top level or in a "
+                            "table named for their group; over the recipe, under the command line")
     group.add_argument("--seed", type=int, help="random seed (python, numpy, MXNet and DALI)")
     group.add_argument("--kv-store", choices=cli.KV_STORES,
                        help="horovod: one process per device; device/local: one process, all --gpus")

@@ -1,0 +1,139 @@
+"""Configuration files through the real commands: a bad --config file is one line from train.py and from runner,
+with nothing started; a training run writes its resolved config.toml, which `runner --config` replays into an
+equal RunConfig, and its log and report name the files it read."""
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import tomllib
+
+import pytest
+
+import train
+from conftest import ROOT, run
+from rn50kit.config import train_config
+from rn50kit.launch import launcher
+
+pytestmark = pytest.mark.slow  # starts train.py and runner
+
+
+TINY = ['data_backend = "synthetic"', 'dtype = "float32"', "num_layers = 18", "image_shape = [3, 32, 32]",
+        "num_classes = 10"]
+
+
+BAD_FILES = {  # what the file holds: what the one line must say
+    "unknown key": ("\n".join(TINY + ["[lr_schedule]", 'lr_shedule = "step"']),
+                    ["line 9", "unknown key 'lr_shedule'", "did you mean 'lr_schedule'?"]),
+    "wrong type": ("\n".join(TINY + ["batch_size = 'many'"]), ["line 8", "batch_size = \"many\"",
+                                                                "expected an integer"]),
+    "out of range": ("\n".join(TINY + ["ema_decay = 1.5"]), ["--ema-decay must be in [0, 1), got 1.5",
+                                                              "set by ema_decay in", "line 8"]),
+    "bad choice": ("\n".join(TINY + ['lr_schedule = "exponential"']), ['lr_schedule = "exponential"',
+                                                                        "not one of cosine, step, poly, linear"]),
+    "syntax": ("\n".join(TINY + ["mom = 0.9 0.8"]), ["line 8, column 11", "not valid TOML"]),
+    "missing": (None, ["does not exist"]),
+    "unreadable": ("directory", ["cannot be read"]),
+}
+
+
+def bad_file(tmp_path, kind):
+    """A run.toml with the fault ``kind`` (BAD_FILES), after two good lines (so its line numbers are 2 more)."""
+    text = BAD_FILES[kind][0]
+    path = tmp_path / "run.toml"
+    if text == "directory":
+        path.mkdir()
+    elif text is not None:
+        path.write_text(f'workspace = "{tmp_path / "ws"}"\nmode = "train"\n' + text + "\n")
+    return path
+
+
+@pytest.mark.parametrize("command", ["train.py", "runner"])
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_bad_config_file_is_one_line_and_starts_nothing(tmp_path, kind, command):
+    path = bad_file(tmp_path, kind)
+    ran = run([sys.executable, os.path.join(ROOT, command), "--config", str(path), "--num-examples", "16"],
+              cwd=tmp_path)
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 2 and len(lines) == 1 and "Traceback" not in ran.stderr, ran.stderr
+    assert lines[0].startswith(f"{'runner' if command == 'runner' else 'train.py'}: error:") or \
+        lines[0].startswith("train.py: error:"), lines[0]  # runner passes train.py's own line on
+    assert str(path) in lines[0], lines[0]
+    for says in BAD_FILES[kind][1]:
+        assert says in lines[0], lines[0]
+    assert not (tmp_path / "ws").exists() and ran.stdout == ""
+
+
+def test_a_run_writes_its_config_and_runner_replays_it(tmp_path):
+    workspace, config = tmp_path / "ws", tmp_path / "run.toml"
+    config.write_text("\n".join(TINY + ["num_epochs = 1", "num_examples = 32", "[fit]", "batch_size = 16",
+                                        'mode = "train"', "seed = 4", "[optimizer]", "mom = 0.8"]) + "\n")
+    ran = run([os.path.join(ROOT, "runner"), "-n", "1", "--config", str(config), "--workspace", str(workspace),
+               "--recipe", "he"], cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    resolved = workspace / "config.toml"
+    with open(resolved, "rb") as f:
+        written = tomllib.load(f)
+    assert written["fit"]["mom"] == 0.8 and written["fit"]["optimizer"] == "nag" and written["runner"]["ngpus"] == 1
+    assert written["kit"]["config_file"] == str(config) and written["kit"]["recipe_file"].endswith("recipes/he.toml")
+    assert "version" in written["kit"] and not list(workspace.glob("*.tmp-*"))
+
+    # The run's own record of every value it used (log.jsonl's params, written by another path) is the reference.
+    params = next(json.loads(line) for line in open(workspace / "log.jsonl") if '"params"' in line)
+    assert params["config_file"] == str(config) and params["recipe_file"] == written["kit"]["recipe_file"]
+    report = json.load(open(workspace / "report.json"))
+    assert report["info"]["config_file"] == str(config)
+    used = train_config.from_args(train.argparse.Namespace(**{**dict.fromkeys(
+        f.name for cls in train_config.CONFIGS.values() for f in dataclasses.fields(cls)), **params["args"]}))
+
+    elsewhere = tmp_path / "again"
+    args, _, command = launcher.plan_launch(["--config", str(resolved), "--workspace", str(elsewhere)],
+                                            launcher.Machine(0, os.cpu_count() or 1), {})
+    argv = launcher.train_arguments(command)
+    replayed = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
+    assert args.ngpus == 1
+    for concern in train_config.CONFIGS:
+        for field in dataclasses.fields(getattr(used, concern)):
+            if field.name in ("workspace", "config"):
+                continue
+            got, expected = getattr(getattr(replayed, concern), field.name), getattr(getattr(used, concern),
+                                                                                   field.name)
+            assert got == expected, f"{concern}.{field.name}: {got!r} != {expected!r}"
+    assert replayed.fit.workspace == str(elsewhere) and replayed.fit.config == str(resolved)
+
+
+def readme_block(fence):
+    """The first ```fence block of the README's "Configuration files" part."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    part = text[text.index("### Configuration files"):]
+    start = part.index(f"```{fence}\n") + len(fence) + 4
+    return part[start:part.index("```", start)]
+
+
+def test_the_readmes_example_is_the_shipped_file():
+    shipped = open(os.path.join(ROOT, "examples", "demo.toml")).read()
+    assert shipped.endswith(readme_block("toml"))
+    assert all(line.startswith("#") for line in shipped[:-len(readme_block("toml"))].splitlines())
+
+
+def test_the_readmes_commands_run_as_printed(tmp_path, digits_data):
+    """The demo's folders where the README's commands expect them (data/demo from `make demo`, the kit's examples/),
+    then each command as printed: a run from the file, and its config.toml replayed elsewhere."""
+    (tmp_path / "data").mkdir()
+    os.symlink(digits_data, tmp_path / "data" / "demo")
+    os.symlink(os.path.join(ROOT, "examples"), tmp_path / "examples")
+    for line in readme_block("bash").splitlines():
+        words = shlex.split(line, comments=True)
+        assert words[0] == "./runner"
+        ran = run([os.path.join(ROOT, "runner"), *words[1:]], cwd=tmp_path)
+        assert ran.returncode == 0, f"{line}\n{ran.stderr[-3000:]}"
+    tables = []
+    for name in ("demo-short", "demo-again"):
+        with open(tmp_path / "runs" / name / "config.toml", "rb") as f:
+            tables.append(tomllib.load(f))
+    first, again = tables
+    assert (first["runner"]["ngpus"], first["fit"]["batch_size"], first["fit"]["num_epochs"]) == (2, 64, 1)
+    assert first["fit"].pop("workspace") == "runs/demo-short" and again["fit"].pop("workspace") == "runs/demo-again"
+    assert again["kit"].pop("config_file") == str(tmp_path / "runs" / "demo-short" / "config.toml")
+    first["kit"].pop("config_file")
+    assert first == again

@@ -1,0 +1,167 @@
+"""Configuration as files, in-process: the shipped recipe files (read here with tomllib on their own, and against the
+README's table), a user's recipe file, --config's precedence (defaults < recipe < file < command line), and runner's
+plan against the RunConfig its worker builds from the same file."""
+import dataclasses
+import re
+import tomllib
+
+import pytest
+
+import train
+from conftest import ROOT
+from rn50kit.common import config_files, schedules
+from rn50kit.config import train_config
+from rn50kit.launch import launcher
+
+
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def test_each_shipped_recipe_is_its_file_with_source_and_result():
+    files = sorted(schedules.RECIPES_DIR.glob("*.toml"))
+    assert sorted(p.stem for p in files) == sorted(schedules.RECIPES)
+    for path in files:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+        points = raw.pop("lr_points", None)
+        expected = dict(raw, **({"lr_points": {int(b): lr for b, lr in points.items()}} if points else {}))
+        expected.setdefault("lr_steps", [])
+        assert schedules.RECIPES[path.stem] == expected, path.name
+        comment = path.read_text().split("\n\n")[0]
+        assert comment.startswith(f"# {path.stem}: ") and "Published" in comment, path.name
+
+
+def readme_recipe_rows():
+    """{recipe: [its cells]} of the README's recipe table."""
+    text = open(f"{ROOT}/README.md").read()
+    table = text[text.index("| recipe | optimizer |"):].split("\n\n")[0].splitlines()[2:]
+    return {re.match(r"`([^`]+)`", cells[0]).group(1): cells
+            for cells in ([c.strip() for c in row.strip("|").split("|")] for row in table)}
+
+
+def test_the_readme_recipe_table_agrees_with_the_files():
+    rows = readme_recipe_rows()
+    assert sorted(rows) == sorted(schedules.RECIPES)
+    optimizers = {"sgd": "SGD", "nag": "Nesterov", "lars": "LARS", "lamb": "LAMB"}
+    for name, (_, optimizer, lr, schedule, warmup, wd, smoothing, epochs) in rows.items():
+        recipe = schedules.RECIPES[name]
+        assert optimizer.startswith(optimizers[recipe["optimizer"]]), name
+        if "lr_points" in recipe:
+            assert lr.startswith("by global batch"), name
+        else:
+            assert float(lr.split()[0]) == recipe["lr_per_256"], name
+        assert schedule.split()[0].split(",")[0] == recipe["lr_schedule"], name
+        assert float(warmup) == recipe["warmup_epochs"], name
+        numerator, _, denominator = wd.partition("/")
+        assert float(numerator) / float(denominator or 1) == pytest.approx(recipe["wd"], rel=1e-12), name
+        assert float(smoothing.split()[0]) == recipe["label_smoothing"], name
+        assert int(re.match(r"\d+", epochs).group()) == recipe["num_epochs"], name
+
+
+def test_a_users_recipe_file_gives_the_defaults(tmp_path):
+    path = write(tmp_path / "mine.toml", '# mine\noptimizer = "nag"\nmom = 0.7\nlr_per_256 = 0.5\nnum_epochs = 12\n'
+                 'lr_schedule = "step"\nlr_steps = [4, 8]\n')
+    args = train.parse_args(["--recipe", path, "--batch-size", "128"])
+    notes = train.fill_hyper_parameters(args)
+    assert (args.optimizer, args.mom, args.num_epochs, args.lr_steps) == ("nag", 0.7, 12, [4, 8])
+    assert args.lr == pytest.approx(0.5 * 128 / 256) and args.recipe == path and "0.5 x 128/256" in notes[0]
+    assert args.wd == train.parse_args([]).wd  # a key the recipe leaves out keeps the parser's default
+
+
+@pytest.mark.parametrize("text, says", [
+    ('lr_per_256 = 0.1\nnum_epochs = 3\nmomentum = 0.9\n', "line 3: unknown key 'momentum'"),
+    ('lr_per_256 = 0.1\nnum_epochs = 3\nmom = "high"\n', 'line 3: mom = "high": expected a number (--mom)'),
+    ('lr_per_256 = 0.1\n', "a recipe needs num_epochs = N"),
+    ('num_epochs = 3\n', "lr_per_256 = X"),
+])
+def test_a_bad_recipe_file_is_one_line(tmp_path, capsys, text, says):
+    path = write(tmp_path / "bad.toml", text)
+    with pytest.raises(SystemExit) as exit_:
+        train.parse_args(["--recipe", path])
+    error = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and says in error and "\n" not in error and str(tmp_path) in error
+
+
+def test_precedence_defaults_recipe_file_command_line(tmp_path):
+    """The recipe's values over the defaults, the file's over the recipe's, the command line's over all: even a
+    flag typed with the value it would have anyway."""
+    path = write(tmp_path / "run.toml", 'recipe = "he"\n[optimizer]\nmom = 0.8\nwd = 2e-4\n'
+                                        '[model]\nnum-layers = 34\n')
+    args = train.parse_args(["--config", path, "--wd", "0.0001"])
+    assert args.optimizer == "nag" and args.lr_schedule == "step"  # recipe he over the defaults
+    assert args.mom == 0.8 and args.num_layers == 34  # the file over the recipe and the defaults
+    assert args.wd == 1e-4  # typed, equal to he's own value, still over the file's
+    assert train.parse_args(["--config", path, "--recipe", "nvidia"]).optimizer == "sgd"  # typed recipe wins
+    assert {"mom", "wd", "num_layers", "recipe"} <= train.given_flags(["--config", path])
+
+
+def test_a_switch_is_its_destination_or_its_flag(tmp_path):
+    assert train.parse_args(["--config", write(tmp_path / "a.toml", "zero_init_last_gamma = false\n")]) \
+        .zero_init_last_gamma is False
+    args = train.parse_args(["--config", write(tmp_path / "b.toml", "[model]\nno-zero-init-last-gamma = true\n"
+                                                                     "[run]\nfp16_allreduce = true\n")])
+    assert args.zero_init_last_gamma is False and args.fp16_allreduce is True
+    assert train.parse_args(["--config", str(tmp_path / "b.toml"), "--dtype", "float32"]).zero_init_last_gamma is False
+
+
+def worker_config(train_argv, num_gpus):
+    """The RunConfig a worker builds from its command line (train.run's steps before any device is touched)."""
+    args = train.parse_args(train_argv)
+    return train.configure(args, train.given_flags(train_argv), num_gpus)
+
+
+@pytest.mark.parametrize("machine, text", [
+    (launcher.Machine(0, 4), 'ngpus = 2\nbatch_size = 48\ndtype = "float32"\nmode = "train"\n'),
+    (launcher.Machine(8, 64), '[runner]\nngpus = 4\n[fit]\nbatch_size = 256\ndtype = "float16"\nmode = "train"\n'
+                              'kv_store = "horovod"\n'),
+    (launcher.Machine(8, 64), 'ngpus = 2\nbatch_size = 64\ndtype = "float16"\nmode = "train"\nkv_store = "device"\n'
+                              'gpus = "2,3"\n'),
+])
+def test_runners_plan_and_the_workers_config_agree(tmp_path, machine, text):
+    workspace = tmp_path / "ws"
+    path = write(tmp_path / "run.toml", f'data_backend = "synthetic"\nworkspace = "{workspace}"\n' + text)
+    args, env, command = launcher.plan_launch(["--config", path], machine, {})
+    planned = launcher.peek_extra(launcher.train_arguments(command), args.file_values)
+    cfg = worker_config(launcher.train_arguments(command), machine.gpus)
+    written = tomllib.loads(open(path).read())
+    flat = {**written, **written.get("fit", {}), **written.get("runner", {})}
+    assert args.ngpus == flat["ngpus"] and args.batch_size * args.ngpus == cfg.fit.batch_size == flat["batch_size"]
+    assert args.dtype == cfg.fit.dtype == flat["dtype"] and args.kv_store == cfg.fit.kv_store
+    assert planned.mode == cfg.fit.mode == "train" and planned.workspace == cfg.fit.workspace == str(workspace)
+    assert args.data_backend == cfg.data.data_backend == "synthetic"
+    if args.kv_store == "horovod":
+        assert command[command.index("-np") + 1] == str(flat["ngpus"])
+    else:  # one process drives the file's GPUs
+        assert planned.gpus == cfg.fit.gpus == "2,3" and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    # The command line wins for runner and workers alike.
+    gpus = ["--gpus", "5"] if "gpus" in flat else []
+    args, env, command = launcher.plan_launch(["--config", path, "-n", "1", "-b", "16", "--mode", "train_val", *gpus],
+                                              machine, {})
+    cfg = worker_config(launcher.train_arguments(command), machine.gpus)
+    assert (args.ngpus, cfg.fit.batch_size, cfg.fit.mode) == (1, 16, "train_val")
+    if gpus:
+        assert cfg.fit.gpus == "5" and env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert launcher.peek_extra(launcher.train_arguments(command), args.file_values).mode == "train_val"
+
+
+def test_a_global_batch_that_does_not_divide_is_refused(tmp_path):
+    path = write(tmp_path / "run.toml", 'batch_size = 50\nngpus = 4\ndata_backend = "synthetic"\n')
+    with pytest.raises(launcher.UsageError, match=r"batch_size = 50 in .*run.toml is the global batch"):
+        launcher.plan_launch(["--config", path], launcher.Machine(0, 4), {})
+
+
+def test_the_resolved_tables_read_back_as_the_same_run_config(tmp_path):
+    """Every field of a RunConfig written by write_resolved and read back through --config (train.py's reader)."""
+    cfg = train_config.RunConfig().replace(fit__seed=5, fit__lr=0.3, fit__lr_steps=(3.0, 6.5), fit__dtype="float32",
+                                           data__image_shape=(4, 32, 32), data__color_jitter=(0.1, 0.2, 0.3),
+                                           fit__fp16_allreduce=True, model__num_layers=34)
+    info = train.state.RunInfo(model_name="x", arch="y", command=[], report_path="r", record={}, report_info={})
+    path = config_files.write_resolved(tmp_path / "config.toml", train.resolved_tables(cfg, info, 2))
+    read = train_config.from_args(train.parse_args(["--config", str(path)]))
+    for concern in train_config.CONFIGS:
+        for field in dataclasses.fields(getattr(cfg, concern)):
+            assert getattr(getattr(read, concern), field.name) == getattr(getattr(cfg, concern), field.name) or \
+                field.name == "config", f"{concern}.{field.name}"
+    assert not list(tmp_path.glob("*.tmp-*"))  # written through a temporary file, renamed
