@@ -22,6 +22,7 @@ from rn50kit.reporting.mlperf_log import MLPerfLog
 from rn50kit.reporting.outputs import Outputs, Step
 from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
 from rn50kit.reporting.report import Report
+from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts
 from rn50kit.training import checkpoint, optimizers
 from rn50kit.training.checkpoint import workspace_path
@@ -410,7 +411,8 @@ def start(cfg, run, net, ctxs, dist, prefix):
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:
         moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed,
-                                              [run.report_path, cfg.json_log] + ([cfg.mllog] if cfg.mllog else []))
+                                              [run.report_path, cfg.json_log, SUMMARY_CSV] +
+                                              ([cfg.mllog] if cfg.mllog else []))
         if moved:
             log.info("--resume %s: moved the files of the run not continued to %s", cfg.resume, moved)
     return state, resumed
@@ -442,6 +444,7 @@ def open_outputs(cfg, run, report, dist, ctxs, fresh, train_samples):
         outputs.ReportOutput(report, cfg.batch_size, rank0_file(run.report_path)),
         outputs.MLPerf(MLPerfLog(rank0_file(cfg.mllog), fresh=fresh), cfg, dist.size * len(ctxs),
                        ctxs[0].device_type, train_samples, fresh),
+        SummaryCsv(rank0_file(SUMMARY_CSV), cfg.batch_size),
     ])
 
 
