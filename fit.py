@@ -23,6 +23,7 @@ from rn50kit.reporting.outputs import Outputs, Step
 from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
 from rn50kit.reporting.report import Report
 from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
+from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts
 from rn50kit.training import checkpoint, optimizers
 from rn50kit.training.checkpoint import workspace_path
@@ -445,6 +446,7 @@ def open_outputs(cfg, run, report, dist, ctxs, fresh, train_samples):
         outputs.MLPerf(MLPerfLog(rank0_file(cfg.mllog), fresh=fresh), cfg, dist.size * len(ctxs),
                        ctxs[0].device_type, train_samples, fresh),
         SummaryCsv(rank0_file(SUMMARY_CSV), cfg.batch_size),
+        TensorBoard(rank0_file(cfg.tensorboard), run.record.get("args"), ema=cfg.ema_decay > 0),
     ])
 
 
