@@ -15,7 +15,7 @@ from rn50kit.training import checkpoint
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.data.loaders import out_dtype
 import models
-from rn50kit.scoring import predict
+from rn50kit.scoring import predict, predict_many
 from rn50kit.scoring import quantize
 from rn50kit.reporting.report import Report
 
@@ -272,9 +272,24 @@ def score(cfg, run, model, val_iter, ctxs, dist):
 
 
 def predict_image(cfg, model, ctxs):
-    """--mode pred: the top-5 classes of --data-pred by ``model`` (a Scorable)."""
-    data = cfg.data
-    image = predict.load_image(cfg.predict.data_pred, data.image_shape, data.data_val_resize, data.rgb_mean,
-                               data.rgb_std, data.input_layout)
-    names = predict.class_names(cfg.predict.class_names, data.data_train, model.weights, cfg.model.num_classes)
-    return predict.predict(model.net, image, ctxs[0], cfg.fit.dtype, names)
+    """--mode pred: the top classes of --data-pred by ``model`` (a Scorable): one image's printed (returns them),
+    or many images' written to --pred-out (returns predict_many's rows)."""
+    data, pcfg = cfg.data, cfg.predict
+    names = predict.class_names(pcfg.class_names, data.data_train, model.weights, cfg.model.num_classes)
+
+    def transform(path):
+        return predict.load_image(path, data.image_shape, data.data_val_resize, data.rgb_mean, data.rgb_std,
+                                  data.input_layout)
+    if not (pcfg.pred_out or predict_many.is_many(pcfg.data_pred)):
+        return predict.predict(model.net, transform(pcfg.data_pred), ctxs[0], cfg.fit.dtype, names,
+                               pcfg.pred_top_k)
+
+    def score(images):
+        return predict.softmax_batch(model.net, images, ctxs[0], cfg.fit.dtype)
+    predict.warn_about_names(names, cfg.model.num_classes)
+    out = workspace_path(cfg.fit.workspace, pcfg.pred_out or predict_many.DEFAULT_OUT)
+    try:
+        return predict_many.run(score, pcfg.data_pred, transform, cfg.fit.batch_size, pcfg.pred_top_k, names, out,
+                                cfg.fit.disp_batches)
+    except predict_many.NoImages as error:
+        raise ScoringError(str(error))
