@@ -24,7 +24,7 @@ from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
 from rn50kit.reporting.report import Report
 from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
 from rn50kit.reporting.tensorboard_log import TensorBoard
-from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts
+from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
 from rn50kit.training import checkpoint, optimizers
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.training.distributed import Distributed, average_over_devices
@@ -342,8 +342,8 @@ def record_train_epoch(cfg, loop, state, stats, epoch):
 def validate_epoch(cfg, loop, state, val_iter, epoch):
     """Validate after ``epoch`` (0-based), tell the outputs; returns the metrics for the epoch's record and top-1."""
     loop.outputs.validation_start(epoch + 1)
-    metrics = validate(loop.net, state.ema, val_iter, loop.ctxs, loop.dist, cfg.dtype, cfg.no_metrics,
-                       cfg.benchmark_iters)
+    metrics = validate(with_tta(loop.net, cfg.val_tta), state.ema, val_iter, loop.ctxs, loop.dist, cfg.dtype,
+                       cfg.no_metrics, cfg.benchmark_iters)
     loop.outputs.validation(epoch + 1, metrics, first=not state.report.metrics.get("val.top1"))
     return {"val.top1": metrics["top1"], "val.top5": metrics["top5"], "val.loss": metrics["loss"],
             "val.samples": metrics["samples"]}, metrics["top1"]

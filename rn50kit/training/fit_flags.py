@@ -63,6 +63,7 @@ class FitConfig:
     report: str = None
     json_log: str = "log.jsonl"
     eval_every: int = 1
+    val_tta: str = "none"
     eval_offset: int = 0
     target_top1: float = None
     mllog: str = None
@@ -103,6 +104,9 @@ def add_run_args(parser):
     group.add_argument("--no-metrics", action="store_true", help="skip accuracy computation (benchmarks)")
     group.add_argument("--eval-every", type=int,
                        help="train_val: validate every N epochs (and after the last one)")
+    group.add_argument("--val-tta", choices=("none", "flip"),
+                       help="test-time augmentation of validation, --mode val and --mode pred: flip scores each "
+                            "image by the mean of its and its mirror image's softmax (twice the work)")
     group.add_argument("--eval-offset", type=int,
                        help="train_val: the first validation after epoch M+1 (mlperf: every 4 from epoch 3, "
                             "offset 2)")
