@@ -22,7 +22,9 @@ from rn50kit.reporting.mlperf_log import MLPerfLog
 from rn50kit.reporting.outputs import Outputs, Step
 from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
 from rn50kit.reporting.report import Report
-from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts
+from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
+from rn50kit.reporting.tensorboard_log import TensorBoard
+from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
 from rn50kit.training import checkpoint, optimizers
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.training.distributed import Distributed, average_over_devices
@@ -340,8 +342,8 @@ def record_train_epoch(cfg, loop, state, stats, epoch):
 def validate_epoch(cfg, loop, state, val_iter, epoch):
     """Validate after ``epoch`` (0-based), tell the outputs; returns the metrics for the epoch's record and top-1."""
     loop.outputs.validation_start(epoch + 1)
-    metrics = validate(loop.net, state.ema, val_iter, loop.ctxs, loop.dist, cfg.dtype, cfg.no_metrics,
-                       cfg.benchmark_iters)
+    metrics = validate(with_tta(loop.net, cfg.val_tta), state.ema, val_iter, loop.ctxs, loop.dist, cfg.dtype,
+                       cfg.no_metrics, cfg.benchmark_iters)
     loop.outputs.validation(epoch + 1, metrics, first=not state.report.metrics.get("val.top1"))
     return {"val.top1": metrics["top1"], "val.top5": metrics["top5"], "val.loss": metrics["loss"],
             "val.samples": metrics["samples"]}, metrics["top1"]
@@ -410,7 +412,8 @@ def start(cfg, run, net, ctxs, dist, prefix):
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:
         moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed,
-                                              [run.report_path, cfg.json_log] + ([cfg.mllog] if cfg.mllog else []))
+                                              [run.report_path, cfg.json_log, SUMMARY_CSV] +
+                                              ([cfg.mllog] if cfg.mllog else []))
         if moved:
             log.info("--resume %s: moved the files of the run not continued to %s", cfg.resume, moved)
     return state, resumed
@@ -442,6 +445,8 @@ def open_outputs(cfg, run, report, dist, ctxs, fresh, train_samples):
         outputs.ReportOutput(report, cfg.batch_size, rank0_file(run.report_path)),
         outputs.MLPerf(MLPerfLog(rank0_file(cfg.mllog), fresh=fresh), cfg, dist.size * len(ctxs),
                        ctxs[0].device_type, train_samples, fresh),
+        SummaryCsv(rank0_file(SUMMARY_CSV), cfg.batch_size),
+        TensorBoard(rank0_file(cfg.tensorboard), run.record.get("args"), ema=cfg.ema_decay > 0),
     ])
 
 

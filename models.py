@@ -233,6 +233,7 @@ class ResNet(nn.HybridBlock):
             raise ValueError(f"ResNeXt needs bottleneck blocks (depth 50, 101 or 152), got depth {depth}")
         self.dtype = dtype
         self.layout = builder.layout
+        self.input_layout = input_layout  # of the batches fed in (scoring.with_tta mirrors their width axis)
         with self.name_scope():
             self.features = nn.HybridSequential(prefix="")
             if input_layout != builder.layout:

@@ -3,6 +3,7 @@ from setuptools import find_packages, setup
 # The card's modules, where the original kit's users know them; everything else is in the rn50kit package.
 CARD_MODULES = ["train", "fit", "models", "dali", "benchmark"]
 
+TENSORBOARD = ["tensorboardX==2.6.5", "protobuf==7.36.2"]  # --tensorboard's writer (no TensorFlow or PyTorch)
 ONNX = ["onnx==1.15.0", "onnxruntime==1.31.1", "protobuf==7.36.2", "flatbuffers==25.12.19"]
 
 setup(
@@ -30,6 +31,8 @@ setup(
         "onnx": ONNX,
         # the optional MLPerf log (--mllog) and MLCommons' checkers; pandas: a release that works with numpy 1.23
         "mlperf": ["mlperf-logging==4.1.68", "pandas==2.3.3"],
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6"] + ONNX,
+        "tensorboard": TENSORBOARD,
+        # tensorboard: its own reader (EventAccumulator) checks the event files --tensorboard writes
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6", "tensorboard==2.21.0"] + ONNX + TENSORBOARD,
     },
 )

@@ -211,7 +211,7 @@ def check_config(cfg):
         fit_flags.check(cfg.fit)
         pretrained.check_pretrained_args(cfg.finetune)
         if cfg.fit.mode == "pred":
-            predict.check_pred_args(cfg.predict.data_pred)
+            predict.check_pred_args(cfg.predict.data_pred, cfg.predict.pred_out, cfg.predict.pred_top_k)
     except ValueError as error:
         raise UsageError(str(error))
 

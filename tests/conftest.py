@@ -630,3 +630,72 @@ def fake_checkpoint(workspace, epoch, step=0, **args):
              "args": args}
     (workspace / f"model-{tag}{checkpoint.STATE_SUFFIX}").write_text(json.dumps(state))
     return workspace / files["params"]
+
+
+# --- kit checkpoints exported to torchvision's names (unit/test_export_weights, e2e/test_weights_to_pytorch) -------
+
+EXPORT_CLASSES = 7
+
+
+def trained_like(name, seed=0):
+    """A kit network whose every parameter (BatchNorm statistics too) is random, as after training."""
+    net = kit_net(name, EXPORT_CLASSES)
+    net(mx.nd.array(X))
+    rng = np.random.RandomState(seed)
+    for key, param in net.collect_params().items():
+        shape = param.shape
+        if key.endswith(("running_var", "gamma")):
+            value = rng.uniform(0.5, 1.5, shape)
+        elif len(shape) == 4:
+            value = rng.normal(0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
+        else:
+            value = rng.normal(0, 0.1, shape)
+        param.set_data(mx.nd.array(value.astype(np.float32)))
+    return net
+
+
+def exported_checkpoint(net, folder):
+    """The files of a checkpoint, as checkpoint.py writes them with net.export: <prefix>-symbol.json and
+    <prefix>-0001.params; returns the .params path."""
+    net.hybridize()
+    net(mx.nd.array(X))
+    net.export(str(folder / "model"), epoch=1)
+    return folder / "model-0001.params"
+
+
+def parameter_arrays(net):
+    return {key: param.data().asnumpy() for key, param in net.collect_params().items()}
+
+
+def export_and_check_round_trip(name, other, folder):
+    """Export a random ``name`` checkpoint, import the file back into a new ``name`` network: every array equal
+    bit for bit; ``other`` (the same network with the other stride placement, or None) refuses it."""
+    import export_weights
+    net = trained_like(name, seed=1)
+    out = folder / "out.safetensors"
+    export_weights.main([str(exported_checkpoint(net, folder)), str(out)])
+    back, info = load(name, out, EXPORT_CLASSES)
+    assert info.source == "torchvision/timm" and not info.head_reinitialized
+    original, loaded = parameter_arrays(net), parameter_arrays(back)
+    assert set(loaded) == set(original)
+    for key, value in loaded.items():
+        assert np.array_equal(value, original[key]), key
+    if other:  # the file says where its network strides: the other placement is refused
+        with pytest.raises(pretrained.PretrainedError, match=f"give --model {name}"):
+            load(other, out, EXPORT_CLASSES)
+
+
+def export_and_check_logits(name, folder):
+    """Export a random ``name`` checkpoint: the file through the reference ResNet (the v1 stride moved, as the
+    tool prints) gives the kit's logits."""
+    import io
+    import export_weights
+    net = trained_like(name)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        export_weights.main([str(exported_checkpoint(net, folder)), str(folder / "out.safetensors")])
+    state = safetensors_numpy.load_file(str(folder / "out.safetensors"))
+    v1 = name.endswith("_v1")
+    assert ("move the stride" in printed.getvalue()) == v1
+    assert all(state[key].dtype == np.int64 for key in state if key.endswith("num_batches_tracked"))
+    assert_logits(logits(net), ref.forward(state, X, stride_in_1x1=v1))

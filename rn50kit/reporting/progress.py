@@ -24,18 +24,28 @@ class Progress:
         self.width = width
 
     def update(self, epoch, step, steps, speed, loss, lr, eta_seconds):
-        if not self.enabled:
-            return
         # the ETA is of the whole run (this run's remaining epochs), not of the epoch: labelled so
         text = (f"{speed:.1f} img/s loss {loss:.4f} lr {lr:.5f} run ETA {format_seconds(eta_seconds)}")
         which = f"{epoch}/{self.num_epochs}" if self.num_epochs else f"{epoch}"
+        self.show(f"Epoch[{which}]", step, steps, text, f"Batch[{step}/{steps}]")
+
+    def count(self, label, done, total, speed, eta_seconds):
+        """Progress through ``total`` items (images predicted, say) outside training: ``label`` [bar] done/total,
+        images/s and ETA."""
+        self.show(label, done, total, f"{speed:.1f} img/s ETA {format_seconds(eta_seconds)}", f"{done}/{total}")
+
+    def show(self, label, step, steps, text, position):
+        """A bar of ``step`` out of ``steps`` on a terminal, else a log line (``label position text``) every
+        ``every`` steps and at the end."""
+        if not self.enabled:
+            return
         if self.tty:
             done = int(self.width * step / max(steps, 1))
             bar = "#" * done + "." * (self.width - done)
-            self.stream.write(f"\rEpoch[{which}] [{bar}] {step}/{steps} {text}")
+            self.stream.write(f"\r{label} [{bar}] {step}/{steps} {text}")
             self.stream.flush()
         elif self.every and (step % self.every == 0 or step == steps):
-            log.info("Epoch[%s] Batch[%d/%d] %s", which, step, steps, text)
+            log.info("%s %s %s", label, position, text)
 
     def end_epoch(self):
         if self.enabled and self.tty:

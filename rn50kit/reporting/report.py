@@ -33,6 +33,18 @@ def write_json(path, value, indent=4):
     os.replace(tmp, path)
 
 
+def timed(durations):
+    """The step durations that count towards speed: all but the first WARMUP_ITERATIONS when there are more."""
+    durations = list(durations)
+    return durations[WARMUP_ITERATIONS:] if len(durations) > WARMUP_ITERATIONS else durations
+
+
+def images_per_second(durations, batch_size):
+    """An epoch's images/s as the report gives it (``total_ips``), or None without steps."""
+    durations = timed(durations)
+    return batch_size / float(np.mean(durations)) if durations else None
+
+
 class Report:
     def __init__(self, model, ngpus, cmd, metrics=None, info=None):
         self.model = model
@@ -51,9 +63,7 @@ class Report:
         """One epoch of ``mode`` ("train" or "val"): named values, then latency and speed from durations."""
         for name, value in values.items():
             self.add(f"{mode}.{name}", float(value))
-        durations = list(durations)
-        if len(durations) > WARMUP_ITERATIONS:
-            durations = durations[WARMUP_ITERATIONS:]
+        durations = timed(durations)
         if not durations:
             return
         self.add(f"{mode}.timed_iters", len(durations))

@@ -21,11 +21,21 @@ class PredictConfig:
     """The Prediction flags' values."""
     data_pred: str = None
     class_names: str = None
+    pred_out: str = None
+    pred_top_k: int = 5
 
 
 def add_pred_args(parser):
     group = parser.add_argument_group("Prediction", "--mode pred")
-    group.add_argument("--data-pred", help="pred: image file to classify")
+    group.add_argument("--data-pred",
+                       help="pred: what to classify: an image (its top classes printed), or many: a folder (its "
+                            "images, in subfolders too), a quoted glob ('photos/*/*.jpg'), or a list file (.txt or "
+                            ".lst: a path per line, relative to the list's folder), written to --pred-out")
+    group.add_argument("--pred-out", metavar="FILE",
+                       help="pred: the predictions, one row per image (path, error, top-k names and probabilities): "
+                            "CSV, or JSON for a .json name (relative: inside --workspace; default predictions.csv "
+                            "when --data-pred names many images)")
+    group.add_argument("--pred-top-k", type=int, help="pred: the classes listed per image (default 5)")
     group.add_argument("--class-names",
                        help="file with one class name per line, in label order (default: the names saved with the "
                             "checkpoint, else classes.txt or the .lst beside --data-train; training saves the "
@@ -34,12 +44,25 @@ def add_pred_args(parser):
     return group
 
 
-def check_pred_args(data_pred):
-    """Raise ValueError unless --data-pred names an existing file."""
+LIST_SUFFIXES = (".txt", ".lst")  # --data-pred: a list of images, not one
+OUT_SUFFIXES = (".csv", ".json")
+
+
+def is_glob(pattern):
+    return any(char in pattern for char in "*?[")
+
+
+def check_pred_args(data_pred, pred_out=None, top_k=5):
+    """Raise ValueError unless --data-pred names an existing file or folder, or a glob, and --pred-out a .csv or
+    .json file."""
     if not data_pred:
-        raise ValueError("--mode pred needs an image: --data-pred IMAGE")
-    if not os.path.isfile(data_pred):
+        raise ValueError("--mode pred needs an image: --data-pred IMAGE (or a folder, a glob or a list file)")
+    if not (os.path.exists(data_pred) or is_glob(data_pred)):
         raise ValueError(f"--data-pred {data_pred} does not exist")
+    if pred_out and not pred_out.lower().endswith(OUT_SUFFIXES):
+        raise ValueError(f"--pred-out {pred_out}: give a .csv or a .json file name")
+    if top_k < 1:
+        raise ValueError(f"--pred-top-k must be at least 1, got {top_k}")
 
 
 def read_names_file(path):
@@ -150,21 +173,34 @@ def load_image(path, image_shape, resize, mean, std, layout):
     return image[None]
 
 
-def predict(net, image, ctx, dtype, names=None, top=5):
-    """Print the ``top`` classes of ``image`` (a load_image batch) by ``net`` (weights loaded); returns
-    [(probability, class index, name)]."""
-    batch = mx.nd.array(image, ctx=ctx).astype(out_dtype(dtype))
-    probs = net(batch).astype("float32").softmax()[0].asnumpy()
+def softmax_batch(net, images, ctx, dtype):
+    """The class probabilities (float32 numpy, one row per image) of a batch from load_image(s)."""
+    batch = mx.nd.array(images, ctx=ctx).astype(out_dtype(dtype))
+    return net(batch).astype("float32").softmax().asnumpy()
+
+
+def warn_about_names(names, num_classes):
     if names is None:
         log.info("No class names (none saved with the checkpoint, no --class-names, no classes.txt or .lst beside "
                  "--data-train): printing class indices")
-    elif len(names) != len(probs):
+    elif len(names) != num_classes:
         log.warning("%d class names (--class-names, or the .lst beside --data-train) for a network of %d classes: "
                     "the names may not be the classes'; give one name per class, in label order", len(names),
-                    len(probs))
-    result = []
-    for rank, index in enumerate(np.argsort(-probs)[:top], 1):
-        name = names[index] if names and index < len(names) else str(index)
-        print(f"{rank}. {100 * probs[index]:6.2f}% -> {name}")
-        result.append((float(probs[index]), int(index), name))
+                    num_classes)
+
+
+def top_classes(probs, names, top):
+    """[(probability, class index, name)] of the ``top`` most probable classes in ``probs`` (one image's)."""
+    return [(float(probs[index]), int(index), names[index] if names and index < len(names) else str(index))
+            for index in np.argsort(-probs, kind="stable")[:top]]
+
+
+def predict(net, image, ctx, dtype, names=None, top=5):
+    """Print the ``top`` classes of ``image`` (a load_image batch) by ``net`` (weights loaded); returns
+    [(probability, class index, name)]."""
+    probs = softmax_batch(net, image, ctx, dtype)[0]
+    warn_about_names(names, len(probs))
+    result = top_classes(probs, names, top)
+    for rank, (probability, _, name) in enumerate(result, 1):
+        print(f"{rank}. {100 * probability:6.2f}% -> {name}")
     return result

@@ -15,7 +15,7 @@ from rn50kit.training import checkpoint
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.data.loaders import out_dtype
 import models
-from rn50kit.scoring import predict
+from rn50kit.scoring import predict, predict_many
 from rn50kit.scoring import quantize
 from rn50kit.reporting.report import Report
 
@@ -144,6 +144,29 @@ def evaluate(net, val_iter, ctxs, dist, dtype="float32", no_metrics=False, max_i
             "confusion": confusion}
 
 
+class FlipTTA:
+    """--val-tta flip: a network whose output for a batch is the log of the mean of the batch's and its mirror
+    images' softmax, so whatever reads logits (top-k, argmax, cross-entropy, softmax) reads the averaged
+    probabilities. Each image is scored with its own mirror: exact over devices and ranks as the plain scoring."""
+
+    def __init__(self, net, input_layout="NCHW"):
+        self.net = net
+        self.width_axis = 3 if input_layout == "NCHW" else 2
+
+    def __call__(self, batch):
+        probs = self.net(batch).astype("float32").softmax() + \
+            self.net(mx.nd.flip(batch, axis=self.width_axis)).astype("float32").softmax()
+        # a probability that underflowed to 0 stays finite: log(0) would make the loss NaN
+        return mx.nd.log(mx.nd.maximum(probs / 2, float(np.finfo(np.float32).tiny)))
+
+
+def with_tta(net, tta, input_layout=None):
+    """``net`` as --val-tta says ("none" or "flip") for batches in ``input_layout`` (default: the network's)."""
+    if tta == "flip":
+        return FlipTTA(net, input_layout or getattr(net, "input_layout", "NCHW"))
+    return net
+
+
 @dataclasses.dataclass
 class Scorable:
     """A network ready to score: ``weights`` is the file its parameters came from (None: freshly initialised),
@@ -255,6 +278,7 @@ def score(cfg, run, model, val_iter, ctxs, dist):
     if names:
         report.info["class_names"] = names
     start = time.time()
+    net = with_tta(net, fit_cfg.val_tta, cfg.data.input_layout)
     for epoch in range(fit_cfg.num_epochs):
         metrics = evaluate(net, val_iter, ctxs, dist, fit_cfg.dtype, fit_cfg.no_metrics, fit_cfg.benchmark_iters)
         values = {} if fit_cfg.no_metrics else {k: metrics[k] for k in ("top1", "top5", "loss")}
@@ -272,9 +296,25 @@ def score(cfg, run, model, val_iter, ctxs, dist):
 
 
 def predict_image(cfg, model, ctxs):
-    """--mode pred: the top-5 classes of --data-pred by ``model`` (a Scorable)."""
-    data = cfg.data
-    image = predict.load_image(cfg.predict.data_pred, data.image_shape, data.data_val_resize, data.rgb_mean,
-                               data.rgb_std, data.input_layout)
-    names = predict.class_names(cfg.predict.class_names, data.data_train, model.weights, cfg.model.num_classes)
-    return predict.predict(model.net, image, ctxs[0], cfg.fit.dtype, names)
+    """--mode pred: the top classes of --data-pred by ``model`` (a Scorable): one image's printed (returns them),
+    or many images' written to --pred-out (returns predict_many's rows)."""
+    data, pcfg = cfg.data, cfg.predict
+    names = predict.class_names(pcfg.class_names, data.data_train, model.weights, cfg.model.num_classes)
+
+    def transform(path):
+        return predict.load_image(path, data.image_shape, data.data_val_resize, data.rgb_mean, data.rgb_std,
+                                  data.input_layout)
+    net = with_tta(model.net, cfg.fit.val_tta, data.input_layout)
+    if not (pcfg.pred_out or predict_many.is_many(pcfg.data_pred)):
+        return predict.predict(net, transform(pcfg.data_pred), ctxs[0], cfg.fit.dtype, names,
+                               pcfg.pred_top_k)
+
+    def score(images):
+        return predict.softmax_batch(net, images, ctxs[0], cfg.fit.dtype)
+    predict.warn_about_names(names, cfg.model.num_classes)
+    out = workspace_path(cfg.fit.workspace, pcfg.pred_out or predict_many.DEFAULT_OUT)
+    try:
+        return predict_many.run(score, pcfg.data_pred, transform, cfg.fit.batch_size, pcfg.pred_top_k, names, out,
+                                cfg.fit.disp_batches)
+    except predict_many.NoImages as error:
+        raise ScoringError(str(error))

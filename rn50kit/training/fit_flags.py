@@ -64,9 +64,11 @@ class FitConfig:
     report: str = None
     json_log: str = "log.jsonl"
     eval_every: int = 1
+    val_tta: str = "none"
     eval_offset: int = 0
     target_top1: float = None
     mllog: str = None
+    tensorboard: str = None
 
 
 def add_run_args(parser):
@@ -107,6 +109,9 @@ def add_run_args(parser):
     group.add_argument("--no-metrics", action="store_true", help="skip accuracy computation (benchmarks)")
     group.add_argument("--eval-every", type=int,
                        help="train_val: validate every N epochs (and after the last one)")
+    group.add_argument("--val-tta", choices=("none", "flip"),
+                       help="test-time augmentation of validation, --mode val and --mode pred: flip scores each "
+                            "image by the mean of its and its mirror image's softmax (twice the work)")
     group.add_argument("--eval-offset", type=int,
                        help="train_val: the first validation after epoch M+1 (mlperf: every 4 from epoch 3, "
                             "offset 2)")
@@ -222,6 +227,10 @@ def add_output_args(parser):
     group.add_argument("--mllog",
                        help="write an MLPerf-style :::MLLOG log here (relative: inside --workspace) through the "
                             "mlperf-logging package, for MLCommons' compliance checker")
+    group.add_argument("--tensorboard", metavar="DIR",
+                       help="write TensorBoard event files into DIR (relative: inside --workspace): training "
+                            "loss, LR, images/s and loss scale per logged iteration, validation per epoch, the "
+                            "settings as HParams; through the tensorboardX package")
     return group
 
 
@@ -254,6 +263,9 @@ def check(cfg):
     if cfg.mllog and importlib.util.find_spec("mlperf_logging") is None:
         raise ValueError("--mllog writes through the mlperf-logging package, not installed for this Python: "
                          "`make setup` installs it (or pip install mlperf-logging==4.1.68)")
+    if cfg.tensorboard and importlib.util.find_spec("tensorboardX") is None:
+        raise ValueError("--tensorboard writes through the tensorboardX package, not installed for this Python: "
+                         "`make setup` installs it (or pip install tensorboardX==2.6.5)")
     if cfg.cutmix < 0 or not 0 <= cfg.mixup_switch_prob <= 1 or not 0 <= cfg.bce_target_thresh < 1:
         raise ValueError(f"--cutmix must be >= 0, --mixup-switch-prob in [0, 1] and --bce-target-thresh in [0, 1); "
                          f"got {cfg.cutmix:g}, {cfg.mixup_switch_prob:g} and {cfg.bce_target_thresh:g}")

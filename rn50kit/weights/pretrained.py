@@ -247,6 +247,21 @@ def _safetensors_header(path):
     return header, 8 + size
 
 
+def _recorded_version(path):
+    """The stride placement a .safetensors file's metadata records ("resnet_version": "1" or "1.5", as
+    export.py writes it), or None."""
+    if not path.lower().endswith(".safetensors"):
+        return None
+    try:
+        with open(path, "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            metadata = json.loads(f.read(size)).get("__metadata__") or {}
+    except (OSError, ValueError, struct.error):
+        return None
+    version = metadata.get("resnet_version")
+    return version if version in ("1", "1.5") else None
+
+
 def _safetensors_dtypes(path):
     try:
         return {entry["dtype"] for entry in _safetensors_header(path)[0].values()}
@@ -535,7 +550,7 @@ def identify(weights, path):
         gluon = any(k.endswith((".gamma", ".beta")) for k in keys)
         source = "GluonCV resnetv1b" if gluon else "torchvision/timm"
         canon = _from_torch_style(weights, path, source, _GLUON_BN if gluon else _TORCH_BN)
-        version = "1.5"
+        version = _recorded_version(path) or "1.5"  # a kit v1 network exported (export.py) says so
     elif "features.0.weight" in keys or any(k.startswith("features.") for k in keys):
         if any(re.fullmatch(r"features\.\d+\.\d+\.bn1\.\w+", k) for k in keys) or \
                 any(re.fullmatch(r"features\.0\.(gamma|beta|running_mean)", k) for k in keys):

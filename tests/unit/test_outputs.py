@@ -110,7 +110,8 @@ def test_the_files_are_written_by_rank_0_only(tmp_path, primary):
     listed.epoch_end(1, {"train.loss": 2.5})
     listed.run_end(1, True, False, False, 3.0, None)
     listed.close()
-    assert sorted(path.name for path in tmp_path.iterdir()) == (["log.jsonl", "report.json"] if primary else [])
+    assert sorted(path.name for path in tmp_path.iterdir()) == (["log.jsonl", "report.json", "summary.csv"] if primary
+                                                                  else [])
     assert report.metrics["train.loss"] == [2.5] and report.total_duration == 3.0  # every rank keeps its report
 
 

@@ -1,0 +1,98 @@
+"""--tensorboard (rn50kit/reporting/tensorboard_log.py) over real fit() runs of a tiny network, read back with
+TensorBoard's own reader (EventAccumulator): every logged step's loss, LR, images/s and loss scale, every
+validation and the run's settings are those of the JSON-lines log; with EMA the validation is named so; a resumed
+run continues the same steps; ranks but 0 write nothing."""
+import dataclasses
+import json
+import types
+
+import mxnet as mx
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+import fit
+from rn50kit.reporting import outputs
+from rn50kit.reporting.report import Report
+from rn50kit.training import fit_flags
+from rn50kit.training.distributed import Distributed
+from conftest import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from loop_harness import CPU, RUN
+
+EPOCHS, STEPS = 2, 3
+ARGS = {"lr": 0.4, "batch_size": 4, "model": "tiny", "lr_steps": [30, 60], "pretrained": None, "no_metrics": False}
+
+
+def train(tmp_path, *flags):
+    cfg = fit_config(tmp_path, MICRO, 1, "--num-epochs", str(EPOCHS), "--tensorboard", "tb", *flags)
+    batches = AccumBatches(MICRO, STEPS)
+    run = dataclasses.replace(RUN, record={"args": ARGS})
+    return fit.fit(cfg, run, tiny_accum_net(tmp_path / "init.params"), lambda epoch: batches,
+                   AccumBatches(MICRO, 2, seed=1), CPU, Distributed(None), TINY_CLASSES)
+
+
+def events(folder):
+    accumulator = EventAccumulator(str(folder))
+    accumulator.Reload()
+    return accumulator
+
+
+def scalars(accumulator, tag):
+    return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+
+
+def logged(workspace, kind):
+    return [json.loads(line) for line in open(workspace / "log.jsonl") if f'"type": "{kind}"' in line]
+
+
+def as_float32(values):
+    """Event files hold scalars as float32."""
+    return [float(mx.nd.array([v], dtype="float32").asnumpy()[0]) for v in values]
+
+
+@pytest.mark.parametrize("ema", [False, True])
+def test_the_events_are_the_json_logs_values(tmp_path, keep_signal_handlers, ema):
+    train(tmp_path, "--ema-decay", "0.9" if ema else "0")
+    read = events(tmp_path / "tb")
+    iters = logged(tmp_path, "iter")
+    steps = [(r["epoch"] - 1) * STEPS + r["step"] for r in iters]
+    assert steps == list(range(EPOCHS * STEPS))
+    for tag, key in (("loss", "loss"), ("lr", "lr"), ("images_per_s", "ips"), ("loss_scale", "loss_scale")):
+        assert scalars(read, f"train/{tag}") == list(zip(steps, as_float32(r[key] for r in iters))), tag
+    epochs = logged(tmp_path, "epoch")
+    prefix = "val_ema" if ema else "val"
+    assert not ({"val/top1", "val_ema/top1"} - {f"{prefix}/top1"}) & set(read.Tags()["scalars"])
+    for name in ("top1", "top5", "loss"):
+        assert scalars(read, f"{prefix}/{name}") == list(zip([r["epoch"] for r in epochs],
+                                                              as_float32(r[f"val.{name}"] for r in epochs)))
+    assert scalars(read, "train/epoch_loss") == list(zip([r["epoch"] for r in epochs],
+                                                         as_float32(r["train.loss"] for r in epochs)))
+    # the settings, once, as TensorBoard's HParams plugin reads them
+    content = read.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    settings = {key: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
+                for key, value in start.session_start_info.hparams.items()}
+    assert settings == {"lr": 0.4, "batch_size": 4.0, "model": "tiny", "lr_steps": "30,60", "no_metrics": False}
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert [m.name.tag for m in experiment.metric_infos] == [f"{prefix}/top1", f"{prefix}/top5", f"{prefix}/loss"]
+
+
+def test_a_resumed_run_continues_the_steps(tmp_path, keep_signal_handlers):
+    train(tmp_path, "--ema-decay", "0", "--run-epochs", "1")
+    train(tmp_path, "--ema-decay", "0")
+    read = events(tmp_path / "tb")
+    assert [step for step, _ in scalars(read, "train/loss")] == list(range(EPOCHS * STEPS))
+    assert [step for step, _ in scalars(read, "val/top1")] == list(range(1, EPOCHS + 1))
+    assert list(read.PluginTagToContent("hparams")) == ["_hparams_/experiment", "_hparams_/session_start_info",
+                                                        "_hparams_/session_end_info"]  # the first run's, once
+
+
+def test_ranks_but_0_write_nothing(tmp_path):
+    cfg = fit_flags.FitConfig(workspace=str(tmp_path), num_epochs=1, json_log="", tensorboard="tb")
+    listed = fit.open_outputs(cfg, RUN, Report("tiny", 2, ["test"]), types.SimpleNamespace(is_primary=False, size=2),
+                              [mx.cpu()], True, lambda: 8)
+    listed.run_start(1, 1, None)
+    listed.iteration(outputs.Step(1, 0, 1, 2.5, 2.5, 0.1, 100.0, 90.0, 0.0, 1.0))
+    listed.validation(1, {"top1": 0.5, "top5": 1.0, "loss": 2.0, "samples": 8, "durations": [0.1]}, True)
+    listed.close()
+    assert list(tmp_path.iterdir()) == []
