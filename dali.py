@@ -424,6 +424,24 @@ class DaliBatches:
         return images, out[1].reshape((-1,))
 
 
+def first_undecodable(images):
+    """The position of the first of ``images`` (encoded bytes) that DALI's CPU decoder refuses, or None: to name a
+    record a pipeline failed on that OpenCV decodes (nvImageCodec is stricter about some damage)."""
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
+                  prefetch_queue_depth=1)  # one image in, one run: no batches ahead
+    def decode():
+        return fn.decoders.image(fn.external_source(name="jpegs", dtype=types.UINT8), device="cpu")
+    pipe = decode()
+    pipe.build()
+    for position, image in enumerate(images):
+        pipe.feed_input("jpegs", [np.asarray(image, dtype=np.uint8)])
+        try:
+            pipe.run()
+        except RuntimeError:
+            return position
+    return None
+
+
 def reader_epoch_size(pipeline):
     """Records the pipeline's RecordIO reader reads per epoch (all shards)."""
     return pipeline.reader_meta(READER_NAME)["epoch_size"]

@@ -25,7 +25,7 @@ from rn50kit.reporting.report import Report
 from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
 from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
-from rn50kit.training import checkpoint, optimizers
+from rn50kit.training import checkpoint, optimizer_state, optimizers
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.training.distributed import Distributed, average_over_devices
 from rn50kit.training.ema import EMA
@@ -147,7 +147,11 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
         raise TrainingError(problem)
     paths = checkpoint_state["paths"]
     checkpoint.load_params(net, paths["params"], ctxs)  # on every device: MXNet asserts the set
-    optimizers.load_states(state.trainer, paths["states"])
+    try:  # arrays and plain values only: a checkpoint's optimizer state never runs code
+        optimizer_state.restore(state.trainer, paths["states"], checkpoint_state.get("optimizer_state"),
+                                checkpoint_state["state_path"])
+    except optimizer_state.StateError as error:
+        raise TrainingError(str(error)) from None
     state.scaler.load(checkpoint_state["loss_scaler"])
     if state.ema is not None and "ema" in paths:
         state.ema.load(paths["ema"])

@@ -320,8 +320,11 @@ def warn_about(cfg, primary):
     if fit_cfg.mode != "pred":
         try:
             labels = loaders.record_labels(cfg.data)  # the index check reads every record header, label included
+            error = loaders.label_problem(cfg.data, cfg.model.num_classes)  # names the file and record
         except loaders.DataError as bad:
             raise UsageError(str(bad))
+        if error:
+            raise UsageError(error)
         error, warning = settings.class_count_problem(cfg.data.data_train, cfg.data.data_val,
                                                       cfg.model.num_classes, labels)
     if error:

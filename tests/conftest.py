@@ -699,3 +699,31 @@ def export_and_check_logits(name, folder):
     assert ("move the stride" in printed.getvalue()) == v1
     assert all(state[key].dtype == np.int64 for key in state if key.endswith("num_batches_tracked"))
     assert_logits(logits(net), ref.forward(state, X, stride_in_1x1=v1))
+
+
+# --- MPI and Slurm launchers (e2e/test_launchers, test_fault_recovery) -------------------------------------------
+
+def horovod_has_mpi():
+    code = "import horovod.mxnet as hvd; print(hvd.mpi_built())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
+    return result.stdout.strip() == "True"
+
+
+def need_mpi():
+    require(shutil.which("mpirun") is not None, "Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev)")
+    require(horovod_has_mpi(), "Horovod built with MPI (install Open MPI, then rerun `make setup`)")
+
+
+def need_slurm():
+    need_mpi()
+    ping = quiet(["scontrol", "ping"]) if shutil.which("scontrol") else None
+    require(ping is not None and "UP" in ping.stdout, "a running Slurm controller (scontrol ping)")
+    cpus = quiet(["sinfo", "-h", "-t", "idle,mix", "-o", "%c"])
+    require(cpus is not None and any(c.isdigit() and int(c) >= 2 for c in cpus.stdout.split()),
+            "an idle Slurm node with 2 CPUs (sinfo)")
+
+
+def mpirun_root_env():
+    env = venv_env()
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    return env

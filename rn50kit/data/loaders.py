@@ -545,8 +545,7 @@ class ShuffledShardSource:
 
     def failing_record(self):
         """(record file, record number) of the batches in flight that does not decode, or None."""
-        bad = records.first_undecodable(self.records, [i for batch in self.recent for i in batch])
-        return None if bad is None else (self.records, bad)
+        return undecodable_for_dali(self.records, [i for batch in self.recent for i in batch])
 
 
 def read_batch(record_file, picks, buffer):
@@ -704,13 +703,24 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
     return train_iter, val_iter
 
 
+def undecodable_for_dali(record_file, candidates):
+    """(record file, record number) of the first of ``candidates`` that does not decode, or None: OpenCV's verdict,
+    then DALI's own decoder's (stricter about some damage OpenCV passes)."""
+    import dali
+    bad = records.first_undecodable(record_file, candidates)
+    if bad is None:
+        candidates = list(candidates)
+        position = dali.first_undecodable(record_file.image(i) for i in candidates)
+        bad = None if position is None else candidates[position]
+    return None if bad is None else (record_file, bad)
+
+
 def sequential_failure_finder(record_file, iterator, shard_id, num_shards, lookahead):
     """For a pipeline reading its shard in file order: the undecodable record among those in flight."""
     def find():
         start, end = records.shard_bounds(len(record_file), shard_id, num_shards)
         first = start + iterator._served
-        bad = records.first_undecodable(record_file, range(first, min(end, first + lookahead)))
-        return None if bad is None else (record_file, bad)
+        return undecodable_for_dali(record_file, range(first, min(end, first + lookahead)))
     return find
 
 
@@ -751,6 +761,29 @@ def record_labels(cfg):
         values = records_file.labels[np.isfinite(records_file.labels)]  # NaN: extra labels, not a class
         labels.update(np.unique(values).astype(np.int64).tolist())
     return labels
+
+
+def label_problem(cfg, num_classes):
+    """One line naming the file and the first record whose label is not a class 0 to ``num_classes`` - 1 (not an
+    integer, NaN, negative, too large, infinite), or None. A reader would pass such a label on as it is (2.5, 1e-38),
+    and the loss would take it for another class. Records with extra labels (NaN here) are not judged."""
+    if not backends.reads_records(cfg.data_backend):
+        return None
+    for records_file in open_record_files(cfg).values():
+        labels = records_file.labels
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(~records_file.extra_labels & (np.isnan(labels) | (labels != np.floor(labels)) |
+                                                               (labels < 0) | (labels >= num_classes)))
+        if not len(bad):
+            continue
+        first, top, where = bad[0], np.nanmax(labels), records_file.describe(bad[0])
+        integers = labels[bad] == np.floor(labels[bad])
+        if np.isfinite(top) and np.all(integers & (labels[bad] >= num_classes)):  # likely a wrong --num-classes
+            return (f"the data has labels up to {int(top)} but --num-classes is {num_classes}; use --num-classes "
+                    f"{int(top) + 1} (the first such record: {where}, label {int(labels[first])})")
+        return (f"{where} has label {labels[first]:g}, not a class 0 to {num_classes - 1} (--num-classes "
+                f"{num_classes}); {len(bad)} record(s) so; {records.fix_hint(records_file.rec_path)}")
+    return None
 
 
 def check_mxnet_shards(train_records, num_workers):

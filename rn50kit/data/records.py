@@ -116,7 +116,7 @@ def map_file(path):
 
 
 def scan_headers(buffer, offsets):
-    """For each offset: (problem or None, cflag, payload length, label), read from the 8-byte record header and
+    """For each offset: (problem or None, cflag, payload length, label, whether it has extra labels), read from the 8-byte record header and
     the 24-byte image-record header after it, vectorised (a few bytes per record, no image is read)."""
     size = len(buffer)
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -125,6 +125,7 @@ def scan_headers(buffer, offsets):
     cflags = np.zeros(count, dtype=np.int64)
     lengths = np.zeros(count, dtype=np.int64)
     labels = np.full(count, np.nan, dtype=np.float64)
+    extra = np.zeros(count, dtype=bool)  # records with extra labels (flag > 0): their label is NaN here
     inside = (offsets >= 0) & (offsets + 8 <= size)
     problems[~inside] = 1
     if size and inside.any():
@@ -145,13 +146,33 @@ def scan_headers(buffer, offsets):
             flags = data[flag_at[:, None] + np.arange(4)].view("<u4").ravel()
             values = data[label_at[:, None] + np.arange(4)].view("<f4").ravel().astype(np.float64)
             labels[has_label] = np.where(flags == 0, values, np.nan)  # extra labels: not a classification label
-    return problems, cflags, lengths, labels
+            extra[has_label] = flags != 0
+    return problems, cflags, lengths, labels, extra
 
 
 PROBLEM_TEXT = {1: "points past the end of the file",
                 2: "points where no record starts (not a record boundary)",
                 3: "points into the middle of a multi-part record",
-                4: "points to a record cut off by the end of the file"}
+                4: "points to a record cut off by the end of the file",
+                5: "points to a record that runs into the next one (its length field is damaged)"}
+
+
+def check_extents(buffer, offsets, problems, cflags, lengths):
+    """Mark (in ``problems``) the records, in file order, that do not end (padding included) by the next record's
+    start or the end of the file: DALI reads each record within that gap and fails in C++ otherwise. A record in
+    parts (cflag 1, rare) is walked part by part."""
+    following = np.searchsorted(offsets, offsets, side="right")  # the next record's start (a repeated one: later)
+    limits = np.append(offsets, len(buffer))[following]
+    ends = offsets + 8 + ((lengths + 3) & ~3)
+    whole = (problems == 0) & (cflags == 0)
+    problems[whole & (ends > limits)] = np.where(limits[whole & (ends > limits)] == len(buffer), 4, 5)
+    for i in np.flatnonzero((problems == 0) & (cflags == 1)):
+        try:
+            _, end = read_record(buffer, int(offsets[i]))
+        except RecordFileError:
+            end = len(buffer) + 1
+        if end > limits[i]:
+            problems[i] = 4 if limits[i] == len(buffer) else 5
 
 
 class RecordFile:
@@ -177,7 +198,8 @@ class RecordFile:
         order = np.argsort(offsets, kind="stable")  # file order, as DALI and MXNet read it
         lines, self.keys, self.offsets = lines[order], keys[order], offsets[order]
         self._buffer = map_file(rec_path)
-        problems, self.cflags, self.lengths, self.labels = scan_headers(self._buffer, self.offsets)
+        problems, self.cflags, self.lengths, self.labels, self.extra_labels = scan_headers(self._buffer, self.offsets)
+        check_extents(self._buffer, self.offsets, problems, self.cflags, self.lengths)
         bad = np.flatnonzero(problems)
         if len(bad):
             first = bad[0]

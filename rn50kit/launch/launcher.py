@@ -587,7 +587,7 @@ def main(argv=None, kit_dir=KIT_DIR):
         if command[0] == horovodrun_path():
             status, failure, first_failed = run_horovodrun(command[1:])
         else:
-            status, failure = run_mpirun(command)
+            status, failure, first_failed = run_mpirun(command)
         reaper.finish()
         wait_for_workspace(peek_extra(extra, args.file_values).workspace)
         summary = faults.summarize(fault_dir, first_failed) if status != 0 else None
@@ -820,16 +820,39 @@ class Reaper:
         return [p.pid for p in alive]
 
 
+# Open MPI's own diagnosis of the first worker to die of a signal (its stderr, before it ends the others)
+MPIRUN_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+
+
+def relay_stderr(stream, found):
+    """Copy mpirun's stderr to ours line by line, noting in ``found`` (a list) the (rank, 128 + signal) of the
+    first worker it says died of a signal."""
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        match = MPIRUN_SIGNALLED.search(line)
+        if match and not found:
+            found.append((int(match[1]), 128 + int(match[2])))
+
+
 def run_mpirun(command):
-    """mpirun as a child. A SIGTERM/SIGUSR1 to runner goes on as SIGUSR1, which Open MPI's mpirun forwards to
-    every process and then waits for them (a SIGTERM makes it kill the job a second later)."""
-    process = subprocess.Popen(command)
+    """mpirun as a child: (status, failure, (rank, status) of the first worker that died of a signal, or None).
+    A SIGTERM/SIGUSR1 to runner goes on as SIGUSR1, which Open MPI's mpirun forwards to every process and then
+    waits for them (a SIGTERM makes it kill the job a second later)."""
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    found = []
+    relay = threading.Thread(target=relay_stderr, args=(process.stderr, found), daemon=True)
+    relay.start()
     restore = forward_stop_signals(lambda signum: process.send_signal(signal.SIGUSR1))
     try:
         status = process.wait()
     except KeyboardInterrupt:  # mpirun got the Ctrl-C too (same terminal) and forwards it to the workers
         process.wait()
-        return INTERRUPTED, "interrupted"
+        return INTERRUPTED, "interrupted", None
     finally:
         restore()
-    return status, f"mpirun exited with status {status}; the workers' messages are above"
+        # mpirun's own lines are read by now; a worker it left behind (stopped) may hold the pipe open until the
+        # Reaper ends it, so the relay goes on as a daemon after this wait
+        relay.join(timeout=5)
+    return status, f"mpirun exited with status {status}; the workers' messages are above", \
+        (found[0] if found else None)

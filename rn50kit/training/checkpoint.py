@@ -2,9 +2,11 @@
 
 For each checkpoint, with tag NNNN (epochs completed) or NNNN-stepSSSSSS (stopped inside an epoch):
   <prefix>-symbol.json, <prefix>-<tag>.params   net.export() format (arg:/aux: names), loadable without this kit
-  <prefix>-<tag>.states                         optimizer state (momentum, fp32 master weights)
+  <prefix>-<tag>.states                         optimizer state's arrays (momentum, fp32 master weights), an
+                                                NDArray file (optimizer_state.py: no pickle), host copies
   <prefix>-<tag>-ema.params                     EMA weights, when --ema-decay is set
-  <prefix>-<tag>.state.json                     epoch, step, loss scale, best top-1, metric history, seeds
+  <prefix>-<tag>.state.json                     epoch, step, loss scale, best top-1, metric history, seeds,
+                                                the optimizer state's plain values (update counts)
   <prefix>-best.params                          the parameters with the best validation top-1: the weights
                                                 that were scored (the EMA weights with --ema-decay)
 Every file goes to a temporary name, is flushed to disk, then renamed. The state file is written last and
@@ -29,6 +31,7 @@ import mxnet as mx
 import numpy as np
 
 import models
+from rn50kit.training import optimizer_state
 
 STATE_SUFFIX = ".state.json"
 TAG = r"-\d{4}(?:-step\d{6})?"
@@ -152,10 +155,11 @@ def save(prefix, net, trainer, state, ema=None, best=False):
     try:
         commit(_export(net, tmp_prefix), f"{prefix}-{tag}.params", "params")
         commit(f"{tmp_prefix}-symbol.json", f"{prefix}-symbol.json")
-        trainer.save_states(f"{tmp_prefix}.states")
+        optimizer_values = optimizer_state.save(trainer, f"{tmp_prefix}.states")
         commit(f"{tmp_prefix}.states", f"{prefix}-{tag}.states", "states")
         if ema is not None:
-            mx.nd.save(f"{tmp_prefix}-ema.params", ema)
+            # host copies: MXNet records an array's device and loads it back there (GPU 0 for every rank)
+            mx.nd.save(f"{tmp_prefix}-ema.params", {name: value.as_in_context(mx.cpu()) for name, value in ema.items()})
             mx.nd.load(f"{tmp_prefix}-ema.params")
             files["ema"] = f"{name}-{tag}-ema.params"
             commit(f"{tmp_prefix}-ema.params", f"{prefix}-{tag}-ema.params", "ema")
@@ -167,7 +171,7 @@ def save(prefix, net, trainer, state, ema=None, best=False):
                 commit(_export(net, tmp_prefix), f"{prefix}-best.params")
                 os.remove(f"{tmp_prefix}-symbol.json")  # the checkpoint's own is in place already
             best(export_best)
-        state = dict(state, files=files, checks=checks)
+        state = dict(state, files=files, checks=checks, optimizer_state=optimizer_values)
         state["checksum"] = state_checksum(state)
         with open(f"{tmp_prefix}{STATE_SUFFIX}", "w") as f:
             json.dump(state, f, indent=1)

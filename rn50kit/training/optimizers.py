@@ -195,24 +195,11 @@ class LAMB(mx.optimizer.LAMB):
 
 
 BY_NAME = {"sgd": SGD, "lars": LARS, "lamb": LAMB}  # MXNet's registered names
-OURS = {ours.__base__: ours for ours in BY_NAME.values()}  # MXNet's class -> ours
 
 
 def create(name, **params):
     """The optimizer ``name`` (MXNet's registered name) with ``params``: ours for SGD, LARS and LAMB, else MXNet's."""
     return BY_NAME[name](**params) if name in BY_NAME else mx.optimizer.create(name, **params)
-
-
-def load_states(trainer, path):
-    """``trainer.load_states(path)``, keeping our optimizer: MXNet's replaces the trainer's optimizer with the one
-    pickled in the file, and checkpoints written before this module hold MXNet's SGD, LARS or LAMB (the same states:
-    momentum, or LAMB's two moments, per weight)."""
-    trainer.load_states(path)
-    ours = OURS.get(type(trainer._optimizer))
-    if ours:  # one object, shared by the updaters of every context
-        trainer._optimizer.__class__ = ours
-        if ours is LARS:
-            take_whole_steps(trainer._optimizer)
 
 
 OPTIMIZERS = ("sgd", "nag", "lars", "lamb")  # MXNet's registered names

@@ -298,7 +298,7 @@ def _read_torch(path):
         raise PretrainedError(
             f"{os.path.basename(path)} is a PyTorch file and PyTorch is not installed here: pip install torch, or "
             f"convert it once where PyTorch is: python -c \"import torch, safetensors.torch as s; "
-            f"d = torch.load('{path}', map_location='cpu'); d = d.get('state_dict', d); "
+            f"d = torch.load('{path}', map_location='cpu', weights_only=True); d = d.get('state_dict', d); "
             f"s.save_file({{k: v.contiguous() for k, v in d.items()}}, '{stem}.safetensors')\" "
             f"and give --pretrained {stem}.safetensors") from None
     try:

@@ -39,10 +39,34 @@ def runner_command(digits, workspace, epochs=2, examples=EXAMPLES, extra=()):
             "--workspace", str(workspace), *extra]
 
 
-def environment(**extra):
-    env = venv_env()
-    env.update(extra)
-    return env
+# How runner is started under each launcher: (in front of runner, runner's own flags). Under Slurm runner runs
+# once per task of the srun step and takes the world's size from it.
+LAUNCHERS = {"horovodrun": ([], []), "mpi": ([], ["--launcher", "mpi"]),
+             "slurm": (["srun", "-n", "2", "-t", "10"], ["--launcher", "slurm"])}
+RANK_MARKS = {"horovodrun": "HOROVOD_RANK", "mpi": "OMPI_COMM_WORLD_RANK", "slurm": "SLURM_PROCID"}
+
+
+# Under Slurm runner is the worker itself (srun starts one per task), so nothing oversees the others: a dead or
+# stalled task ends the step through srun ("srun: error: vm: task 1: Killed", the other task cancelled), and no
+# line names the rank and its cause. Found by these tests (issue 48); they pass once that is built.
+SLURM_UNNAMED = pytest.mark.xfail(strict=True, reason="under srun no runner oversees the tasks: the end of a dead "
+                                  "or stalled rank is srun's lines, not one naming the rank")
+
+
+def launched(command, launcher):
+    """``command`` (runner_command's) under ``launcher``, and the environment it needs; skips without it."""
+    from conftest import mpirun_root_env, need_mpi, need_slurm
+    if launcher == "horovodrun":
+        return command, venv_env()
+    if launcher == "mpi":
+        need_mpi()
+    else:
+        need_slurm()
+    front, flags = LAUNCHERS[launcher]
+    if launcher == "slurm":
+        at = command.index("-n")
+        command = command[:at] + command[at + 2:]  # the step's size
+    return [*front, *command, *flags], mpirun_root_env()
 
 
 def start(command, log_prefix, env=None, **kwargs):
@@ -62,16 +86,32 @@ def run_processes(process):
     return [root] + root.children(recursive=True)
 
 
-def worker(process, rank):
-    """The training process of ``rank`` (horovodrun marks it, not its shell, with HOROVOD_RANK)."""
-    for member in run_processes(process):
+def worker(process, rank, launcher="horovodrun", workspace=None):
+    """The training process of ``rank``: the launcher marks it (horovodrun: HOROVOD_RANK, not on its shell;
+    mpirun: OMPI_COMM_WORLD_RANK; srun: SLURM_PROCID, on runner too), and it runs train.py. Under Slurm the
+    workers are slurmstepd's children, found by their command line naming the ``workspace``."""
+    mark = RANK_MARKS[launcher]
+    members = run_processes(process) if launcher != "slurm" else run_members(workspace)
+    for member in members:
         try:
-            if member.environ().get("HOROVOD_RANK") == str(rank) and \
-                    member.parent().environ().get("HOROVOD_RANK") is None:
+            if member.environ().get(mark) != str(rank):
+                continue
+            if launcher == "horovodrun" and member.parent().environ().get(mark) is None or \
+                    launcher != "horovodrun" and runs_train_py(member) and not runs_train_py(member.parent()):
                 return member
         except psutil.Error:
             pass
     return None
+
+
+def runs_train_py(member):
+    """Whether ``member`` is Python running train.py (not a launcher whose command line names it)."""
+    command = member.cmdline()
+    return len(command) > 1 and os.path.basename(command[1]) == "train.py"
+
+
+def members_of(process, launcher, workspace):
+    return run_processes(process) + (run_members(workspace) if launcher == "slurm" else [])
 
 
 def is_dead(member):
@@ -105,8 +145,8 @@ def assert_intact(workspace, tag):
     assert not list(workspace.glob(".tmp-*")), sorted(os.listdir(workspace))
 
 
-def assert_resumes(command, workspace, tag):
-    result = run(command)
+def assert_resumes(command, workspace, tag, env=None):
+    result = run(command, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resuming from {workspace / f'model-{tag}.state.json'}" in result.stderr
     return result
@@ -205,18 +245,20 @@ def test_a_full_disk_while_saving_ends_the_run_keeping_the_last_checkpoint(digit
 # --- 2. a rank that dies -------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["SIGKILL", "exception"])
-def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, digits_data, tmp_path):
+@pytest.mark.parametrize("fault, launcher", [("SIGKILL", "horovodrun"), ("exception", "horovodrun"),
+                                             ("SIGKILL", "mpi"), pytest.param("SIGKILL", "slurm",
+                                                                              marks=SLURM_UNNAMED)])
+def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, digits_data, tmp_path):
     workspace = tmp_path / "ws"
-    command = runner_command(digits_data, workspace)
-    env = None
+    command, env = launched(runner_command(digits_data, workspace), launcher)
     if fault == "exception":  # rank 1 raises in its 3rd step of epoch 2
-        env = environment(PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_RANK="1",
-                          RN50_INJECT_STEP=str(STEPS + 3))
+        env = dict(env, PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_RANK="1",
+                   RN50_INJECT_STEP=str(STEPS + 3))
     process = start(command, tmp_path / "dead", env=env)
     try:
-        victim = wait_until(lambda: worker(process, 0) and worker(process, 1), "the workers to start", HANG_S, process)
-        members = run_processes(process)
+        victim = wait_until(lambda: worker(process, 0, launcher, workspace) and worker(process, 1, launcher, workspace),
+                            "the workers to start", HANG_S, process)
+        members = members_of(process, launcher, workspace)
         wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", HANG_S, process)
         if fault == "SIGKILL":
             victim.kill()
@@ -239,30 +281,32 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, digits_data,
     # traceback (Horovod's C++ teardown may still print its own error, or abort)
     assert "[0]<stderr>:Traceback" not in open(tmp_path / "dead.err").read()
     assert_ended_cleanly(process, members, workspace)
-    print(f"{fault}: the run ended {ended:.1f} s after the fault")
+    print(f"{fault} under {launcher}: the run ended {ended:.1f} s after the fault")
     assert_intact(workspace, "0001")
-    assert_resumes(command, workspace, "0001")
+    assert_resumes(command, workspace, "0001", env)
 
 
 # --- 1. a rank that stalls -----------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stalled, how", [(1, "SIGSTOP"), (0, "SIGSTOP"), (1, "hang")])
-def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digits_data, tmp_path):
+@pytest.mark.parametrize("stalled, how, launcher", [(1, "SIGSTOP", "horovodrun"), (0, "SIGSTOP", "horovodrun"),
+                                                    (1, "hang", "horovodrun"), (1, "SIGSTOP", "mpi"),
+                                                    pytest.param(1, "SIGSTOP", "slurm", marks=SLURM_UNNAMED)])
+def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, launcher, digits_data, tmp_path):
     """Inside epoch 2 one worker stops (SIGSTOP: frozen, as a lost machine) or hangs alive (sleeps in its step,
     as on a hung file system): the other waits in its next allreduce, and the watchdogs end the run after
     --stall-timeout, naming the stalled rank (rank 0 also holds the workspace lock)."""
     workspace = tmp_path / "ws"
-    command = runner_command(digits_data, workspace, extra=["--stall-timeout", str(STALL_TIMEOUT)])
-    env = None
+    command, env = launched(runner_command(digits_data, workspace, extra=["--stall-timeout", str(STALL_TIMEOUT)]),
+                            launcher)
     if how == "hang":
-        env = environment(PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_KIND="hang",
-                          RN50_INJECT_RANK=str(stalled), RN50_INJECT_STEP=str(STEPS + 3))
+        env = dict(env, PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_KIND="hang",
+                   RN50_INJECT_RANK=str(stalled), RN50_INJECT_STEP=str(STEPS + 3))
     process = start(command, tmp_path / "stall", env=env)
     try:
-        victim = wait_until(lambda: worker(process, 1 - stalled) and worker(process, stalled), "the workers to start",
-                          300, process)
-        members = run_processes(process)
+        victim = wait_until(lambda: worker(process, 1 - stalled, launcher, workspace) and
+                            worker(process, stalled, launcher, workspace), "the workers to start", HANG_S, process)
+        members = members_of(process, launcher, workspace)
         wait_until(lambda: steps_done(workspace) >= STEPS + 2, f"step {STEPS + 2} (inside epoch 2)", HANG_S, process)
         if how == "SIGSTOP":
             victim.suspend()
@@ -283,9 +327,9 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, digit
     assert f"without progress (--stall-timeout {STALL_TIMEOUT})" in line
     assert "rerun the same command to resume" in line
     assert_ended_cleanly(process, members, workspace)
-    print(f"rank {stalled} {how}: the run ended {ended:.1f} s after")
+    print(f"rank {stalled} {how} under {launcher}: the run ended {ended:.1f} s after")
     assert_intact(workspace, "0001")
-    assert_resumes(command, workspace, "0001")
+    assert_resumes(command, workspace, "0001", env)
 
 
 # --- 6. a host lost under SSH ---------------------------------------------------------------------------------

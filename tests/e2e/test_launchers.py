@@ -12,31 +12,12 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from conftest import HANG_S, ROOT, venv_env, TEST_HOSTS, require, quiet, loopback_address, need_ssh_hosts
+from conftest import (HANG_S, ROOT, venv_env, TEST_HOSTS, require, loopback_address, need_ssh_hosts, need_mpi,
+                      need_slurm, mpirun_root_env, horovod_has_mpi)
 from rn50kit.launch import world
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
-
-
-def horovod_has_mpi():
-    code = "import horovod.mxnet as hvd; print(hvd.mpi_built())"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
-    return result.stdout.strip() == "True"
-
-
-def need_mpi():
-    require(shutil.which("mpirun") is not None, "Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev)")
-    require(horovod_has_mpi(), "Horovod built with MPI (install Open MPI, then rerun `make setup`)")
-
-
-def need_slurm():
-    need_mpi()
-    ping = quiet(["scontrol", "ping"]) if shutil.which("scontrol") else None
-    require(ping is not None and "UP" in ping.stdout, "a running Slurm controller (scontrol ping)")
-    cpus = quiet(["sinfo", "-h", "-t", "idle,mix", "-o", "%c"])
-    require(cpus is not None and any(c.isdigit() and int(c) >= 2 for c in cpus.stdout.split()),
-            "an idle Slurm node with 2 CPUs (sinfo)")
 
 
 # --- one tiny training per launcher ----------------------------------------------------------------------------
@@ -152,12 +133,6 @@ def test_setup_check_names_what_this_machine_builds():
 
 
 # --- a world that is not the launcher's stops at once --------------------------------------------------------
-
-def mpirun_root_env():
-    env = venv_env()
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    return env
-
 
 def test_workers_alone_under_mpirun_stop_with_one_line(tmp_path):
     """Horovod's Gloo controller and operations under mpirun give each worker a world of its own, as a Horovod

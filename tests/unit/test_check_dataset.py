@@ -40,3 +40,20 @@ def test_missing_file_is_a_one_line_error(tmp_path):
     result = run_tool(str(tmp_path / "nothing.rec"))
     assert result.returncode == 2
     assert result.stderr.startswith("check_dataset.py: error:") and "Traceback" not in result.stderr
+
+
+def test_a_repeated_entry_and_a_record_running_into_the_next_are_errors(tmp_path):
+    """Found by tests/e2e/test_record_fuzz.py: both passed before (DALI fails on the second in C++)."""
+    import struct
+    from conftest import jpeg, photo, write_payloads
+    rec, idx = write_payloads(str(tmp_path / "f"), [(i % 3, jpeg(photo(i))) for i in range(6)])
+    lines = open(idx).read().splitlines()
+    offsets = [int(line.split()[1]) for line in lines]
+    data = bytearray(open(rec, "rb").read())
+    word = struct.unpack_from("<I", data, offsets[2] + 4)[0]
+    data[offsets[2] + 4:offsets[2] + 8] = struct.pack("<I", word + 64)  # record 2's length field, 64 too long
+    open(rec, "wb").write(bytes(data))
+    open(idx, "w").write("\n".join(lines + [f"9\t{offsets[4]}"]) + "\n")
+    report = check_dataset.check(rec, idx, num_classes=3, jobs=1)
+    errors = {key: {kind for kind, _ in errs} for _, key, _, errs, _, _, _ in report["entries"] if errs}
+    assert errors == {2: {"overlapping record"}, 9: {"repeated index entry"}}, errors

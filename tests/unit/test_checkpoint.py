@@ -2,8 +2,10 @@
 state (refused) and those that do not, and what a bad resume says."""
 import os
 import resource
+import struct
 import pytest
 import mxnet as mx
+import numpy as np
 
 from rn50kit.training import state
 import fit
@@ -117,3 +119,111 @@ def test_a_bad_resume_says_which_case_what_exists_and_what_is_accepted(tmp_path)
     (tmp_path / "model-0002.states").unlink()
     message = checkpoint.why_not_resumable(str(tmp_path / "model-0002.params"))
     assert "its files model-0002.states are missing" in message and f"no complete checkpoint in {tmp_path}" in message
+
+
+ITEM_SIZES = {0: 4, 1: 8, 2: 2, 3: 1, 4: 4, 5: 1, 6: 8}  # MXNet's type flags: float32, float64, float16, ...
+
+
+def saved_devices(path):
+    """The device each array of an mx.nd.save file was saved from, read from its bytes (mx.nd.load puts every
+    host array on cpu(0), whatever it records): MXNet 1.9.1's NDArray::Save layout of dense arrays."""
+    data = open(path, "rb").read()
+    assert struct.unpack_from("<Q", data)[0] == 0x112
+    count, offset, devices = struct.unpack_from("<Q", data, 16)[0], 24, []
+    for _ in range(count):
+        magic, storage, ndim = struct.unpack_from("<Iii", data, offset)
+        assert magic == 0xF993FAC9 and storage == 0
+        shape = struct.unpack_from(f"<{ndim}q", data, offset + 12)
+        device_type, device_id, type_flag = struct.unpack_from("<iii", data, offset + 12 + 8 * ndim)
+        devices.append(f"{ {1: 'cpu', 2: 'gpu'}[device_type]}({device_id})")
+        offset += 24 + 8 * ndim + int(np.prod(shape)) * ITEM_SIZES[type_flag]
+    return devices
+
+
+def test_arrays_are_written_from_the_host_and_loaded_onto_each_device(tmp_path):
+    """A checkpoint's optimizer state and EMA are written as host copies (MXNet records each array's device and
+    loads it back there: every rank on GPU 0), and the state comes back onto each of the trainer's own devices.
+    On CPU, devices that leave out cpu(0) stand for a rank's GPUs."""
+    from rn50kit.training import checkpoint, optimizer_state
+    devices = [mx.cpu(1), mx.cpu(2)]
+
+    def build():
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(8, in_units=16), mx.gluon.nn.Dense(4, in_units=8))
+        net.initialize(ctx=devices)
+        net.hybridize()
+        trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9,
+                                                                 "multi_precision": True},
+                                   kvstore=mx.kvstore.create("local"), update_on_kvstore=False)
+        return net, trainer
+
+    net, trainer = build()
+    for _ in range(2):
+        with mx.autograd.record():
+            losses = [net(mx.nd.ones((2, 16), ctx=device)).sum() for device in devices]
+        mx.autograd.backward(losses)
+        trainer.step(4)
+    ema = {name: p.data(devices[0]).copy() for name, p in net.collect_params().items()}
+    checkpoint.save(str(tmp_path / "model"), net, trainer, {"epoch": 1, "step": 0}, ema=ema)
+    state = checkpoint.read_state(str(tmp_path / "model-0001.state.json"), verify=True)
+    written = {kind: saved_devices(state["paths"][kind]) for kind in ("states", "ema")}
+    assert written == {"states": ["cpu(0)"] * 4, "ema": ["cpu(0)"] * 4}  # a momentum per weight and bias
+
+    resumed_net, resumed = build()
+    optimizer_state.restore(resumed, state["paths"]["states"], state["optimizer_state"], state["state_path"])
+    for updater, device in zip(resumed._updaters, devices):
+        assert sorted(updater.states) == [0, 1, 2, 3]
+        assert {str(s.context) for s in updater.states.values()} == {str(device)}
+        for index, momentum in updater.states.items():
+            np.testing.assert_array_equal(momentum.asnumpy(), trainer._updaters[0].states[index].asnumpy())
+    first, second = (u.states[0] for u in resumed._updaters)
+    first += 1  # each device's updater updates its own copy in place
+    assert not np.array_equal(first.asnumpy(), second.asnumpy())
+
+
+def make_old(state_path, trainer):
+    """Turn a checkpoint into one written before the optimizer state left pickle: MXNet's save_states output, no
+    plain values, the recorded size, SHA-256 and checksum as that version wrote them."""
+    import json
+    from rn50kit.training import checkpoint
+    state = json.loads(open(state_path).read())
+    states = os.path.join(os.path.dirname(state_path), state["files"]["states"])
+    trainer.save_states(states)
+    del state["optimizer_state"]
+    state["checks"]["states"] = {"size": os.path.getsize(states), "sha256": checkpoint.sha256(states)}
+    state["checksum"] = checkpoint.state_checksum(state)
+    open(state_path, "w").write(json.dumps(state))
+    return states
+
+
+def test_an_old_pickle_checkpoint_is_refused_naming_the_command_that_converts_it(tmp_path):
+    import subprocess
+    import sys
+    from conftest import HANG_S, ROOT, venv_env
+    from rn50kit.training import checkpoint, optimizer_state
+    net, trainer = save_tiny(tmp_path / "model", [])
+    with mx.autograd.record():
+        loss = net(mx.nd.ones((2, 256))).sum()
+    loss.backward()
+    trainer.step(2)
+    checkpoint.save(str(tmp_path / "model"), net, trainer, {"epoch": 1, "step": 0})
+    state_path = str(tmp_path / "model-0001.state.json")
+    states = make_old(state_path, trainer)
+    old = checkpoint.read_state(state_path, verify=True)
+    with pytest.raises(optimizer_state.StateError) as refused:
+        optimizer_state.restore(trainer, states, old.get("optimizer_state"), state_path)
+    message = str(refused.value)
+    assert "\n" not in message and f"{states} holds the optimizer state as a Python pickle" in message
+    command = message.split("convert it once with: ")[1]
+    assert command == f"python tools/convert_states.py {state_path}"
+    converted = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, env=venv_env(), capture_output=True,
+                               text=True, timeout=HANG_S)
+    assert converted.returncode == 0, converted.stderr
+    assert converted.stdout == f"{state_path}: converted (optimizer sgd, 2 weights' states)\n"
+    new = checkpoint.read_state(state_path, verify=True)  # sizes, hashes and checksum updated
+    assert optimizer_state.file_kind(states) == "ndarray"
+    _, fresh = save_tiny(tmp_path / "unused", [])
+    optimizer_state.restore(fresh, states, new["optimizer_state"], state_path)
+    for index, momentum in trainer._updaters[0].states.items():
+        np.testing.assert_array_equal(fresh._updaters[0].states[index].asnumpy(), momentum.asnumpy())
+    assert fresh._optimizer.num_update == trainer._optimizer.num_update == 1

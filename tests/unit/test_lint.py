@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import HANG_S, ROOT
 
 MAX_FUNCTION_LINES = 80
@@ -44,3 +46,68 @@ def test_the_size_rule_sees_a_long_function(tmp_path):
     (tmp_path / "short.py").write_text(f"def short():\n{body}\n")
     assert [line.split(" ")[1] for line in long_functions(str(tmp_path / "long.py"))] == ["long"]
     assert not list(long_functions(str(tmp_path / "short.py")))
+
+
+# --- nothing the kit loads can run code: no unpickling outside the converter of trusted old checkpoints ---------
+UNPICKLING_ALLOWED = {"tools/convert_states.py"}  # says so in its doc: for files the user trusts
+PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib"}
+STATE_UNPICKLERS = {"load_states", "set_states"}  # MXNet's Trainer.load_states / Updater.set_states unpickle
+
+
+def _keyword(call, name):
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _is_true(node):
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def unpickling(source, name="<source>"):
+    """Where ``source`` loads a pickle: pickle.load(s)/Unpickler, torch.load without weights_only=True,
+    np.load with allow_pickle, MXNet's load_states/set_states."""
+    found = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.ImportFrom) and node.module in PICKLE_MODULES and \
+                any(a.name in ("load", "loads", "Unpickler") for a in node.names):
+            found.append(f"{name}:{node.lineno} from {node.module} import load/loads/Unpickler")
+        if isinstance(node, (ast.Attribute, ast.Name)) and (getattr(node, "attr", None) or getattr(node, "id", None)) \
+                in STATE_UNPICKLERS:
+            found.append(f"{name}:{node.lineno} {getattr(node, 'attr', None) or node.id} (unpickles)")
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+            continue
+        module, attr = node.value.id, node.attr
+        if module in PICKLE_MODULES and attr in ("load", "loads", "Unpickler"):
+            found.append(f"{name}:{node.lineno} {module}.{attr}")
+    for call in (n for n in ast.walk(ast.parse(source, name)) if isinstance(n, ast.Call)):
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr == "load"):
+            continue
+        if func.value.id == "torch" and not _is_true(_keyword(call, "weights_only")):
+            found.append(f"{name}:{call.lineno} torch.load without weights_only=True")
+        allow = _keyword(call, "allow_pickle")
+        if func.value.id in ("np", "numpy") and allow is not None and not \
+                (isinstance(allow, ast.Constant) and allow.value is False):
+            found.append(f"{name}:{call.lineno} np.load with allow_pickle")
+    return found
+
+
+def test_nothing_unpickles_outside_the_converter():
+    found = [line for path in python_files() if os.path.relpath(path, ROOT) not in UNPICKLING_ALLOWED
+             for line in unpickling(open(path).read(), os.path.relpath(path, ROOT))]
+    assert not found, "these load pickles (only tools/convert_states.py may, for trusted files): " + "; ".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "import pickle\npickle.load(f)", "import pickle as p\npickle.loads(b)", "from pickle import loads",
+    "class U(pickle.Unpickler): pass", "torch.load(path)", "torch.load(path, weights_only=False)",
+    "np.load(path, allow_pickle=True)", "numpy.load(path, allow_pickle=flag)", "trainer.load_states(path)",
+    "updater.set_states(data)", "import joblib\njoblib.load(path)"])
+def test_the_unpickling_rule_sees_each_way(source):
+    assert unpickling(source)
+
+
+@pytest.mark.parametrize("source", [
+    "torch.load(path, map_location='cpu', weights_only=True)", "np.load(path)", "np.load(path, allow_pickle=False)",
+    "mx.nd.load(path)", "json.load(f)", "pickle.dumps(x)", "trainer.save_states(path)"])
+def test_the_unpickling_rule_lets_safe_loads_pass(source):
+    assert not unpickling(source)

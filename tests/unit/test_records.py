@@ -97,3 +97,59 @@ def test_each_image_arrives_with_its_own_label(tmp_path, no_mmap):
         np.testing.assert_allclose(means, 4 * batch.label[0].asnumpy(), atol=2)
         seen += len(means)
     assert seen == NUM_RECORDS
+
+
+def damaged_copy(tmp_path, rec, idx, record, change):
+    """A copy of rec/idx whose ``record``-th record (file order) has ``change(bytearray, offset)`` applied."""
+    data = bytearray(open(rec, "rb").read())
+    offsets = sorted(int(line.split()[1]) for line in open(idx) if line.strip())
+    change(data, offsets[record])
+    out = tmp_path / "damaged.rec"
+    out.write_bytes(bytes(data))
+    return str(out), idx, offsets
+
+
+@pytest.mark.parametrize("record, cflag, extra, words", [
+    (3, 0, 64, "runs into the next one"),  # a length field grown past the next record
+    (11, 0, 4, "cut off by the end of the file"),  # the last record's, past its padding
+    (3, 1, 0, "runs into the next one"),  # "first of several parts": its next part would be the next record
+    (11, 1, 0, "cut off by the end of the file"),  # the last record said to go on (a traceback before, issue 48)
+])
+def test_a_record_that_runs_past_the_next_one_is_refused_naming_it(tmp_path, record, cflag, extra, words):
+    """DALI reads each record within the gap to the next one and fails in C++ otherwise: refused first, in one
+    line naming the file and record. (Found by tests/e2e/test_record_fuzz.py.)"""
+    import struct
+    rec, idx = write_record_file(str(tmp_path / "good"), [np.full((20, 24, 3), i * 20, np.uint8) for i in range(12)],
+                                 [i % 3 for i in range(12)])
+
+    def change(data, offset):
+        word = struct.unpack_from("<I", data, offset + 4)[0]
+        data[offset + 4:offset + 8] = struct.pack("<I", (cflag << 29) | ((word & ((1 << 29) - 1)) + extra))
+    rec, idx, offsets = damaged_copy(tmp_path, rec, idx, record, change)
+    with pytest.raises(records.RecordFileError) as refused:
+        records.RecordFile(rec, idx)
+    message = str(refused.value)
+    assert f"(record {record}) points to a record that {words}" in message or \
+        f"(record {record}) points to a record {words}" in message, message
+    assert rec in message and "\n" not in message
+
+
+@pytest.mark.parametrize("label, words", [
+    (2.5, "has label 2.5, not a class 0 to 2"), (1e-38, "has label 1e-38, not a class 0 to 2"),
+    (float("nan"), "has label nan"), (-1.0, "has label -1, not a class"), (float("inf"), "has label inf"),
+    (7.0, "the data has labels up to 7 but --num-classes is 3; use --num-classes 8 (the first such record: "),
+])
+def test_a_label_that_is_not_a_class_is_refused_naming_file_and_record(tmp_path, label, words):
+    """A reader passes a label on as it is (2.5, or 1e-38 from a flipped bit): refused at start-up, naming the
+    record. (Found by tests/e2e/test_record_fuzz.py.)"""
+    import struct
+    rec, idx = write_record_file(str(tmp_path / "good"), [np.full((20, 24, 3), i * 20, np.uint8) for i in range(12)],
+                                 [i % 3 for i in range(12)])
+    rec, idx, offsets = damaged_copy(tmp_path, rec, idx, 5,
+                                     lambda data, offset: data.__setitem__(slice(offset + 12, offset + 16),
+                                                                           struct.pack("<f", label)))
+    args = train.parse_args(["--data-backend", "dali-cpu", "--data-val", rec, "--data-val-idx", idx,
+                             "--num-classes", "3", "--image-shape", "3,32,32"])
+    message = loaders.label_problem(train_config.from_args(args).data, 3)
+    assert words in message and f"{rec} record 5 (byte {offsets[5]})" in message, message
+    assert "\n" not in message
