@@ -22,6 +22,7 @@ from rn50kit.reporting.mlperf_log import MLPerfLog
 from rn50kit.reporting.outputs import Outputs, Step
 from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
 from rn50kit.reporting.report import Report
+from rn50kit.reporting.resolved_config import RESOLVED_CONFIG, ResolvedConfig
 from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
 from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
@@ -451,6 +452,7 @@ def open_outputs(cfg, run, report, dist, ctxs, fresh, train_samples):
                        ctxs[0].device_type, train_samples, fresh),
         SummaryCsv(rank0_file(SUMMARY_CSV), cfg.batch_size),
         TensorBoard(rank0_file(cfg.tensorboard), run.record.get("args"), ema=cfg.ema_decay > 0),
+        ResolvedConfig(rank0_file(RESOLVED_CONFIG), run.resolved_config),
     ])
 
 

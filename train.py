@@ -620,9 +620,6 @@ def absolute_report_path(cfg, info):
     return os.path.abspath(checkpoint.workspace_path(cfg.fit.workspace, info.report_path))
 
 
-CONFIG_FILE = "config.toml"  # every run's resolved configuration, in its workspace
-
-
 def resolved_tables(cfg, info, workers):
     """A run's configuration as TOML tables: every field of every config as the run used it, the workers for
     runner, and a record of the kit and the files read (not settings). --config is in the record: the file
@@ -636,12 +633,11 @@ def resolved_tables(cfg, info, workers):
     return tables
 
 
-def write_resolved_config(cfg, info, dist, ctxs):
-    """Rank 0 of a training run: <workspace>/config.toml, which `./runner --config` replays."""
+def with_resolved_config(cfg, info, dist, ctxs):
+    """``info`` with the run's resolved configuration, which training writes into its workspace as it starts
+    (rn50kit/reporting/resolved_config.py) and `./runner --config` replays."""
     workers = dist.size * (len(ctxs) if ctxs[0].device_type == "gpu" else 1)  # runner's -n: GPUs, else processes
-    path = os.path.join(cfg.fit.workspace, CONFIG_FILE)
-    config_files.write_resolved(path, resolved_tables(cfg, info, workers))
-    return path
+    return dataclasses.replace(info, resolved_config=resolved_tables(cfg, info, workers))
 
 
 def prepare_workspace(cfg, info, dist):
@@ -751,8 +747,8 @@ def main(args, command=None, given=()):
     check_devices(cfg, ctxs, dist)
     info = run_info(cfg, json_values(args), typed, given, command)
     lock = prepare_workspace(cfg, info, dist)
-    if lock is not None and dist.is_primary:  # a training run holds its workspace: its configuration goes in
-        write_resolved_config(cfg, info, dist, ctxs)
+    if lock is not None:  # a training run: its configuration goes into its workspace once training starts
+        info = with_resolved_config(cfg, info, dist, ctxs)
     seed_everything(cfg.fit.seed)
     announce_run(cfg, info, dist)
     try:

@@ -53,8 +53,8 @@ def load_recipe(name):
     a ConfigError (one line) for an unknown name or a file that is not a recipe."""
     path = recipe_file(name)
     if not is_recipe_file(name) and not path.is_file():
-        raise ConfigError(f"unknown recipe '{name}'; choose one of: {', '.join(shipped_names())}, or give a "
-                          "recipe file PATH.toml")
+        raise ConfigError(f"invalid choice: '{name}' (choose from {', '.join(shipped_names())}, or give a "
+                          "recipe file PATH.toml)")
     settings = config_files.read(path, "--recipe")
     fields = dict(settings.values)
     if "lr_points" in fields:

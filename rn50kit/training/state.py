@@ -47,6 +47,8 @@ class RunInfo:
     record: dict
     # how the run started (e.g. --pretrained), for the report
     report_info: dict = dataclasses.field(default_factory=dict)
+    # a training run's resolved configuration as TOML tables (written into its workspace when training starts)
+    resolved_config: dict = None
 
 
 @dataclasses.dataclass
