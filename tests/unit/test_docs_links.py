@@ -47,8 +47,9 @@ def test_github_anchor_rule():
 
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_every_shell_block_is_marked(path):
-    unmarked = [f"{b['file']}:{b['line']}: ```{b['lang']} block without <!-- run: demo|dry-run --> or <!-- skip: why -->"
-                for b in doc_blocks(path) if b["lang"] in SHELL_FENCES and not MARKERS.match(b["marker"] or "")]
+    wanted = "<!-- run: demo|dry-run --> or <!-- skip: why -->"
+    unmarked = [f"{b['file']}:{b['line']}: ```{b['lang']} block without {wanted}" for b in doc_blocks(path)
+                if b["lang"] in SHELL_FENCES and not MARKERS.match(b["marker"] or "")]
     assert not unmarked, "\n".join(unmarked)
 
 
