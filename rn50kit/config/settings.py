@@ -67,7 +67,7 @@ def fill_data_files(args):
         if problem:
             raise ValueError(problem)
         # INT8 calibrates on training records: the root's train file when present, as runner passes it
-        calibration = ["train"] if args.dtype == "int8" and "train" in layout.splits() else []
+        calibration = ["train"] if getattr(args, "dtype", None) == "int8" and "train" in layout.splits() else []
         for split in dict.fromkeys(needed + optional + calibration):
             name = layout.files(split).data
             if not getattr(args, f"data_{split}") and backends.present(os.path.join(root, name), name):
