@@ -398,7 +398,7 @@ def learned_accum(net):
 
 # --- launchers' services: skipped for users, a failure in CI (e2e/test_launchers, test_fault_recovery) ------------
 
-SERVICES_HINT = "run `sudo tools/ci_services.sh --install` (see README, Multi-node)"
+SERVICES_HINT = "run `sudo tools/ci_services.sh --install` (see docs/multi-node.md)"
 
 
 TEST_HOSTS = ("hostA", "hostB")
