@@ -398,7 +398,7 @@ def learned_accum(net):
 
 # --- launchers' services: skipped for users, a failure in CI (e2e/test_launchers, test_fault_recovery) ------------
 
-SERVICES_HINT = "run `sudo tools/ci_services.sh --install` (see README, Multi-node)"
+SERVICES_HINT = "run `sudo tools/ci_services.sh --install` (see docs/multi-node.md)"
 
 
 TEST_HOSTS = ("hostA", "hostB")
@@ -727,3 +727,39 @@ def mpirun_root_env():
     env = venv_env()
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     return env
+
+
+# --- the docs' command blocks (tests/unit/test_docs_links.py, tests/e2e/test_docs.py) ----------------------------
+
+# README.md first, then the pages in the order of the README's guide table: the order the blocks run in (a later
+# block may use a run an earlier one made).
+DOC_PAGES = ("data", "own-images", "training", "time-to-train", "multi-node", "checkpoints", "benchmarking",
+             "scoring", "gpu", "performance", "design")
+SHELL_FENCES = ("bash", "sh", "shell", "console")
+
+
+def doc_files():
+    """README.md and docs/*.md in running order (pages not in DOC_PAGES last, so none is missed)."""
+    pages = [os.path.join(ROOT, "docs", f"{name}.md") for name in DOC_PAGES]
+    others = sorted(os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+                    if f.endswith(".md") and os.path.join(ROOT, "docs", f) not in pages)
+    return [os.path.join(ROOT, "README.md"), *pages, *others]
+
+
+def doc_blocks(path):
+    """Every fenced block of a Markdown file: dicts of file (relative to ROOT), line (of the opening fence),
+    lang, marker (the HTML comment on the line before: 'run: demo', 'skip: why'..., or None), text."""
+    lines = open(path).read().split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        opening = lines[i].strip()
+        if opening.startswith("```"):
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+            before = lines[i - 1].strip() if i else ""
+            marker = before[4:-3].strip() if before.startswith("<!--") and before.endswith("-->") else None
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            blocks.append({"file": os.path.relpath(path, ROOT), "line": i + 1, "lang": opening[3:].strip(),
+                           "marker": marker, "text": "\n".join(line[indent:] for line in lines[i + 1:end])})
+            i = end
+        i += 1
+    return blocks

@@ -8,7 +8,7 @@ with test_); run it where those libraries are:
 
 The suite checks the same loaders against tests/resnet_reference.py, an independent numpy forward pass on
 torchvision's names, and GluonCV's names written by hand (tests/unit/test_pretrained.py). Last run: every test here
-passed with torch 2.13.0 and the GluonCV 0.10.5 model files (see README, "Your own dataset").
+passed with torch 2.13.0 and the GluonCV 0.10.5 model files (see docs/own-images.md).
 """
 import mxnet as mx
 import numpy as np

@@ -40,7 +40,7 @@ MXNET_WHEEL_ARCHS = (50, 60, 70, 80, 86)
 # (read with cuobjdump): on compute capability 9.0 and newer no kernel can run.
 PYPI_WHEEL = re.compile(r"^mxnet[-_]cu\d+$")
 NEWEST_WHEEL_GPU = 89  # sm_86's cubins run on 8.x up to 8.9
-SM90_ROUTES = ("NVIDIA's NGC MXNet container 24.05 or 24.06 (MXNet 1.9.1, CUDA 12.4; see README, GPU paths), "
+SM90_ROUTES = ("NVIDIA's NGC MXNet container 24.05 or 24.06 (MXNet 1.9.1, CUDA 12.4; see docs/gpu.md), "
                "a source build of MXNet 1.9.1 for sm_90 (CUDA 11.8, gcc 11, cuDNN 8.9 for CUDA 11), "
                "or a GPU of compute capability 5.0-8.9")
 FORWARD_TOLERANCE = 2e-2  # float16 NHWC logits vs float32 NCHW: relative L2 error

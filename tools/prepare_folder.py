@@ -238,7 +238,7 @@ def main(argv=None):
         HelpFormatter = argparse.HelpFormatter
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter,
-                                     epilog="Then: ./runner --data-root OUT --num-classes N (README, Your own dataset)")
+                                     epilog="Then: ./runner --data-root OUT --num-classes N (docs/own-images.md)")
     parser.add_argument("root", metavar="ROOT", help="folder of class folders: ROOT/<class>/<image>")
     parser.add_argument("out", metavar="OUT", help="where the record files, classes.txt and prepare.json go")
     parser.add_argument("--val-fraction", type=float, default=0.1,

@@ -4,7 +4,7 @@
 #   tools/prepare_imagenet.sh RAW_DIR OUT_DIR
 #
 # RAW_DIR holds train/<class>/*.JPEG and val/<class>/*.JPEG (the validation set in class folders too, see
-# README). OUT_DIR receives train.lst/.rec/.idx and val.lst/.rec/.idx. Images are stored as they are
+# docs/data.md). OUT_DIR receives train.lst/.rec/.idx and val.lst/.rec/.idx. Images are stored as they are
 # (--pass-through): no re-encoding. Labels are the sorted class-folder names, 0..N-1.
 # Each step stops the script on failure; a rerun redoes the steps whose outputs are missing or older, and lists
 # and packs a split again when its raw tree changed (images added, removed or replaced).
@@ -37,7 +37,7 @@ if [ -z "$VAL_CLASSES" ] && [ "$FLAT_VAL" -gt 0 ]; then
 fi
 if [ "$TRAIN_CLASSES" != "$VAL_CLASSES" ]; then
     echo "error: the class folders with images in $RAW/train and $RAW/val differ, so their labels would" \
-         "not match (put the validation images in the same class folders, see README); first differences:" >&2
+         "not match (put the validation images in the same class folders, see docs/data.md); first differences:" >&2
     diff <(echo "$TRAIN_CLASSES") <(echo "$VAL_CLASSES") | grep '^[<>]' | head -5 >&2 || true
     exit 1
 fi

@@ -57,7 +57,8 @@ def machine_defaults(args, num_gpus, given=()):
 def fill_data_files(args):
     """--data-root DIR gives the data files of DIR the backend's row names for the mode (those that exist; see
     backends.RootLayout) for the splits not given one by one; without any data flag the default root is used, as
-    runner does. Each index defaults to the one beside its data file."""
+    runner does; with --dtype int8 the training file too, when present (calibration). Each index defaults to the one
+    beside its data file."""
     layout = backends.root_layout(args.data_backend)
     needed, optional = layout.splits_for(args.mode)
     if needed and (args.data_root or not (args.data_train or args.data_val)):
@@ -65,7 +66,9 @@ def fill_data_files(args):
         problem = cli.data_root_problem(root, layout)
         if problem:
             raise ValueError(problem)
-        for split in needed + optional:
+        # INT8 calibrates on training records: the root's train file when present, as runner passes it
+        calibration = ["train"] if getattr(args, "dtype", None) == "int8" and "train" in layout.splits() else []
+        for split in dict.fromkeys(needed + optional + calibration):
             name = layout.files(split).data
             if not getattr(args, f"data_{split}") and backends.present(os.path.join(root, name), name):
                 setattr(args, f"data_{split}", os.path.join(root, name))

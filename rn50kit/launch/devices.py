@@ -181,6 +181,6 @@ def describe_mxnet_error(error, num_gpus=None, environ=None):
         return f"a GPU id that does not exist was asked for: {count}{seen}; check --gpus and -n"
     if "no kernel image is available" in lower:
         return ("the installed MXNet has no kernels for this GPU (the mxnet-cu112/cu117 wheels cover sm_50 to "
-                "sm_86: V100, A100, A10, RTX 30xx); see README, Environment")
+                "sm_86: V100, A100, A10, RTX 30xx); see docs/gpu.md")
     telling = [line for line in lines if re.search(r"Error|Check failed", line) and not line.startswith("Stack")]
     return f"MXNet failed: {(telling or lines or [type(error).__name__])[0]}"

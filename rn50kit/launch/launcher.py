@@ -118,8 +118,8 @@ def get_args_parser():
                         help="multi-node: the network interface(s) for Horovod's Gloo, NCCL and MPI traffic "
                              "(default: horovodrun finds the common ones; MPI and NCCL choose their own)")
     parser.add_argument("--config", metavar="FILE.toml", default=None,
-                        help="settings from a TOML file, for runner and train.py alike (README, Configuration "
-                             "files): keys are long flag names; batch_size is the global batch, lr the absolute LR; "
+                        help="settings from a TOML file, for runner and train.py alike (docs/training.md, Configuration"
+                             " files): keys are long flag names; batch_size is the global batch, lr the absolute LR; "
                              "the command line wins")
     parser.add_argument("--dry-run", action="store_true",
                         help="check everything the run would check before starting (runner's arguments, train.py's "
@@ -176,7 +176,7 @@ def detect_machine():
         return Machine(0, cores, f"MXNet cannot use the {physical} GPU(s) here ({error})")
     if usable == 0:
         return Machine(0, cores, f"the installed MXNet is the CPU build, so the {physical} GPU(s) here are "
-                                 "unused (see README, Environment: GPU)")
+                                 "unused (see docs/gpu.md)")
     return Machine(min(usable, physical), cores)
 
 
@@ -745,7 +745,7 @@ def horovodrun_refusal(error):
     message = " ".join(str(error).split())
     if "via ssh" in message:
         return (f"{message}: each host in -H/--hostfile must accept `ssh HOST true` without a password from this "
-                "machine (README, Multi-node), or use --launcher mpi")
+                "machine (docs/multi-node.md), or use --launcher mpi")
     return message
 
 

@@ -103,22 +103,22 @@ def test_a_run_writes_its_config_and_runner_replays_it(tmp_path):
 
 
 def readme_block(fence):
-    """The first ```fence block of the README's "Configuration files" part."""
-    text = open(os.path.join(ROOT, "README.md")).read()
-    part = text[text.index("### Configuration files"):]
+    """The first ```fence block of the "Configuration files" part of docs/training.md."""
+    text = open(os.path.join(ROOT, "docs", "training.md")).read()
+    part = text[text.index("## Configuration files"):]
     start = part.index(f"```{fence}\n") + len(fence) + 4
     return part[start:part.index("```", start)]
 
 
-def test_the_readmes_example_is_the_shipped_file():
+def test_the_docs_example_is_the_shipped_file():
     shipped = open(os.path.join(ROOT, "examples", "demo.toml")).read()
     assert shipped.endswith(readme_block("toml"))
     assert all(line.startswith("#") for line in shipped[:-len(readme_block("toml"))].splitlines())
 
 
-def test_the_readmes_commands_run_as_printed(tmp_path, digits_data):
-    """The demo's folders where the README's commands expect them (data/demo from `make demo`, the kit's examples/),
-    then each command as printed: a run from the file, and its config.toml replayed elsewhere."""
+def test_the_docs_commands_run_as_printed(tmp_path, digits_data):
+    """The demo's folders where the commands of docs/training.md expect them (data/demo from `make demo`, the kit's
+    examples/), then each command as printed: a run from the file, and its config.toml replayed elsewhere."""
     (tmp_path / "data").mkdir()
     os.symlink(digits_data, tmp_path / "data" / "demo")
     os.symlink(os.path.join(ROOT, "examples"), tmp_path / "examples")

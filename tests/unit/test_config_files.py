@@ -1,6 +1,6 @@
 """Configuration as files, in-process: the shipped recipe files (read here with tomllib on their own, and against the
-README's table), a user's recipe file, --config's precedence (defaults < recipe < file < command line), and runner's
-plan against the RunConfig its worker builds from the same file."""
+recipe table of docs/training.md), a user's recipe file, --config's precedence (defaults < recipe < file < command
+line), and runner's plan against the RunConfig its worker builds from the same file."""
 import dataclasses
 import re
 import tomllib
@@ -34,14 +34,14 @@ def test_each_shipped_recipe_is_its_file_with_source_and_result():
 
 
 def readme_recipe_rows():
-    """{recipe: [its cells]} of the README's recipe table."""
-    text = open(f"{ROOT}/README.md").read()
+    """{recipe: [its cells]} of the recipe table in docs/training.md."""
+    text = open(f"{ROOT}/docs/training.md").read()
     table = text[text.index("| recipe | optimizer |"):].split("\n\n")[0].splitlines()[2:]
     return {re.match(r"`([^`]+)`", cells[0]).group(1): cells
             for cells in ([c.strip() for c in row.strip("|").split("|")] for row in table)}
 
 
-def test_the_readme_recipe_table_agrees_with_the_files():
+def test_the_docs_recipe_table_agrees_with_the_files():
     rows = readme_recipe_rows()
     assert sorted(rows) == sorted(schedules.RECIPES)
     optimizers = {"sgd": "SGD", "nag": "Nesterov", "lars": "LARS", "lamb": "LAMB"}
@@ -165,3 +165,11 @@ def test_the_resolved_tables_read_back_as_the_same_run_config(tmp_path):
             assert getattr(getattr(read, concern), field.name) == getattr(getattr(cfg, concern), field.name) or \
                 field.name == "config", f"{concern}.{field.name}"
     assert not list(tmp_path.glob("*.tmp-*"))  # written through a temporary file, renamed
+
+
+def test_the_readme_recipe_table_names_every_recipe_with_its_epochs():
+    text = open(f"{ROOT}/README.md").read()
+    table = text[text.index("| recipe | epochs |"):].split("\n\n")[0].splitlines()[2:]
+    rows = {re.match(r"`([^`]+)`", cells[0]).group(1): int(cells[1])
+            for cells in ([c.strip() for c in row.strip("|").split("|")] for row in table)}
+    assert rows == {name: recipe["num_epochs"] for name, recipe in schedules.RECIPES.items()}

@@ -146,3 +146,16 @@ def test_resuming_an_earlier_checkpoint_moves_the_later_ones_aside(tmp_path):
     assert (tmp_path / "model-symbol.json").exists()  # still needed by the checkpoint kept
     moved_all = settings.set_aside_superseded(str(tmp_path), "model", None, ["report.json"])
     assert checkpoint.find_latest(str(tmp_path / "model")) is None and "model-0001.params" in os.listdir(moved_all)
+
+
+def test_int8_scoring_with_a_data_root_gets_its_training_file_to_calibrate_on(tmp_path):
+    """As runner passes it: train.py alone with --data-root, --mode val --dtype int8 (found walking the guide)."""
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        touch(tmp_path / name)
+    int8 = data_files_of("--data-root", tmp_path, "--mode", "val", "--dtype", "int8")
+    assert (int8.data_train, int8.data_train_idx) == (str(tmp_path / "train.rec"), str(tmp_path / "train.idx"))
+    assert int8.data_val == str(tmp_path / "val.rec")
+    float32 = data_files_of("--data-root", tmp_path, "--mode", "val", "--dtype", "float32")
+    assert not float32.data_train and float32.data_val == str(tmp_path / "val.rec")
+    (tmp_path / "train.rec").unlink()  # scoring needs no training file: without one, INT8 says so when it calibrates
+    assert not data_files_of("--data-root", tmp_path, "--mode", "val", "--dtype", "int8").data_train
