@@ -112,3 +112,24 @@ def test_pred_prints_the_names_saved_with_the_checkpoint(named_run, digits_data)
                   str(out / "run" / "model-best.params"), "--data-pred", str(folder / sorted(os.listdir(folder))[0])])
     names = [line.rsplit("-> ", 1)[1] for line in result.stdout.splitlines() if "% -> " in line]
     assert len(names) == 5 and set(names) <= set(NAMES), result.stdout
+
+
+def test_flip_tta_scores_the_same_over_two_workers_as_over_one(named_run):
+    out, common = named_run
+    score = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "val", "--load",
+             str(out / "run" / "model-0002.params"), *common]
+    run(score + ["--report", str(out / "plain.json")])
+    run(score + ["--val-tta", "flip", "--report", str(out / "flip-one.json")])
+    run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *score, "--val-tta", "flip",
+         "--report", str(out / "flip-two.json")])
+    plain, one, two = (load(out / name) for name in ("plain.json", "flip-one.json", "flip-two.json"))
+    assert one["ngpus"] == 1 and two["ngpus"] == 2
+    for report in (plain, one, two):
+        assert sum(report["per_class"]["samples"]) == 359  # every validation image once, none twice
+    for key in ("val.top1", "val.top5"):
+        assert one["metrics"][key] == pytest.approx(two["metrics"][key], abs=1e-12), key
+    assert one["metrics"]["val.loss"] == pytest.approx(two["metrics"]["val.loss"], rel=1e-5)
+    assert one["per_class"]["confusion"] == two["per_class"]["confusion"]
+    # the flag applied: a network trained without mirroring scores its images' mirrors otherwise
+    assert one["metrics"]["val.loss"] != pytest.approx(plain["metrics"]["val.loss"], rel=1e-4)
+    assert one["per_class"]["confusion"] != plain["per_class"]["confusion"]
