@@ -763,3 +763,18 @@ def doc_blocks(path):
             i = end
         i += 1
     return blocks
+
+
+def photo_folder(root):
+    """7 images in nested folders (mixed sizes, a grayscale JPEG, PNGs), a corrupt .jpg and a text file."""
+    rng = np.random.RandomState(0)
+    (root / "a" / "deep").mkdir(parents=True)
+    (root / "b").mkdir()
+    for i, (name, shape) in enumerate([("a/1.jpg", (40, 60, 3)), ("a/deep/2.png", (90, 33, 3)),
+                                       ("b/3.jpg", (32, 32, 3)), ("b/4.jpeg", (120, 80, 3)), ("5.png", (50, 50, 3)),
+                                       ("a/6.JPG", (35, 70, 3))]):
+        cv2.imwrite(str(root / name), rng.randint(0, 255, shape, dtype=np.uint8))
+    cv2.imwrite(str(root / "b" / "gray.jpg"), rng.randint(0, 255, (45, 64), dtype=np.uint8))
+    (root / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (root / "notes.txt").write_text("not an image\n")
+    return root

@@ -8,10 +8,11 @@ import pytest
 import subprocess
 import sys
 import json
+import csv
 from rn50kit.common import imagenet_classes
 from rn50kit.scoring import scoring, predict
 from rn50kit.training.distributed import Distributed
-from conftest import ROOT, venv_env, LONG_HANG_S
+from conftest import ROOT, venv_env, LONG_HANG_S, photo_folder
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -133,3 +134,25 @@ def test_flip_tta_scores_the_same_over_two_workers_as_over_one(named_run):
     # the flag applied: a network trained without mirroring scores its images' mirrors otherwise
     assert one["metrics"]["val.loss"] != pytest.approx(plain["metrics"]["val.loss"], rel=1e-4)
     assert one["per_class"]["confusion"] != plain["per_class"]["confusion"]
+
+
+def test_pred_over_a_folder_writes_a_row_per_image_and_names_the_corrupt_one(named_run, tmp_path):
+    out, _ = named_run
+    photos = photo_folder(tmp_path / "photos")
+    predict_command = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "pred", "--load",
+                       str(out / "run" / "model-best.params"), "--workspace", str(tmp_path)]
+    result = run(predict_command + ["--data-pred", str(photos), "--pred-out", str(tmp_path / "out.csv")])
+    assert "Traceback" not in result.stderr
+    with open(tmp_path / "out.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    found = sorted(str(p) for p in photos.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    assert [row["path"] for row in rows] == found  # nested, PNG and grayscale ones too; the text file left out
+    broken = str(photos / "a" / "broken.jpg")
+    assert [row["path"] for row in rows if row["error"]] == [broken]
+    warnings = [line for line in result.stderr.splitlines() if broken in line]
+    assert len(warnings) == 1 and "left out" in warnings[0], result.stderr[-2000:]
+    gray = str(photos / "b" / "gray.jpg")
+    alone = run(predict_command + ["--data-pred", gray]).stdout  # the one-image path, as printed
+    printed = [line.rsplit("-> ", 1)[1] for line in alone.splitlines() if "% -> " in line]
+    row = rows[found.index(gray)]
+    assert printed[:3] == [row[f"name_{k}"] for k in range(1, 4)] and set(printed) <= set(NAMES)

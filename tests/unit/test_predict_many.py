@@ -8,13 +8,12 @@ import io
 import json
 import re
 
-import cv2
 import numpy as np
 import pytest
 
 from rn50kit.config import train_config
 from rn50kit.scoring import predict, predict_many, scoring
-from conftest import CPU, built
+from conftest import CPU, built, photo_folder
 
 NUM_CLASSES, TOP = 1000, 3  # conftest.built's ResNet-18
 NAMES = [f"class{i}" for i in range(NUM_CLASSES)]
@@ -27,19 +26,7 @@ def net():
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    """7 images in nested folders (mixed sizes, a grayscale JPEG, PNGs), a corrupt .jpg and a text file."""
-    root = tmp_path_factory.mktemp("photos")
-    rng = np.random.RandomState(0)
-    (root / "a" / "deep").mkdir(parents=True)
-    (root / "b").mkdir()
-    for i, (name, shape) in enumerate([("a/1.jpg", (40, 60, 3)), ("a/deep/2.png", (90, 33, 3)),
-                                       ("b/3.jpg", (32, 32, 3)), ("b/4.jpeg", (120, 80, 3)), ("5.png", (50, 50, 3)),
-                                       ("a/6.JPG", (35, 70, 3))]):
-        cv2.imwrite(str(root / name), rng.randint(0, 255, shape, dtype=np.uint8))
-    cv2.imwrite(str(root / "b" / "gray.jpg"), rng.randint(0, 255, (45, 64), dtype=np.uint8))
-    (root / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    (root / "notes.txt").write_text("not an image\n")
-    return root
+    return photo_folder(tmp_path_factory.mktemp("photos"))
 
 
 def config(workspace, data_pred, pred_out=None, batch=4):
