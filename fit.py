@@ -417,8 +417,8 @@ def start(cfg, run, net, ctxs, dist, prefix):
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:
         moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed,
-                                              [run.report_path, cfg.json_log, SUMMARY_CSV] +
-                                              ([cfg.mllog] if cfg.mllog else []))
+                                              [run.report_path, cfg.json_log, SUMMARY_CSV, cfg.mllog,
+                                               cfg.tensorboard])
         if moved:
             log.info("--resume %s: moved the files of the run not continued to %s", cfg.resume, moved)
     return state, resumed

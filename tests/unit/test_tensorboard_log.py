@@ -87,6 +87,17 @@ def test_a_resumed_run_continues_the_steps(tmp_path, keep_signal_handlers):
                                                         "_hparams_/session_end_info"]  # the first run's, once
 
 
+def test_a_fresh_run_sets_the_earlier_events_aside(tmp_path, keep_signal_handlers):
+    train(tmp_path, "--ema-decay", "0")
+    train(tmp_path, "--ema-decay", "0", "--resume", "none", "--run-epochs", "1")
+    aside = list(tmp_path.glob("previous-*/tb"))
+    assert len(aside) == 1
+    earlier, fresh = events(aside[0]), events(tmp_path / "tb")
+    assert [step for step, _ in scalars(earlier, "val/top1")] == list(range(1, EPOCHS + 1))
+    assert scalars(fresh, "val/top1") == [(1, as_float32([logged(tmp_path, "epoch")[0]["val.top1"]])[0])]
+    assert scalars(fresh, "train/loss") == scalars(earlier, "train/loss")[:STEPS]  # the same seed: epoch 1 again
+
+
 def test_ranks_but_0_write_nothing(tmp_path):
     cfg = fit_flags.FitConfig(workspace=str(tmp_path), num_epochs=1, json_log="", tensorboard="tb")
     listed = fit.open_outputs(cfg, RUN, Report("tiny", 2, ["test"]), types.SimpleNamespace(is_primary=False, size=2),
