@@ -633,11 +633,30 @@ def resolved_tables(cfg, info, workers):
     return tables
 
 
+def runner_workers(dist, ctxs):
+    """runner's -n for this run: its GPUs, else its processes."""
+    return dist.size * (len(ctxs) if ctxs[0].device_type == "gpu" else 1)
+
+
 def with_resolved_config(cfg, info, dist, ctxs):
     """``info`` with the run's resolved configuration, which training writes into its workspace as it starts
     (rn50kit/reporting/resolved_config.py) and `./runner --config` replays."""
-    workers = dist.size * (len(ctxs) if ctxs[0].device_type == "gpu" else 1)  # runner's -n: GPUs, else processes
-    return dataclasses.replace(info, resolved_config=resolved_tables(cfg, info, workers))
+    return dataclasses.replace(info, resolved_config=resolved_tables(cfg, info, runner_workers(dist, ctxs)))
+
+
+def score_config_path(report_path):
+    """runs/x/model-0002.float32.score.json -> runs/x/model-0002.float32.score.config.toml: a score's resolved
+    configuration beside its report, so each checkpoint, dtype and calibration keeps its own."""
+    stem = report_path[:-len(".json")] if report_path.endswith(".json") else report_path
+    return stem + ".config.toml"
+
+
+def write_score_config(cfg, info, dist, ctxs):
+    """Rank 0 of a scoring run that got its score writes the configuration it used beside the report (a refused
+    run leaves an earlier one as it was); `train.py --config` or `./runner --config` replays it."""
+    if dist.is_primary:
+        config_files.write_resolved(score_config_path(absolute_report_path(cfg, info)),
+                                    resolved_tables(cfg, info, runner_workers(dist, ctxs)))
 
 
 def prepare_workspace(cfg, info, dist):
@@ -698,7 +717,9 @@ def score_or_train(cfg, info, net, ctxs, dist):
                                                               dist.local_size, ctxs)
     if fit_cfg.mode == "val":
         model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, train_iter))
-        return model.net, scoring.score(cfg, info, model, val_iter, ctxs, dist), False
+        report = scoring.score(cfg, info, model, val_iter, ctxs, dist)
+        write_score_config(cfg, info, dist, ctxs)
+        return model.net, report, False
     if train_iter is None:
         raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
     make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)

@@ -137,3 +137,39 @@ def test_the_docs_commands_run_as_printed(tmp_path, digits_data):
     assert again["kit"].pop("config_file") == str(tmp_path / "runs" / "demo-short" / "config.toml")
     first["kit"].pop("config_file")
     assert first == again
+
+
+def configured(argv):
+    """The RunConfig train.py builds from ``argv``, in this process."""
+    return train.configure(train.parse_args(argv), train.given_flags(argv), 0)
+
+
+def test_a_score_writes_its_config_beside_its_report_and_train_py_replays_it(tmp_path):
+    workspace, config = tmp_path / "ws", tmp_path / "run.toml"
+    config.write_text("\n".join(TINY + ["num_epochs = 1", "num_examples = 32", "batch_size = 16", "seed = 4"]) + "\n")
+    trained = run([sys.executable, os.path.join(ROOT, "train.py"), "--config", str(config), "--workspace",
+                   str(workspace)], cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    score_argv = ["--config", str(config), "--workspace", str(workspace), "--mode", "val", "--load",
+                  str(workspace / "model-0001.params"), "--batch-size", "8"]
+    scored = run([sys.executable, os.path.join(ROOT, "train.py"), *score_argv], cwd=tmp_path)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    report, written = workspace / "model-0001.float32.score.json", workspace / "model-0001.float32.score.config.toml"
+    assert report.is_file() and written.is_file() and not list(workspace.glob("*.tmp-*"))
+
+    # A refused score (a flag the checkpoint contradicts) leaves the earlier score's files as they were.
+    before = (report.read_bytes(), written.read_bytes())
+    refused = run([sys.executable, os.path.join(ROOT, "train.py"), *score_argv, "--num-layers", "34"], cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert (report.read_bytes(), written.read_bytes()) == before
+
+    # The reference: what train.py builds from the scoring command line itself, in this process.
+    used, replayed = configured(score_argv), configured(["--config", str(written)])
+    for concern in train_config.CONFIGS:
+        for field in dataclasses.fields(getattr(used, concern)):
+            if field.name == "config":
+                continue
+            got, expected = getattr(getattr(replayed, concern), field.name), getattr(getattr(used, concern),
+                                                                                   field.name)
+            assert got == expected, f"{concern}.{field.name}: {got!r} != {expected!r}"
+    assert replayed.fit.mode == "val" and replayed.fit.batch_size == 8
