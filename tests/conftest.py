@@ -341,16 +341,12 @@ def data_folder(tmp_path):
 TINY_CLASSES, MICRO, ACCUM = 4, 4, 3
 
 
-class AccumBatches:
-    """``count`` batches of ``size`` cut from the same images (so 3 of 4 hold what 1 of 12 holds, in order);
-    ``on_draw(i)`` is called as batch i is drawn."""
+class ListedBatches:
+    """An epoch's training iterator over fixed (images, labels) numpy pairs, the same every epoch; ``on_draw(i)`` is
+    called as batch i is drawn (a test stops or checks the loop there)."""
 
-    def __init__(self, size, count, on_draw=None, seed=0):
-        rng = np.random.RandomState(seed)
-        images = rng.uniform(-1, 1, (size * count, 3, 8, 8)).astype("float32")
-        labels = rng.randint(0, TINY_CLASSES, size * count).astype("float32")
-        self.batches = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)]
-        self.on_draw = on_draw
+    def __init__(self, batches, on_draw=None):
+        self.batches, self.on_draw = batches, on_draw
 
     def __len__(self):
         return len(self.batches)
@@ -360,6 +356,17 @@ class AccumBatches:
             if self.on_draw:
                 self.on_draw(i)
             yield mx.io.DataBatch(data=[mx.nd.array(data)], label=[mx.nd.array(label)], pad=0)
+
+
+class AccumBatches(ListedBatches):
+    """``count`` batches of ``size`` cut from the same images (so 3 of 4 hold what 1 of 12 holds, in order)."""
+
+    def __init__(self, size, count, on_draw=None, seed=0):
+        rng = np.random.RandomState(seed)
+        images = rng.uniform(-1, 1, (size * count, 3, 8, 8)).astype("float32")
+        labels = rng.randint(0, TINY_CLASSES, size * count).astype("float32")
+        super().__init__([(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)],
+                         on_draw)
 
 
 def tiny_accum_net(init_file, batchnorm="none"):

@@ -15,29 +15,20 @@ from rn50kit.config import train_config
 from loop_harness import CPU, RUN
 from rn50kit.scoring import scoring
 from mxnet import gluon, autograd
-from conftest import TINY_CLASSES, AccumBatches, tiny_accum_net, fit_config, learned_accum, constant_batch, MICRO, ACCUM
+from conftest import (TINY_CLASSES, AccumBatches, ListedBatches, tiny_accum_net, fit_config, learned_accum,
+                      constant_batch, MICRO, ACCUM)
 
 
 CLASSES, BATCH, STEPS, STOP_AFTER = 4, 8, 6, 3
 
 
-class Batches:
+class Batches(ListedBatches):
     """The same STEPS batches every epoch; ``on_draw(i)`` is called as batch i is drawn."""
 
     def __init__(self, on_draw=None, steps=STEPS):
         rng = np.random.RandomState(0)
-        self.batches = [(rng.uniform(-1, 1, (BATCH, 3, 8, 8)).astype("float32"),
-                         rng.randint(0, CLASSES, BATCH).astype("float32")) for _ in range(steps)]
-        self.on_draw = on_draw
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        for i, (data, label) in enumerate(self.batches):
-            if self.on_draw:
-                self.on_draw(i)
-            yield mx.io.DataBatch(data=[mx.nd.array(data)], label=[mx.nd.array(label)], pad=0)
+        super().__init__([(rng.uniform(-1, 1, (BATCH, 3, 8, 8)).astype("float32"),
+                           rng.randint(0, CLASSES, BATCH).astype("float32")) for _ in range(steps)], on_draw)
 
 
 def tiny_net(init_file):
