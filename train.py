@@ -80,6 +80,7 @@ from rn50kit.weights import pretrained
 from rn50kit.scoring import quantize
 from rn50kit.common import rules
 from rn50kit.reliability import run_lock
+from rn50kit.reporting import resolved_config
 from rn50kit.common import schedules
 from rn50kit.scoring import scoring
 from rn50kit.config import settings
@@ -630,7 +631,7 @@ def resolved_tables(cfg, info, workers):
     tables["runner"] = {"ngpus": workers}
     record = {"config_file": info.record.get("config_file"), "recipe_file": info.record.get("recipe_file")}
     tables[config_files.RECORD_TABLE] = {**config_files.kit_identity(rn50kit.KIT_DIR), **record}
-    return tables
+    return resolved_config.with_absolute_paths(tables)
 
 
 def runner_workers(dist, ctxs):
@@ -656,6 +657,25 @@ def write_score_config(cfg, info, dist, ctxs):
     run leaves an earlier one as it was); `train.py --config` or `./runner --config` replays it."""
     if dist.is_primary:
         config_files.write_resolved(score_config_path(absolute_report_path(cfg, info)),
+                                    resolved_tables(cfg, info, runner_workers(dist, ctxs)))
+
+
+def prediction_config_path(cfg):
+    """Where a prediction's resolved configuration goes: beside its file of predictions (predictions.csv ->
+    predictions.config.toml), or, for one image's printed top classes, beside the checkpoint as a score's
+    (model-0002.params -> model-0002.float32.pred.config.toml)."""
+    out = scoring.predictions_file(cfg)
+    if out is not None:
+        return os.path.abspath(os.path.splitext(out)[0] + ".config.toml")
+    tag = settings.score_tag(cfg.fit.dtype, cfg.quantize.calib_mode, cfg.quantize.calib_batches)
+    return os.path.abspath(f"{os.path.splitext(cfg.fit.load)[0]}.{tag}.pred.config.toml")
+
+
+def write_prediction_config(cfg, info, dist, ctxs):
+    """Rank 0 of a prediction that got its predictions writes the configuration it used (prediction_config_path);
+    `./runner --config` or `train.py --config` replays it."""
+    if dist.is_primary:
+        config_files.write_resolved(prediction_config_path(cfg),
                                     resolved_tables(cfg, info, runner_workers(dist, ctxs)))
 
 
@@ -703,10 +723,13 @@ def time_data_pipeline(cfg, ctxs, dist):
     return Outcome(io=loaders.test_io(cfg, train_iter, val_iter, dist))
 
 
-def predict_one_image(cfg, net, ctxs, dist):
-    """--mode pred: the checkpoint's (or the published weights') prediction for one image."""
+def predict_images(cfg, info, net, ctxs, dist):
+    """--mode pred: the checkpoint's prediction for one image (printed) or many (a file), then the configuration
+    the prediction used (write_prediction_config)."""
     model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None))
-    return Outcome(net=model.net, prediction=scoring.predict_image(cfg, model, ctxs))
+    prediction = scoring.predict_image(cfg, model, ctxs)
+    write_prediction_config(cfg, info, dist, ctxs)
+    return Outcome(net=model.net, prediction=prediction)
 
 
 def score_or_train(cfg, info, net, ctxs, dist):
@@ -779,7 +802,7 @@ def main(args, command=None, given=()):
         net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
         check_memory(cfg, net, ctxs, dist)
         if cfg.fit.mode == "pred":
-            return predict_one_image(cfg, net, ctxs, dist)
+            return predict_images(cfg, info, net, ctxs, dist)
         net, report, stopped = score_or_train(cfg, info, net, ctxs, dist)
     except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, loaders.DataError,
             predict.PredictionError, pretrained.PretrainedError) as error:

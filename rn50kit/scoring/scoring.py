@@ -295,6 +295,15 @@ def score(cfg, run, model, val_iter, ctxs, dist):
     return report
 
 
+def predictions_file(cfg):
+    """The file --mode pred writes its rows to (--pred-out, inside --workspace when relative; predictions.csv for
+    many images without it), or None for one image's top classes, printed."""
+    pcfg = cfg.predict
+    if not (pcfg.pred_out or predict_many.is_many(pcfg.data_pred)):
+        return None
+    return workspace_path(cfg.fit.workspace, pcfg.pred_out or predict_many.DEFAULT_OUT)
+
+
 def predict_image(cfg, model, ctxs):
     """--mode pred: the top classes of --data-pred by ``model`` (a Scorable): one image's printed (returns them),
     or many images' written to --pred-out (returns predict_many's rows)."""
@@ -305,14 +314,14 @@ def predict_image(cfg, model, ctxs):
         return predict.load_image(path, data.image_shape, data.data_val_resize, data.rgb_mean, data.rgb_std,
                                   data.input_layout)
     net = with_tta(model.net, cfg.fit.val_tta, data.input_layout)
-    if not (pcfg.pred_out or predict_many.is_many(pcfg.data_pred)):
+    out = predictions_file(cfg)
+    if out is None:
         return predict.predict(net, transform(pcfg.data_pred), ctxs[0], cfg.fit.dtype, names,
                                pcfg.pred_top_k)
 
     def score(images):
         return predict.softmax_batch(net, images, ctxs[0], cfg.fit.dtype)
     predict.warn_about_names(names, cfg.model.num_classes)
-    out = workspace_path(cfg.fit.workspace, pcfg.pred_out or predict_many.DEFAULT_OUT)
     try:
         return predict_many.run(score, pcfg.data_pred, transform, cfg.fit.batch_size, pcfg.pred_top_k, names, out,
                                 cfg.fit.disp_batches)
