@@ -353,8 +353,6 @@ def validate_args(cfg, num_workers):
     if fit_cfg.cpu_contexts < 1 or (fit_cfg.cpu_contexts > 1 and fit_cfg.kv_store == "horovod"):
         raise UsageError(f"--cpu-contexts {fit_cfg.cpu_contexts}: give a positive number, and use it with "
                          "--kv-store device or local (with horovod each process has one device)")
-    if fit_cfg.batch_size <= 0:
-        raise UsageError(f"--batch-size must be positive, got {fit_cfg.batch_size}")
     if fit_cfg.batch_size % num_workers:
         raise UsageError(f"--batch-size {fit_cfg.batch_size} (global) does not divide across {num_workers} workers")
     if len(data_cfg.image_shape) != 3 or data_cfg.image_shape[0] not in (3, 4):

@@ -96,8 +96,8 @@ def flatten(path, data, what="--config"):
     def take(table, key, value):
         dest = dest_of(key)
         if dest in values:
-            raise ConfigError(f"{path} line {lines.get((table, dest), '?')}: '{key}' is set twice (at the top level "
-                              f"or in [{tables[dest] or 'the top level'}] too); keep one")
+            raise ConfigError(f"{path} line {lines.get((table, dest), '?')}: '{key}' is set twice (also "
+                              f"{f'in [{tables[dest]}]' if tables[dest] else 'at the top level'}); keep one")
         values[dest], tables[dest] = value, table
 
     for key, value in data.items():
@@ -120,6 +120,9 @@ def read(path, what="--config"):
 
 
 def show(value):
+    """``value`` as the file wrote it (TOML's quotes, booleans and lists)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(show(v) for v in value) + "]"
     return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -227,7 +230,7 @@ def check_against(settings, parser, extra_tables=None, ignore=RUNNER_KEYS, allow
 
 def blame(message, settings, typed=()):
     """``message`` about a flag, with where a file set it when the flag came from there (not from ``typed``)."""
-    if settings is None:
+    if settings is None or str(settings.path) in message:  # no file, or the message names it already
         return message
     for dest in settings.values:
         if dest not in typed and re.search(re.escape(flag_of(dest)) + r"\b", message):

@@ -231,7 +231,7 @@ def parse_runner_args(argv):
     try:
         values = read_config(path)
     except config_files.ConfigError as error:
-        raise UsageError(str(error))
+        raise BadConfigFile(str(error))
     parser.set_defaults(**{dest: value for dest, value in values.items() if dest in RUNNER_FROM_FILE},
                         file_values=values)
     args, extra = parser.parse_known_args(argv)
@@ -239,11 +239,30 @@ def parse_runner_args(argv):
     return args, extra
 
 
+class BadConfigFile(UsageError):
+    """runner's --config file is malformed or holds a bad value for runner: the message names the file's line."""
+
+
+def blame_config_file(message, argv):
+    """``message`` with where the --config file of ``argv`` set the flag it names, unless that flag was typed."""
+    parser = get_args_parser()
+    path = parser.parse_known_args(argv)[0].config
+    if path is None:
+        return message
+    try:
+        file_settings = config_files.read(os.path.abspath(path))
+    except config_files.ConfigError:
+        return message  # the file's own fault is the message already
+    typed = {config_files.dest_of(word[2:].partition("=")[0]) for word in argv if word.startswith("--")}
+    typed |= {action.dest for action in parser._actions for word in argv if word in action.option_strings}
+    return config_files.blame(message, file_settings, typed)
+
+
 def batch_from_file(args):
     """-b from a --config file's batch_size, which is the global batch (train.py's --batch-size) in a file."""
     batch = args.file_values["batch_size"]
     if batch % args.ngpus:
-        raise UsageError(f"batch_size = {batch} in {args.config} is the global batch, and does not divide across "
+        raise BadConfigFile(f"batch_size = {batch} in {args.config} is the global batch, and does not divide across "
                          f"{args.ngpus} workers; give a multiple of {args.ngpus}, or -b (per worker)")
     return batch // args.ngpus
 
@@ -298,7 +317,7 @@ def slurm_tasks_on_this_node(environ):
 def resolve_and_check(args, extra, machine):
     """Fill the machine-dependent defaults and refuse what cannot run here, before anything is started."""
     if args.ngpus < 1:
-        raise UsageError(f"-n must be at least 1, got {args.ngpus}")
+        raise UsageError(f"-n (--ngpus) must be at least 1, got {args.ngpus}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"-b must be at least 1, got {args.batch_size}")
     if args.lr is not None and args.lr < 0:
@@ -559,7 +578,10 @@ def main(argv=None, kit_dir=KIT_DIR):
         machine = detect_machine()
         args, env, command = plan_launch(argv, machine, os.environ, kit_dir)
     except UsageError as error:
-        fail(str(error))
+        config = get_args_parser().parse_known_args(argv)[0].config
+        if config and not isinstance(error, BadConfigFile):  # a typo in the file is the line to read, not the
+            check_train_flags(extra + ["--config", os.path.abspath(config)], kit_dir)  # plan it led to
+        fail(blame_config_file(str(error), argv))
     if machine.note:
         print(f"runner: note: {machine.note}", file=sys.stderr)
     check_train_flags(train_arguments(command), kit_dir)  # a dry run refuses what the run would

@@ -246,6 +246,8 @@ def check(cfg):
     """Raise ValueError for inconsistent hyper-parameters of a FitConfig."""
     if cfg.num_epochs <= 0:
         raise ValueError(f"--num-epochs must be positive, got {cfg.num_epochs}")
+    if cfg.batch_size <= 0:  # before the LR a recipe derives from it
+        raise ValueError(f"--batch-size must be positive, got {cfg.batch_size}")
     if cfg.lr is not None and not cfg.lr >= 0:  # NaN too
         raise ValueError(f"--lr must not be negative, got {cfg.lr:g}")
     if cfg.lr_schedule == "step":

@@ -1,6 +1,8 @@
 """Configuration files through the real commands: a bad --config file is one line from train.py and from runner,
-with nothing started; a training run writes its resolved config.toml, which `runner --config` replays into an
-equal RunConfig, and its log and report name the files it read."""
+with nothing started; a training run writes its resolved config.toml, a score and a prediction theirs beside
+their output, which `runner --config` replays into an equal RunConfig from any directory, and a run's log and
+report name the files it read."""
+import csv
 import dataclasses
 import json
 import os
@@ -11,9 +13,10 @@ import tomllib
 import pytest
 
 import train
-from conftest import ROOT, run
+from conftest import ROOT, run, photo_folder
 from rn50kit.config import train_config
 from rn50kit.launch import launcher
+from rn50kit.reporting import resolved_config
 
 pytestmark = pytest.mark.slow  # starts train.py and runner
 
@@ -35,6 +38,21 @@ BAD_FILES = {  # what the file holds: what the one line must say
     "missing": (None, ["does not exist"]),
     "unreadable": ("directory", ["cannot be read"]),
 }
+
+
+def assert_equal_configs(replayed, used, skip=("config",), typed_in=None):
+    """``replayed`` and ``used`` (RunConfigs) field by field, but ``skip``; with ``typed_in`` (the directory
+    ``used``'s command ran in), a path from the current directory compares as the absolute path it named."""
+    for concern in train_config.CONFIGS:
+        paths = resolved_config.FROM_CURRENT_DIRECTORY.get(concern, ())
+        for field in dataclasses.fields(getattr(used, concern)):
+            if field.name in skip:
+                continue
+            got, expected = getattr(getattr(replayed, concern), field.name), getattr(getattr(used, concern),
+                                                                                   field.name)
+            if typed_in is not None and field.name in paths and expected:
+                expected = os.path.normpath(os.path.join(typed_in, expected))
+            assert got == expected, f"{concern}.{field.name}: {got!r} != {expected!r}"
 
 
 def bad_file(tmp_path, kind):
@@ -82,7 +100,7 @@ def test_a_run_writes_its_config_and_runner_replays_it(tmp_path):
     params = next(json.loads(line) for line in open(workspace / "log.jsonl") if '"params"' in line)
     assert params["config_file"] == str(config) and params["recipe_file"] == written["kit"]["recipe_file"]
     report = json.load(open(workspace / "report.json"))
-    assert report["info"]["config_file"] == str(config)
+    assert report["info"]["config_file"] == str(config) and report["info"]["recipe_file"] == params["recipe_file"]
     used = train_config.from_args(train.argparse.Namespace(**{**dict.fromkeys(
         f.name for cls in train_config.CONFIGS.values() for f in dataclasses.fields(cls)), **params["args"]}))
 
@@ -92,13 +110,7 @@ def test_a_run_writes_its_config_and_runner_replays_it(tmp_path):
     argv = launcher.train_arguments(command)
     replayed = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
     assert args.ngpus == 1
-    for concern in train_config.CONFIGS:
-        for field in dataclasses.fields(getattr(used, concern)):
-            if field.name in ("workspace", "config"):
-                continue
-            got, expected = getattr(getattr(replayed, concern), field.name), getattr(getattr(used, concern),
-                                                                                   field.name)
-            assert got == expected, f"{concern}.{field.name}: {got!r} != {expected!r}"
+    assert_equal_configs(replayed, used, skip=("workspace", "config"))
     assert replayed.fit.workspace == str(elsewhere) and replayed.fit.config == str(resolved)
 
 
@@ -116,9 +128,10 @@ def test_the_docs_example_is_the_shipped_file():
     assert all(line.startswith("#") for line in shipped[:-len(readme_block("toml"))].splitlines())
 
 
-def test_the_docs_commands_run_as_printed(tmp_path, digits_data):
+def test_the_docs_commands_run_as_printed(tmp_path, digits_data, monkeypatch):
     """The demo's folders where the commands of docs/training.md expect them (data/demo from `make demo`, the kit's
-    examples/), then each command as printed: a run from the file, and its config.toml replayed elsewhere."""
+    examples/), then each command as printed: a run from the file, and its config.toml replayed elsewhere; the
+    file's relative paths are absolute in config.toml, which replays from another directory too."""
     (tmp_path / "data").mkdir()
     os.symlink(digits_data, tmp_path / "data" / "demo")
     os.symlink(os.path.join(ROOT, "examples"), tmp_path / "examples")
@@ -133,10 +146,20 @@ def test_the_docs_commands_run_as_printed(tmp_path, digits_data):
             tables.append(tomllib.load(f))
     first, again = tables
     assert (first["runner"]["ngpus"], first["fit"]["batch_size"], first["fit"]["num_epochs"]) == (2, 64, 1)
-    assert first["fit"].pop("workspace") == "runs/demo-short" and again["fit"].pop("workspace") == "runs/demo-again"
+    assert first["fit"].pop("workspace") == str(tmp_path / "runs" / "demo-short")
+    assert again["fit"].pop("workspace") == str(tmp_path / "runs" / "demo-again")
+    assert first["data"]["data_train"] == str(tmp_path / "data" / "demo" / "train.rec")
     assert again["kit"].pop("config_file") == str(tmp_path / "runs" / "demo-short" / "config.toml")
     first["kit"].pop("config_file")
     assert first == again
+
+    monkeypatch.chdir(tmp_path)
+    used = planned_worker_config(shlex.split(readme_block("bash").splitlines()[0], comments=True)[1:])
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    replayed = planned_worker_config(["--config", str(tmp_path / "runs" / "demo-short" / "config.toml"),
+                                      "--workspace", "demo-elsewhere"])
+    assert_equal_configs(replayed, used, skip=("workspace", "config"), typed_in=str(tmp_path))
 
 
 def configured(argv):
@@ -165,11 +188,67 @@ def test_a_score_writes_its_config_beside_its_report_and_train_py_replays_it(tmp
 
     # The reference: what train.py builds from the scoring command line itself, in this process.
     used, replayed = configured(score_argv), configured(["--config", str(written)])
-    for concern in train_config.CONFIGS:
-        for field in dataclasses.fields(getattr(used, concern)):
-            if field.name == "config":
-                continue
-            got, expected = getattr(getattr(replayed, concern), field.name), getattr(getattr(used, concern),
-                                                                                   field.name)
-            assert got == expected, f"{concern}.{field.name}: {got!r} != {expected!r}"
+    assert_equal_configs(replayed, used)
     assert replayed.fit.mode == "val" and replayed.fit.batch_size == 8
+
+
+def planned_worker_config(argv):
+    """The RunConfig the worker builds from what runner plans for ``argv`` (in this process, this directory)."""
+    args, _, command = launcher.plan_launch(argv, launcher.Machine(0, os.cpu_count() or 1), {})
+    return configured(launcher.train_arguments(command))
+
+
+def test_a_prediction_writes_its_config_and_runner_replays_it_from_another_directory(tmp_path, monkeypatch):
+    """Relative paths as a user types them: the prediction's config.toml (beside its CSV; one image's beside the
+    checkpoint) holds them absolute, so runner replays it from another directory, with --workspace elsewhere."""
+    config = tmp_path / "run.toml"
+    config.write_text("\n".join(TINY + ["num_epochs = 1", "num_examples = 32", "batch_size = 16", "seed = 4"]) + "\n")
+    trained = run([sys.executable, os.path.join(ROOT, "train.py"), "--config", "run.toml", "--workspace", "ws"],
+                  cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    photos = photo_folder(tmp_path / "photos")
+    many = ["--mode", "pred", "--workspace", "ws", "--data-pred", "photos", "--pred-out", "out/rows.csv"]
+    one = ["--mode", "pred", "--workspace", "ws", "--data-pred", "photos/b/3.jpg", "--pred-top-k", "3"]
+    for argv in (many, one):
+        predicted = run([os.path.join(ROOT, "runner"), *argv], cwd=tmp_path)
+        assert predicted.returncode == 0 and "Traceback" not in predicted.stderr, predicted.stderr[-3000:]
+    beside_rows, beside_checkpoint = tmp_path / "ws" / "out" / "rows.config.toml", \
+        tmp_path / "ws" / "model-0001.float32.pred.config.toml"
+    assert beside_rows.is_file() and beside_checkpoint.is_file() and not list(tmp_path.rglob("*.tmp-*"))
+    with open(beside_rows, "rb") as f:
+        written = tomllib.load(f)
+    assert written["predict"]["data_pred"] == str(photos) and written["predict"]["pred_out"] == "out/rows.csv"
+    assert written["fit"]["load"] == str(tmp_path / "ws" / "model-0001.params") and "version" in written["kit"]
+
+    # The reference: what runner plans and the worker builds from each prediction's own command line, typed in
+    # tmp_path; the replay is planned from another directory.
+    monkeypatch.chdir(tmp_path)
+    used = {"many": planned_worker_config(many), "one": planned_worker_config(one)}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for name, path in (("many", beside_rows), ("one", beside_checkpoint)):
+        replayed = planned_worker_config(["--config", str(path), "--workspace", "again"])
+        assert_equal_configs(replayed, used[name], skip=("workspace", "config"), typed_in=str(tmp_path))
+        assert replayed.fit.workspace == "again" and replayed.fit.mode == "pred"
+    assert used["one"].predict.pred_top_k == 3 and used["many"].predict.pred_out == "out/rows.csv"
+
+    # And replayed for real from there: the same rows, into the new workspace.
+    again = run([os.path.join(ROOT, "runner"), "--config", str(beside_rows), "--workspace", "again"], cwd=elsewhere)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = {}
+    for where, folder in (("first", tmp_path), ("again", elsewhere)):
+        with open(folder / ("ws" if where == "first" else "again") / "out" / "rows.csv", newline="") as f:
+            rows[where] = [{**row, "path": os.path.normpath(os.path.join(folder, row["path"]))}
+                           for row in csv.DictReader(f)]
+    assert rows["again"] == rows["first"] and len(rows["first"]) == 8  # the broken image's row too
+
+
+def test_runner_names_a_bad_key_before_the_plan_it_led_to(tmp_path):
+    """A misspelt key for train.py in a file with no data: train.py's line on the key, not runner's on the data."""
+    (tmp_path / "run.toml").write_text('[runner]\nngpus = 1\n[optimizer]\nmomentum = 0.8\n')
+    ran = run([os.path.join(ROOT, "runner"), "--config", "run.toml", "--data-root", str(tmp_path / "none")],
+              cwd=tmp_path)
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 2 and len(lines) == 1 and "Traceback" not in ran.stderr, ran.stderr
+    assert f"{tmp_path / 'run.toml'} line 4: unknown key 'momentum'" in lines[0], lines[0]

@@ -159,7 +159,7 @@ def test_train_py_alone_gives_mxnet_a_thread_per_core():
 
 
 def test_bad_numbers_are_one_line():
-    one_line_error(run_runner("-n", "0"), "-n must be at least 1")
+    one_line_error(run_runner("-n", "0"), "-n (--ngpus) must be at least 1")
     one_line_error(run_runner("-b", "0", "--data-backend", "synthetic"), "-b must be at least 1")
 
 
