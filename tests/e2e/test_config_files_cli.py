@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tomllib
 
@@ -95,6 +96,9 @@ def test_a_run_writes_its_config_and_runner_replays_it(tmp_path):
     assert written["fit"]["mom"] == 0.8 and written["fit"]["optimizer"] == "nag" and written["runner"]["ngpus"] == 1
     assert written["kit"]["config_file"] == str(config) and written["kit"]["recipe_file"].endswith("recipes/he.toml")
     assert "version" in written["kit"] and not list(workspace.glob("*.tmp-*"))
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout (an installed kit has no commit to record)
+        assert written["kit"]["commit"] == head.stdout.strip()
 
     # The run's own record of every value it used (log.jsonl's params, written by another path) is the reference.
     params = next(json.loads(line) for line in open(workspace / "log.jsonl") if '"params"' in line)

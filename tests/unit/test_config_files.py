@@ -12,6 +12,7 @@ from conftest import ROOT
 from rn50kit.common import config_files, schedules
 from rn50kit.config import train_config
 from rn50kit.launch import launcher
+from rn50kit.reporting import resolved_config
 
 
 def write(path, text):
@@ -173,3 +174,60 @@ def test_the_readme_recipe_table_names_every_recipe_with_its_epochs():
     rows = {re.match(r"`([^`]+)`", cells[0]).group(1): int(cells[1])
             for cells in ([c.strip() for c in row.strip("|").split("|")] for row in table)}
     assert rows == {name: recipe["num_epochs"] for name, recipe in schedules.RECIPES.items()}
+
+
+def test_the_resolved_config_holds_absolute_paths_and_replays_from_another_directory(tmp_path, monkeypatch):
+    """Paths from the current directory come back absolute from anywhere; those inside the workspace as given."""
+    monkeypatch.chdir(tmp_path)
+    cfg = train_config.RunConfig().replace(data__data_train="data/train.rec", data__data_val="data/val.rec",
+                                           fit__workspace="runs/x", fit__load="runs/x/model-0003.params",
+                                           fit__model_prefix="ckpt/model", fit__report="r.json",
+                                           finetune__pretrained="weights/r50.safetensors",
+                                           predict__data_pred="photos/*.jpg", predict__pred_out="out.csv")
+    info = train.state.RunInfo(model_name="x", arch="y", command=[], report_path="r", record={}, report_info={})
+    path = config_files.write_resolved(tmp_path / "config.toml", train.resolved_tables(cfg, info, 1))
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    read = train_config.from_args(train.parse_args(["--config", str(path)]))
+    absolute = {(concern, name) for concern, names in resolved_config.FROM_CURRENT_DIRECTORY.items()
+                for name in names}
+    for concern in train_config.CONFIGS:
+        for field in dataclasses.fields(getattr(cfg, concern)):
+            given = getattr(getattr(cfg, concern), field.name)
+            expected = str(tmp_path / given) if (concern, field.name) in absolute and given else given
+            assert getattr(getattr(read, concern), field.name) == expected or field.name == "config", field.name
+    assert read.predict.data_pred == f"{tmp_path}/photos/*.jpg" and read.fit.model_prefix == "ckpt/model"
+
+
+def test_a_recipe_file_a_config_file_names_is_found_beside_it(tmp_path, monkeypatch):
+    """recipe = "mine.toml" in a config file: from the file's folder, wherever the command runs."""
+    (tmp_path / "cfg").mkdir()
+    write(tmp_path / "cfg" / "mine.toml", 'optimizer = "nag"\nlr_per_256 = 0.5\nnum_epochs = 12\n')
+    path = write(tmp_path / "cfg" / "run.toml", 'recipe = "mine.toml"\n')
+    monkeypatch.chdir(tmp_path)
+    args = train.parse_args(["--config", path])
+    assert args.recipe == str(tmp_path / "cfg" / "mine.toml") and args.optimizer == "nag"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("mom = 0.9\n[optimizer]\nmom = 0.8\n", "line 3: 'mom' is set twice (also at the top level); keep one"),
+    ("[optimizer]\nmom = 0.9\n[fit]\nmom = 0.8\n", "line 4: 'mom' is set twice (also in [optimizer]); keep one"),
+    ('lr_steps = [1, "a"]\n', 'line 1: lr_steps = [1, "a"]: expected a value --lr-steps accepts'),
+])
+def test_a_bad_config_file_says_it_as_the_file_wrote_it(tmp_path, capsys, text, says):
+    path = write(tmp_path / "run.toml", text)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--config", path])
+    error = capsys.readouterr().err.strip()
+    assert f"{path} {says}" in error and "\n" not in error
+
+
+def test_runners_refusal_of_a_value_from_the_file_names_the_file(tmp_path):
+    path = write(tmp_path / "run.toml", 'data_backend = "synthetic"\nngpus = 0\n')
+    with pytest.raises(launcher.UsageError) as refused:
+        launcher.plan_launch(["--config", path], launcher.Machine(0, 4), {})
+    assert launcher.blame_config_file(str(refused.value), ["--config", path]).endswith(
+        f"(set by ngpus in {path} line 2)")
+    with pytest.raises(launcher.UsageError) as refused:
+        launcher.plan_launch(["--config", path, "--ngpus", "0"], launcher.Machine(0, 4), {})
+    assert "set by" not in launcher.blame_config_file(str(refused.value), ["--config", path, "--ngpus", "0"])
