@@ -46,11 +46,9 @@ LAUNCHERS = {"horovodrun": ([], []), "mpi": ([], ["--launcher", "mpi"]),
 RANK_MARKS = {"horovodrun": "HOROVOD_RANK", "mpi": "OMPI_COMM_WORLD_RANK", "slurm": "SLURM_PROCID"}
 
 
-# Under Slurm runner is the worker itself (srun starts one per task), so nothing oversees the others: a dead or
-# stalled task ends the step through srun ("srun: error: vm: task 1: Killed", the other task cancelled), and no
-# line names the rank and its cause. Found by these tests (issue 48); they pass once that is built.
-SLURM_UNNAMED = pytest.mark.xfail(strict=True, reason="under srun no runner oversees the tasks: the end of a dead "
-                                  "or stalled rank is srun's lines, not one naming the rank")
+# Under Slurm srun has the last word: its own lines on each task's end ("srun: error: vm: task 1: Killed") and
+# slurmstepd's come after every task's output, runner's line among it.
+LAUNCHER_LINES = {"slurm": ("srun: ", "slurmstepd")}
 
 
 def launched(command, launcher):
@@ -121,8 +119,10 @@ def is_dead(member):
         return True
 
 
-def last_line(log_prefix):
-    lines = open(f"{log_prefix}.err").read().strip().splitlines()
+def last_line(log_prefix, launcher="horovodrun"):
+    """The run's last line on stderr; under srun the last one not srun's own (LAUNCHER_LINES)."""
+    lines = [line for line in open(f"{log_prefix}.err").read().strip().splitlines()
+             if not line.startswith(LAUNCHER_LINES.get(launcher, ()))]
     return lines[-1] if lines else ""
 
 
@@ -246,8 +246,7 @@ def test_a_full_disk_while_saving_ends_the_run_keeping_the_last_checkpoint(digit
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault, launcher", [("SIGKILL", "horovodrun"), ("exception", "horovodrun"),
-                                             ("SIGKILL", "mpi"), pytest.param("SIGKILL", "slurm",
-                                                                              marks=SLURM_UNNAMED)])
+                                             ("SIGKILL", "mpi"), ("SIGKILL", "slurm"), ("exception", "slurm")])
 def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, digits_data, tmp_path):
     workspace = tmp_path / "ws"
     command, env = launched(runner_command(digits_data, workspace), launcher)
@@ -269,7 +268,7 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, di
         if process.poll() is None:
             for member in run_processes(process):
                 member.kill()
-    line = last_line(tmp_path / "dead")
+    line = last_line(tmp_path / "dead", launcher)
     assert line.startswith("runner: error: rank 1 (host "), line
     assert f", pid {victim.pid}) " in line
     if fault == "SIGKILL":
@@ -291,7 +290,7 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, di
 @pytest.mark.slow
 @pytest.mark.parametrize("stalled, how, launcher", [(1, "SIGSTOP", "horovodrun"), (0, "SIGSTOP", "horovodrun"),
                                                     (1, "hang", "horovodrun"), (1, "SIGSTOP", "mpi"),
-                                                    pytest.param(1, "SIGSTOP", "slurm", marks=SLURM_UNNAMED)])
+                                                    (1, "SIGSTOP", "slurm")])
 def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, launcher, digits_data, tmp_path):
     """Inside epoch 2 one worker stops (SIGSTOP: frozen, as a lost machine) or hangs alive (sleeps in its step,
     as on a hung file system): the other waits in its next allreduce, and the watchdogs end the run after
@@ -317,7 +316,7 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, launc
         if process.poll() is None:
             for member in run_processes(process):
                 member.kill()
-    line = last_line(tmp_path / "stall")
+    line = last_line(tmp_path / "stall", launcher)
     assert line.startswith(f"runner: error: rank {stalled} (host "), line
     if how == "SIGSTOP":
         assert f", pid {victim.pid}) stalled: no sign of life for " in line
