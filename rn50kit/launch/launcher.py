@@ -593,7 +593,10 @@ def main(argv=None, kit_dir=KIT_DIR):
             status, failure, first_failed = run_mpirun(command)
         reaper.finish()
         wait_for_workspace(peek_extra(extra, args.file_values).workspace)
-        summary = faults.summarize(fault_dir, first_failed) if status != 0 else None
+        known = None
+        if first_failed is not None and len(first_failed) == 3:  # mpirun named the worker's host
+            first_failed, known = first_failed[:2], {"rank": first_failed[0], "host": first_failed[2]}
+        summary = faults.summarize(fault_dir, first_failed, known) if status != 0 else None
         sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:
         reaper.finish()
@@ -823,23 +826,25 @@ class Reaper:
         return [p.pid for p in alive]
 
 
-# Open MPI's own diagnosis of the first worker to die of a signal (its stderr, before it ends the others)
-MPIRUN_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+# Open MPI's own diagnosis of the first worker to die of a signal (its stderr, before it ends the others), naming
+# its host as -H does (the worker's own host name may differ: a short name, an alias)
+MPIRUN_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
 def relay_stderr(stream, found):
-    """Copy mpirun's stderr to ours line by line, noting in ``found`` (a list) the (rank, 128 + signal) of the
-    first worker it says died of a signal."""
+    """Copy mpirun's stderr to ours line by line, noting in ``found`` (a list) the (rank, 128 + signal, host) of
+    the first worker it says died of a signal."""
     for line in stream:
         sys.stderr.write(line)
         sys.stderr.flush()
         match = MPIRUN_SIGNALLED.search(line)
         if match and not found:
-            found.append((int(match[1]), 128 + int(match[2])))
+            found.append((int(match[1]), 128 + int(match[3]), match[2]))
 
 
 def run_mpirun(command):
-    """mpirun as a child: (status, failure, (rank, status) of the first worker that died of a signal, or None).
+    """mpirun as a child: (status, failure, (rank, status, host) of the first worker that died of a signal, or
+    None).
     A SIGTERM/SIGUSR1 to runner goes on as SIGUSR1, which Open MPI's mpirun forwards to every process and then
     waits for them (a SIGTERM makes it kill the job a second later)."""
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)

@@ -211,11 +211,12 @@ RESUME = "rerun the same command to resume from the last complete checkpoint"
 
 def summarize(directory, first_failed=None, known=None, ended="every worker has ended"):
     """runner's one line on a failed run, or None when the records say nothing. ``first_failed``: (rank, exit
-    status) of the first worker the launcher saw end badly, when it tells; ``known``: what runner knows of that
-    worker, for when it left no record (died before writing one); ``ended``: what became of the others."""
+    status) of the first worker the launcher saw end badly, when it tells; ``known``: what the launcher knows of
+    that worker (its host as named in -H, its pid), over its record or for want of one (it died before writing
+    it); ``ended``: what became of the others."""
     records = read_all(directory)
     if known is not None:
-        records.setdefault(known["rank"], known)
+        records[known["rank"]] = dict(records.get(known["rank"], {}), **known)
     faults = sorted((r for r in records.values() if r.get("kind") in ("error", "stall")), key=lambda r: r["failed"])
     if faults:
         fault = faults[0]

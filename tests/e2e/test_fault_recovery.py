@@ -343,18 +343,23 @@ def run_members(workspace):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["worker killed", "connection lost"])
-def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
-    """Two "hosts" (hostA, hostB: loopback addresses, a real sshd) under horovodrun: hostB's worker is killed, or
-    hostB's SSH session is cut (the worker lives on, orphaned, as on a network partition). runner names rank 1 on
-    hostB; the orphaned workers save and stop (their launcher is gone), none is left; the rerun resumes."""
-    from conftest import need_ssh_hosts
+@pytest.mark.parametrize("how, launcher", [("worker killed", "horovodrun"), ("connection lost", "horovodrun"),
+                                           ("worker killed", "mpi")])
+def test_a_lost_host_under_ssh_ends_the_run(how, launcher, digits_data, tmp_path):
+    """Two "hosts" (hostA, hostB: loopback addresses, a real sshd) under horovodrun or mpirun (which starts its
+    daemons over the same ssh): hostB's worker is killed, or hostB's SSH session is cut (the worker lives on,
+    orphaned, as on a network partition). runner names rank 1 on hostB; the orphaned workers save and stop (their
+    launcher is gone), none is left; the rerun resumes."""
+    from conftest import need_mpi, need_ssh_hosts
     need_ssh_hosts()
+    if launcher == "mpi":
+        need_mpi()
     workspace = tmp_path / "ws"
     # Far more epochs than the test lets run: cut in epoch 2, orphaned workers notice within the watchdog's period
     # (5 s) and stop at a step boundary; with the 2 epochs of the other tests they could finish the run first
     # (and rightly exit 0). The rerun trains one more epoch (--run-epochs), enough to show it resumes.
-    command = runner_command(digits_data, workspace, epochs=50, extra=["-H", "hostA:1,hostB:1"])
+    flags = ["--launcher", "mpi", "--network-interface", "lo"] if launcher == "mpi" else []
+    command = runner_command(digits_data, workspace, epochs=50, extra=["-H", "hostA:1,hostB:1", *flags])
     env = venv_env()
     env.pop("OMP_NUM_THREADS")  # runner sets each worker's share
     process = start(command, tmp_path / "lost", env=env, stdin=subprocess.DEVNULL)
@@ -362,7 +367,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     def rank1():
         for member in run_members(workspace):
             try:
-                if member.environ().get("HOROVOD_RANK") == "1" and member.name().startswith("python"):
+                if member.environ().get(RANK_MARKS[launcher]) == "1" and member.name().startswith("python"):
                     return member
             except psutil.Error:
                 pass
@@ -392,7 +397,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     from rn50kit.reliability import run_lock
     assert run_lock.holder(str(workspace)) is None
     latest = checkpoint.find_latest(str(workspace / "model"))
-    print(f"{how}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
+    print(f"{how} under {launcher}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
     assert_intact(workspace, os.path.basename(latest["state_path"])[len("model-"):-len(".state.json")])
     result = subprocess.run(command + ["--run-epochs", "1"], env=env, capture_output=True, text=True,
                             timeout=HANG_S, stdin=subprocess.DEVNULL)
