@@ -262,7 +262,8 @@ def step_directory(workspace, environ=os.environ):
 
 
 def remove_stale_steps(directory, now=None):
-    """Remove the folders beside ``directory`` left by steps killed before they could (untouched for an hour)."""
+    """Remove the folders beside ``directory`` left by earlier steps: one whose failure was reported (the task
+    that reported it was killed with the step before it could remove it), or untouched for an hour."""
     now = time.time() if now is None else now
     parent = os.path.dirname(directory)
     try:
@@ -272,7 +273,7 @@ def remove_stale_steps(directory, now=None):
     for name in names:
         path = os.path.join(parent, name)
         try:
-            if path != directory and now - os.stat(path).st_mtime > STALE_S:
+            if path != directory and (reported(path) or now - os.stat(path).st_mtime > STALE_S):
                 shutil.rmtree(path, ignore_errors=True)
         except OSError:
             pass

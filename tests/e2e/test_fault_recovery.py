@@ -149,6 +149,7 @@ def assert_resumes(command, workspace, tag, env=None):
     result = run(command, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resuming from {workspace / f'model-{tag}.state.json'}" in result.stderr
+    assert not list(workspace.glob(".rn50-faults-*")), "the srun step's records are left in the workspace"
     return result
 
 

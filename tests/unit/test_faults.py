@@ -56,12 +56,13 @@ def test_one_task_of_an_srun_step_reports_and_stale_steps_are_removed(tmp_path):
     assert not faults.reported(folder)
     assert faults.claim_report(folder) and not faults.claim_report(folder) and faults.reported(folder)
     assert faults.reported(str(tmp_path / "gone")) and not faults.claim_report(str(tmp_path / "gone"))
-    old, recent = tmp_path / ".rn50-faults-65.0.0", tmp_path / ".rn50-faults-64.0.0"
-    old.mkdir()
-    recent.mkdir()
+    old, recent, failed = (tmp_path / f".rn50-faults-{job}.0.0" for job in (65, 64, 63))
+    for earlier in (old, recent, failed):
+        earlier.mkdir()
+    (failed / faults.REPORTED).touch()
     os.utime(old, (1000.0, 1000.0))
     os.utime(recent, (1000.0 + faults.STALE_S, 1000.0 + faults.STALE_S))
     os.utime(folder, (1000.0, 1000.0))
     faults.remove_stale_steps(folder, now=1001.0 + faults.STALE_S)
-    # the old one goes; a recent one (another step's) and this step's own (however old) stay
+    # the old one and the reported one go; a recent one (another step's) and this step's own (however old) stay
     assert sorted(p.name for p in tmp_path.iterdir()) == [".rn50-faults-64.0.0", ".rn50-faults-66.0.0"]
