@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -595,9 +596,11 @@ def main(argv=None, kit_dir=KIT_DIR):
         refuse_busy_workspace(peek_extra(extra, args.file_values))
     os.environ.update(env)  # horovodrun and mpirun pass the environment on to every worker
     os.environ.update(console_env(args))
+    if args.launcher == "slurm":
+        run_srun_task(command, peek_extra(extra, args.file_values).workspace)
     if not launched:
-        # One process: srun's task, or the one process of --kv-store device. It is the worker, so its own exit
-        # status is the truth (0 after a signal stop that saved a checkpoint).
+        # The one process of --kv-store device: it is the worker, so its own exit status is the truth (0 after a
+        # signal stop that saved a checkpoint).
         os.execvp(command[0], command)
     outcome = tempfile.NamedTemporaryFile(prefix="rn50-outcome-", suffix=".json", delete=False)
     outcome.close()
@@ -612,7 +615,10 @@ def main(argv=None, kit_dir=KIT_DIR):
             status, failure, first_failed = run_mpirun(command)
         reaper.finish()
         wait_for_workspace(peek_extra(extra, args.file_values).workspace)
-        summary = faults.summarize(fault_dir, first_failed) if status != 0 else None
+        known = None
+        if first_failed is not None and len(first_failed) == 3:  # mpirun named the worker's host
+            first_failed, known = first_failed[:2], {"rank": first_failed[0], "host": first_failed[2]}
+        summary = faults.summarize(fault_dir, first_failed, known) if status != 0 else None
         sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:
         reaper.finish()
@@ -842,23 +848,25 @@ class Reaper:
         return [p.pid for p in alive]
 
 
-# Open MPI's own diagnosis of the first worker to die of a signal (its stderr, before it ends the others)
-MPIRUN_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+# Open MPI's own diagnosis of the first worker to die of a signal (its stderr, before it ends the others), naming
+# its host as -H does (the worker's own host name may differ: a short name, an alias)
+MPIRUN_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
 def relay_stderr(stream, found):
-    """Copy mpirun's stderr to ours line by line, noting in ``found`` (a list) the (rank, 128 + signal) of the
-    first worker it says died of a signal."""
+    """Copy mpirun's stderr to ours line by line, noting in ``found`` (a list) the (rank, 128 + signal, host) of
+    the first worker it says died of a signal."""
     for line in stream:
         sys.stderr.write(line)
         sys.stderr.flush()
         match = MPIRUN_SIGNALLED.search(line)
         if match and not found:
-            found.append((int(match[1]), 128 + int(match[2])))
+            found.append((int(match[1]), 128 + int(match[3]), match[2]))
 
 
 def run_mpirun(command):
-    """mpirun as a child: (status, failure, (rank, status) of the first worker that died of a signal, or None).
+    """mpirun as a child: (status, failure, (rank, status, host) of the first worker that died of a signal, or
+    None).
     A SIGTERM/SIGUSR1 to runner goes on as SIGUSR1, which Open MPI's mpirun forwards to every process and then
     waits for them (a SIGTERM makes it kill the job a second later)."""
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
@@ -878,3 +886,68 @@ def run_mpirun(command):
         relay.join(timeout=5)
     return status, f"mpirun exited with status {status}; the workers' messages are above", \
         (found[0] if found else None)
+
+
+# --- under srun ------------------------------------------------------------------------------------------------
+
+# A task whose worker ended only because the collectives failed (another rank is the cause) leaves the step's
+# report this long to that rank's task.
+TEARDOWN_GRACE_S = 3.0
+
+
+def run_srun_task(command, workspace):
+    """One srun task (--launcher slurm): its worker as a child, then exit as the worker did (0 after a stop that
+    saved a checkpoint; killed by the same signal), so srun and the batch system see what they saw of the worker.
+
+    Nothing oversees an srun step's workers, and when one dies srun ends the others at once (Slurm's PMIx plugin
+    cancels the step when a worker leaves without MPI_Finalize): staying alive as their parent, each task's
+    runner sees its own worker's end, and the first task to see a failure reads every worker's record
+    (faults.step_directory, shared by the step's tasks) and prints the one line naming the rank, its host and the
+    cause, before srun's own lines about the tasks."""
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    folder = faults.step_directory(workspace)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if rank == 0:
+            faults.remove_stale_steps(folder)
+        os.environ[faults.FAULTS_ENV] = folder
+    except OSError:  # the worker runs without a record (a read-only workspace is train.py's to report)
+        folder = None
+    # Slurm signals every process of a task, the worker too: a Ctrl-C on srun must not reach it twice (a second
+    # one stops at once, unsaved). A SIGTERM/SIGUSR1 sent to this task's process alone goes on to the worker.
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    worker = subprocess.Popen(command)
+    restore = forward_stop_signals(lambda signum: worker.send_signal(signum))
+    status = worker.wait()
+    restore()
+    if status != 0 and folder is not None:
+        report_step_failure(folder, rank, status, worker.pid)
+    elif folder is not None:  # the last task to end removes the folder
+        for remove, path in ((os.remove, os.path.join(folder, f"rank-{rank}.json")), (os.rmdir, folder)):
+            try:
+                remove(path)
+            except OSError:
+                pass
+    if status < 0:  # killed by a signal: end the same way
+        if -status in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # this process's handlers: the default back
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status if status >= 0 else 128 - status)
+
+
+def report_step_failure(folder, rank, status, pid):
+    """The step's one line on a failure, printed by the first task to see one: the task of the worker that died
+    (a signal) or recorded the cause (its error, or the stall its watchdog saw); a task whose worker only saw the
+    collectives fail waits a little for that one's line first."""
+    own = faults.read_all(folder).get(rank, {})
+    if status > 0 and own.get("kind") not in ("error", "stall"):
+        deadline = time.monotonic() + TEARDOWN_GRACE_S
+        while not faults.reported(folder) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if not faults.claim_report(folder):
+        return
+    summary = faults.summarize(folder, (rank, status if status > 0 else 128 - status),
+                               known={"rank": rank, "host": socket.gethostname(), "pid": pid},
+                               ended="srun ends the step's other tasks")
+    print(f"runner: error: {summary}", file=sys.stderr, flush=True)
+    shutil.rmtree(folder, ignore_errors=True)

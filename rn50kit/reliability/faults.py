@@ -15,8 +15,10 @@ launcher saw die of a signal, else a rank its peers found silent. Only the stand
 import json
 import os
 import signal
+import shutil
 import socket
 import sys
+import tempfile
 import time
 
 from rn50kit.launch import world
@@ -207,29 +209,33 @@ def signal_name(status):
 RESUME = "rerun the same command to resume from the last complete checkpoint"
 
 
-def summarize(directory, first_failed=None):
+def summarize(directory, first_failed=None, known=None, ended="every worker has ended"):
     """runner's one line on a failed run, or None when the records say nothing. ``first_failed``: (rank, exit
-    status) of the first worker the launcher saw end badly, when it tells."""
+    status) of the first worker the launcher saw end badly, when it tells; ``known``: what the launcher knows of
+    that worker (its host as named in -H, its pid), over its record or for want of one (it died before writing
+    it); ``ended``: what became of the others."""
     records = read_all(directory)
+    if known is not None:
+        records[known["rank"]] = dict(records.get(known["rank"], {}), **known)
     faults = sorted((r for r in records.values() if r.get("kind") in ("error", "stall")), key=lambda r: r["failed"])
     if faults:
         fault = faults[0]
         if fault["kind"] == "stall":
-            return f"{fault['failure']}; every worker has ended; {RESUME}"
-        return (f"{who(fault)} failed: {fault['failure']} (its message is above); every worker has ended; fix the "
-                f"cause, then rerun (the same command resumes from the last complete checkpoint)")
+            return f"{fault['failure']}; {ended}; {RESUME}"
+        return (f"{who(fault)} failed: {fault['failure']} (its message is above); {ended}; fix the cause, then "
+                f"rerun (the same command resumes from the last complete checkpoint)")
     if first_failed is not None:
         rank, status = first_failed
         name = signal_name(status)
         record = records.get(rank, {"rank": rank})
         if name and record.get("kind") != "teardown":
             return (f"{who(record)} was killed by {name} (exit status {status}): by hand, by the OOM killer (see "
-                    f"`dmesg` on its host) or by the batch system; every worker has ended; {RESUME}")
+                    f"`dmesg` on its host) or by the batch system; {ended}; {RESUME}")
     silent = [s for r in records.values() if r.get("kind") == "teardown" for s in r.get("silent", [])]
     if silent:
         first = min(silent, key=lambda s: s["alive"])
         return (f"{who(first)} stalled: no heartbeat for {first['silent_for']:.0f} s (stopped, frozen, or its "
-                f"machine lost) and the others' collectives timed out; every worker has ended; {RESUME}")
+                f"machine lost) and the others' collectives timed out; {ended}; {RESUME}")
     if first_failed is not None:
         rank, status = first_failed
         lost = (" (ssh's: the connection to its host ended: the host or the network lost, or the worker killed)"
@@ -237,3 +243,50 @@ def summarize(directory, first_failed=None):
         return (f"{who(records.get(rank, {'rank': rank}))} exited with status {status}{lost}; its message is above; "
                 f"{RESUME}")
     return None
+
+
+# --- under srun: every task its own runner, one line for the step ----------------------------------------------
+
+REPORTED = "reported"  # made by the one task that reports the step's failure
+STEP_PREFIX = ".rn50-faults-"
+STALE_S = 3600.0  # a step's folder untouched this long (no heartbeat, no record) is left from a killed step
+
+
+def step_directory(workspace, environ=os.environ):
+    """The records' folder every task of this srun step shares: in the workspace when given (on several nodes the
+    workspace is on a shared file system, as the checkpoints need), else in this node's temporary folder. Named
+    by job, step and requeue count, so a requeued job's step starts afresh."""
+    name = STEP_PREFIX + ".".join(environ.get(key, "0") for key in ("SLURM_JOB_ID", "SLURM_STEP_ID",
+                                                                    "SLURM_RESTART_COUNT"))
+    return os.path.join(os.path.abspath(workspace) if workspace else tempfile.gettempdir(), name)
+
+
+def remove_stale_steps(directory, now=None):
+    """Remove the folders beside ``directory`` left by earlier steps: one whose failure was reported (the task
+    that reported it was killed with the step before it could remove it), or untouched for an hour."""
+    now = time.time() if now is None else now
+    parent = os.path.dirname(directory)
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(STEP_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            if path != directory and (reported(path) or now - os.stat(path).st_mtime > STALE_S):
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def claim_report(directory):
+    """Whether this task is the first of the step to report a failure (the folder gone: another reported it)."""
+    try:
+        os.close(os.open(os.path.join(directory, REPORTED), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except OSError:
+        return False
+
+
+def reported(directory):
+    return not os.path.isdir(directory) or os.path.exists(os.path.join(directory, REPORTED))

@@ -46,11 +46,9 @@ LAUNCHERS = {"horovodrun": ([], []), "mpi": ([], ["--launcher", "mpi"]),
 RANK_MARKS = {"horovodrun": "HOROVOD_RANK", "mpi": "OMPI_COMM_WORLD_RANK", "slurm": "SLURM_PROCID"}
 
 
-# Under Slurm runner is the worker itself (srun starts one per task), so nothing oversees the others: a dead or
-# stalled task ends the step through srun ("srun: error: vm: task 1: Killed", the other task cancelled), and no
-# line names the rank and its cause. Found by these tests (issue 48); they pass once that is built.
-SLURM_UNNAMED = pytest.mark.xfail(strict=True, reason="under srun no runner oversees the tasks: the end of a dead "
-                                  "or stalled rank is srun's lines, not one naming the rank")
+# Under Slurm srun has the last word: its own lines on each task's end ("srun: error: vm: task 1: Killed") and
+# slurmstepd's come after every task's output, runner's line among it.
+LAUNCHER_LINES = {"slurm": ("srun: ", "slurmstepd")}
 
 
 def launched(command, launcher):
@@ -121,8 +119,10 @@ def is_dead(member):
         return True
 
 
-def last_line(log_prefix):
-    lines = open(f"{log_prefix}.err").read().strip().splitlines()
+def last_line(log_prefix, launcher="horovodrun"):
+    """The run's last line on stderr; under srun the last one not srun's own (LAUNCHER_LINES)."""
+    lines = [line for line in open(f"{log_prefix}.err").read().strip().splitlines()
+             if not line.startswith(LAUNCHER_LINES.get(launcher, ()))]
     return lines[-1] if lines else ""
 
 
@@ -149,6 +149,7 @@ def assert_resumes(command, workspace, tag, env=None):
     result = run(command, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resuming from {workspace / f'model-{tag}.state.json'}" in result.stderr
+    assert not list(workspace.glob(".rn50-faults-*")), "the srun step's records are left in the workspace"
     return result
 
 
@@ -246,8 +247,7 @@ def test_a_full_disk_while_saving_ends_the_run_keeping_the_last_checkpoint(digit
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault, launcher", [("SIGKILL", "horovodrun"), ("exception", "horovodrun"),
-                                             ("SIGKILL", "mpi"), pytest.param("SIGKILL", "slurm",
-                                                                              marks=SLURM_UNNAMED)])
+                                             ("SIGKILL", "mpi"), ("SIGKILL", "slurm"), ("exception", "slurm")])
 def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, digits_data, tmp_path):
     workspace = tmp_path / "ws"
     command, env = launched(runner_command(digits_data, workspace), launcher)
@@ -269,7 +269,7 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, di
         if process.poll() is None:
             for member in run_processes(process):
                 member.kill()
-    line = last_line(tmp_path / "dead")
+    line = last_line(tmp_path / "dead", launcher)
     assert line.startswith("runner: error: rank 1 (host "), line
     assert f", pid {victim.pid}) " in line
     if fault == "SIGKILL":
@@ -291,7 +291,7 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, di
 @pytest.mark.slow
 @pytest.mark.parametrize("stalled, how, launcher", [(1, "SIGSTOP", "horovodrun"), (0, "SIGSTOP", "horovodrun"),
                                                     (1, "hang", "horovodrun"), (1, "SIGSTOP", "mpi"),
-                                                    pytest.param(1, "SIGSTOP", "slurm", marks=SLURM_UNNAMED)])
+                                                    (1, "SIGSTOP", "slurm")])
 def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, launcher, digits_data, tmp_path):
     """Inside epoch 2 one worker stops (SIGSTOP: frozen, as a lost machine) or hangs alive (sleeps in its step,
     as on a hung file system): the other waits in its next allreduce, and the watchdogs end the run after
@@ -317,7 +317,7 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, launc
         if process.poll() is None:
             for member in run_processes(process):
                 member.kill()
-    line = last_line(tmp_path / "stall")
+    line = last_line(tmp_path / "stall", launcher)
     assert line.startswith(f"runner: error: rank {stalled} (host "), line
     if how == "SIGSTOP":
         assert f", pid {victim.pid}) stalled: no sign of life for " in line
@@ -344,18 +344,23 @@ def run_members(workspace):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["worker killed", "connection lost"])
-def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
-    """Two "hosts" (hostA, hostB: loopback addresses, a real sshd) under horovodrun: hostB's worker is killed, or
-    hostB's SSH session is cut (the worker lives on, orphaned, as on a network partition). runner names rank 1 on
-    hostB; the orphaned workers save and stop (their launcher is gone), none is left; the rerun resumes."""
-    from conftest import need_ssh_hosts
+@pytest.mark.parametrize("how, launcher", [("worker killed", "horovodrun"), ("connection lost", "horovodrun"),
+                                           ("worker killed", "mpi")])
+def test_a_lost_host_under_ssh_ends_the_run(how, launcher, digits_data, tmp_path):
+    """Two "hosts" (hostA, hostB: loopback addresses, a real sshd) under horovodrun or mpirun (which starts its
+    daemons over the same ssh): hostB's worker is killed, or hostB's SSH session is cut (the worker lives on,
+    orphaned, as on a network partition). runner names rank 1 on hostB; the orphaned workers save and stop (their
+    launcher is gone), none is left; the rerun resumes."""
+    from conftest import need_mpi, need_ssh_hosts
     need_ssh_hosts()
+    if launcher == "mpi":
+        need_mpi()
     workspace = tmp_path / "ws"
     # Far more epochs than the test lets run: cut in epoch 2, orphaned workers notice within the watchdog's period
     # (5 s) and stop at a step boundary; with the 2 epochs of the other tests they could finish the run first
     # (and rightly exit 0). The rerun trains one more epoch (--run-epochs), enough to show it resumes.
-    command = runner_command(digits_data, workspace, epochs=50, extra=["-H", "hostA:1,hostB:1"])
+    flags = ["--launcher", "mpi", "--network-interface", "lo"] if launcher == "mpi" else []
+    command = runner_command(digits_data, workspace, epochs=50, extra=["-H", "hostA:1,hostB:1", *flags])
     env = venv_env()
     env.pop("OMP_NUM_THREADS")  # runner sets each worker's share
     process = start(command, tmp_path / "lost", env=env, stdin=subprocess.DEVNULL)
@@ -363,7 +368,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     def rank1():
         for member in run_members(workspace):
             try:
-                if member.environ().get("HOROVOD_RANK") == "1" and member.name().startswith("python"):
+                if member.environ().get(RANK_MARKS[launcher]) == "1" and member.name().startswith("python"):
                     return member
             except psutil.Error:
                 pass
@@ -393,7 +398,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, digits_data, tmp_path):
     from rn50kit.reliability import run_lock
     assert run_lock.holder(str(workspace)) is None
     latest = checkpoint.find_latest(str(workspace / "model"))
-    print(f"{how}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
+    print(f"{how} under {launcher}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")
     assert_intact(workspace, os.path.basename(latest["state_path"])[len("model-"):-len(".state.json")])
     result = subprocess.run(command + ["--run-epochs", "1"], env=env, capture_output=True, text=True,
                             timeout=HANG_S, stdin=subprocess.DEVNULL)

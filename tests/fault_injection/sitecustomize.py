@@ -1,11 +1,14 @@
 """Test-only fault injection (tests/e2e/test_fault_recovery.py puts this folder on PYTHONPATH): in the worker whose
-HOROVOD_RANK is RN50_INJECT_RANK, fit.train_step raises RuntimeError at call RN50_INJECT_STEP, or with
-RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive but stuck: a hung file system, a GPU fault). Every
-other process (runner, the launcher, the other ranks) is untouched."""
+rank (its launcher's mark: HOROVOD_RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID) is RN50_INJECT_RANK, fit.train_step
+raises RuntimeError at call RN50_INJECT_STEP, or with RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive
+but stuck: a hung file system, a GPU fault). Every other process (runner, the launcher, the other ranks) is
+untouched."""
 import os
 import sys
 
-if os.environ.get("RN50_INJECT_RANK") not in (None, os.environ.get("HOROVOD_RANK", "-")) or \
+_RANK = next((os.environ[mark] for mark in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+              if mark in os.environ), "-")
+if os.environ.get("RN50_INJECT_RANK") not in (None, _RANK) or \
         "RN50_INJECT_RANK" not in os.environ or not sys.argv or not sys.argv[0].endswith("train.py"):
     pass
 else:

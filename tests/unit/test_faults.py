@@ -1,5 +1,7 @@
 """faults: runner names the first real fault of a run, not its teardown."""
 import json
+import os
+import tempfile
 
 
 # --- runner's reading of the workers' records (no processes) -------------------------------------------------
@@ -28,3 +30,39 @@ def test_runner_names_the_first_real_fault_not_the_teardown(tmp_path):
     assert faults.summarize(str(tmp_path / "none"), None) is None
     assert faults.signal_name(137) == "SIGKILL" and faults.signal_name(-15) == "SIGTERM"
     assert faults.signal_name(1) is None
+
+
+def test_the_launchers_name_for_a_host_wins_and_stands_in_for_a_missing_record(tmp_path):
+    from rn50kit.reliability import faults
+    (tmp_path / "rank-1.json").write_text(json.dumps(dict(rank=1, host="vm", pid=101, alive=9.5)))
+    # mpirun names the host as -H did (the worker's own name may be another)
+    assert faults.summarize(str(tmp_path), (1, 137), {"rank": 1, "host": "hostB"}).startswith(
+        "rank 1 (host hostB, pid 101) was killed by SIGKILL (exit status 137): ")
+    # a worker that died before writing its record: what its srun task knows of it
+    line = faults.summarize(str(tmp_path), (0, 137), {"rank": 0, "host": "vm", "pid": 7}, ended="srun ends it")
+    assert line.startswith("rank 0 (host vm, pid 7) was killed by SIGKILL") and "; srun ends it; " in line
+
+
+# --- under srun: the step's shared folder, one report -----------------------------------------------------------
+
+def test_one_task_of_an_srun_step_reports_and_stale_steps_are_removed(tmp_path):
+    from rn50kit.reliability import faults
+    environ = {"SLURM_JOB_ID": "66", "SLURM_STEP_ID": "0"}
+    folder = faults.step_directory(str(tmp_path), environ)
+    assert folder == str(tmp_path / ".rn50-faults-66.0.0")  # a requeued job's step: SLURM_RESTART_COUNT
+    assert faults.step_directory(str(tmp_path), dict(environ, SLURM_RESTART_COUNT="1")).endswith("-66.0.1")
+    assert faults.step_directory(None, environ) == os.path.join(tempfile.gettempdir(), ".rn50-faults-66.0.0")
+    os.makedirs(folder)
+    assert not faults.reported(folder)
+    assert faults.claim_report(folder) and not faults.claim_report(folder) and faults.reported(folder)
+    assert faults.reported(str(tmp_path / "gone")) and not faults.claim_report(str(tmp_path / "gone"))
+    old, recent, failed = (tmp_path / f".rn50-faults-{job}.0.0" for job in (65, 64, 63))
+    for earlier in (old, recent, failed):
+        earlier.mkdir()
+    (failed / faults.REPORTED).touch()
+    os.utime(old, (1000.0, 1000.0))
+    os.utime(recent, (1000.0 + faults.STALE_S, 1000.0 + faults.STALE_S))
+    os.utime(folder, (1000.0, 1000.0))
+    faults.remove_stale_steps(folder, now=1001.0 + faults.STALE_S)
+    # the old one and the reported one go; a recent one (another step's) and this step's own (however old) stay
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".rn50-faults-64.0.0", ".rn50-faults-66.0.0"]
