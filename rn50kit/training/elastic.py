@@ -189,7 +189,11 @@ class ElasticTraining(State):
         consumed = run.resume_consumed(self.global_batch)
         self.live = {"epoch": run.state.epoch, "consumed": consumed}
         self.save_now(run.state.epoch, consumed, partial=run.state.partial)
-        return run_fn(self._epochs, self._reset_horovod)(self)
+        result = run_fn(self._epochs, self._reset_horovod)(self)
+        if self.change is not None:  # no step came after it
+            self.change["seconds_lost"] = self.change.pop("last_step_at") and None
+            run.world_changed(self.change)
+        return result
 
     def after_update(self, epoch, step, stats, counted):
         """After the optimizer step ending with micro-step ``step``: commit when due."""
