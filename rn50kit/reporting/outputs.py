@@ -77,7 +77,8 @@ def describe_world_change(change):
                     [f"added {host}" for host in change["hosts_added"]]) or "same hosts"
     found = "" if change["detected_after"] is None else \
         f"noticed {change['detected_after']:.1f} s after the last step, "
-    lost = "" if change["seconds_lost"] is None else f", the next step {change['seconds_lost']:.1f} s after the last one"
+    lost = "" if change["seconds_lost"] is None else \
+        f", the next step {change['seconds_lost']:.1f} s after the last one"
     return (f"Elastic: {change['workers_before']} -> {change['workers']} workers in epoch {change['epoch']} "
             f"({who}): {found}{change['steps_redone']} step(s) redone since the last commit{lost}; {change['plan']}")
 
