@@ -644,7 +644,7 @@ def check_run(cfg):
 
 def check_devices(cfg, ctxs, dist):
     """The flags against the workers' devices; --dtype int8 against what this machine can quantize."""
-    validate_args(cfg, dist.size * len(ctxs))
+    validate_args(cfg, 1 if dist.elastic else dist.size * len(ctxs))  # elastic: each world's plan splits it
     if cfg.fit.dtype == "int8":
         why = quantize.int8_unavailable(cfg.fit.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:

@@ -9,6 +9,7 @@ On a machine without a usable GPU, -n counts worker processes, and the defaults 
 --dtype float32 --data-backend dali-cpu (the original's are float16 and dali-gpu).
 """
 import argparse
+import logging
 import os
 import re
 import shlex
@@ -682,7 +683,7 @@ def main(argv=None, kit_dir=KIT_DIR):
             status, failure, first_failed = run_mpirun(command)
         reaper.finish()
         wait_for_workspace(peek_extra(extra, args.file_values).workspace)
-        summary = faults.summarize(fault_dir, first_failed) if status != 0 else None
+        summary = faults.summarize(fault_dir, first_failed) if status != 0 and first_failed != ELASTIC_END else None
         sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:
         reaper.finish()
@@ -814,9 +815,13 @@ def run_horovodrun(arguments):
     gloo_run.register_shutdown_event = register_shutdown_event
     restore = forward_stop_signals(lambda signum: stop.request())
     sys.argv = ["horovodrun", *arguments]
+    driver_log = ElasticDriverLog()
+    logging.getLogger().addFilter(driver_log)
     try:
         horovod_launch.run_commandline()
     except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
+        if driver_log.ended:
+            return 1, driver_log.ended, ELASTIC_END
         codes = re.findall(r"Exit code: (-?\d+)", str(error))
         if not codes:  # horovodrun refused before starting workers (its reason per host is printed above)
             return 1, f"horovodrun: {horovodrun_refusal(error)}", None
@@ -829,7 +834,33 @@ def run_horovodrun(arguments):
     finally:
         stop.done.set()
         restore()
+        logging.getLogger().removeFilter(driver_log)
     return (INTERRUPTED, "interrupted", None) if stop.interrupted else (0, "", None)
+
+
+ELASTIC_END = "elastic"  # run_horovodrun's "first failed worker" when the elastic driver itself ended the run
+
+
+class ElasticDriverLog(logging.Filter):
+    """Horovod's elastic driver logs to the root logger, its stops with a traceback: its lines are kept without
+    one, and ``ended`` says in one line why the driver ended the run (too few workers for too long, too many
+    resets), or is empty (a worker's failure ended it: its own line says why)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ended = ""
+
+    def filter(self, record):
+        if f"{os.sep}horovod{os.sep}runner{os.sep}" not in record.pathname or record.levelno < logging.ERROR:
+            return True
+        message, failure = record.getMessage(), record.exc_info and record.exc_info[1]
+        if type(failure).__name__ == "TimeoutException":  # waiting for --min-np slots (driver.py)
+            self.ended = ("the elastic run had fewer than --min-np workers for longer than --elastic-timeout; the "
+                          "last checkpoint is intact: rerun the same command when enough hosts are back to resume")
+        elif "reset count" in message:
+            self.ended = "the elastic run changed its world more often than --reset-limit allows; rerun to resume"
+        record.exc_info = record.exc_text = None
+        return True
 
 
 def horovodrun_refusal(error):
