@@ -491,6 +491,6 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
         stopped, reached, last_epoch = train_epochs(cfg, loop, state, range(first_epoch, end_epoch), epoch_iter,
                                                     val_iter, save, finetune)
     finished = end_epoch > first_epoch and not stopped and (reached or end_epoch == cfg.num_epochs)
-    run_outputs.run_end(last_epoch, finished, reached, stopped, state.elapsed(), state.target)
-    run_outputs.close()
+    loop.outputs.run_end(last_epoch, finished, reached, stopped, state.elapsed(), state.target)  # rank 0's now
+    loop.outputs.close()
     return state.report, stopped
