@@ -132,7 +132,7 @@ def get_args_parser():
 
 
 def add_elastic_args(parser):
-    """horovodrun's elastic flags, under their own names (docs/faults.md, Elastic runs)."""
+    """horovodrun's elastic flags, under their own names (docs/multi-node.md, Elastic runs)."""
     group = parser.add_argument_group(
         "Elastic runs", "workers that come and go without stopping the run (horovodrun's elastic driver, Gloo): "
         "give --min-np (and -H/--hostfile, whose hosts runner's own discovery script reports; a --hostfile is read "

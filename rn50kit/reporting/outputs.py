@@ -253,5 +253,11 @@ class MLPerf(Output):
         if finished:
             self.mllog.run_ends(reached, epoch)
 
+    def world_changed(self, change):
+        """Not an MLPerf key (the rules have no elastic runs): a point in time the checker passes over."""
+        self.mllog.event("elastic_world_change", change["workers"], workers_before=change["workers_before"],
+                         hosts_lost=change["hosts_lost"], hosts_added=change["hosts_added"],
+                         steps_redone=change["steps_redone"], seconds_lost=change["seconds_lost"])
+
     def close(self):
         self.mllog.close()

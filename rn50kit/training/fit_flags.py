@@ -208,7 +208,7 @@ def add_checkpoint_args(parser):
                             "checkpoint (after SIGTERM) is removed once a newer checkpoint exists")
     group.add_argument("--commit-every", type=int, metavar="STEPS",
                        help="elastic runs (runner --min-np/--max-np): keep the state in memory every N optimizer "
-                            "steps and at each epoch's end; a lost worker costs the steps since (docs/faults.md)")
+                            "steps and at each epoch's end; a lost worker costs the steps since (docs/multi-node.md)")
     group.add_argument("--resume",
                        help="auto: continue from the latest complete checkpoint; none: start afresh (the earlier "
                             "run's files move to <workspace>/previous-<time>/); or a <prefix>-NNNN.params / "

@@ -103,7 +103,7 @@ def test_a_worker_lost_mid_epoch_the_run_goes_on_with_the_global_batch_kept(digi
     need_ssh_hosts()
     workspace = tmp_path / "ws"
     process = start(runner_command(digits_data, workspace, 3, 8, "-H", "localhost:2,hostA:1", "--min-np", "2",
-                                   *ELASTIC), tmp_path / "run")
+                                   "--mllog", "mllog.txt", *ELASTIC), tmp_path / "run")
     try:
         victim = wait_until(lambda: worker_on("hostA", workspace), "hostA's worker", HANG_S, process)
         wait_until(lambda: len(records(workspace, "iter")) >= 22, "step 22 of epoch 1", HANG_S, process)
@@ -123,6 +123,10 @@ def test_a_worker_lost_mid_epoch_the_run_goes_on_with_the_global_batch_kept(digi
     report = json.load(open(workspace / "report.json"))
     assert report["info"]["world_changes"][0]["hosts_lost"] == ["hostA"]
     assert [record["epoch"] for record in records(workspace, "epoch")] == [1, 2]
+    mllog = [json.loads(line.split(":::MLLOG", 1)[1]) for line in open(workspace / "mllog.txt") if ":::MLLOG" in line]
+    [event] = [e for e in mllog if e["key"] == "elastic_world_change"]
+    assert event["value"] == 2 and event["metadata"]["hosts_lost"] == ["hostA"]
+    assert [e["key"] for e in mllog].count("run_start") == 1  # the run goes on: no second start
     print(f"top-1 {final_top1(workspace):.4f} after losing a worker, {uninterrupted:.4f} without; the reset cost "
           f"{change['seconds_lost']:.1f} s ({change['detected_after']:.1f} s until Gloo noticed)")
     assert abs(final_top1(workspace) - uninterrupted) <= TOLERANCE
