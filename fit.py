@@ -27,11 +27,13 @@ from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
 from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
 from rn50kit.training import checkpoint, optimizer_state, optimizers
+from rn50kit.training.optimizers import accumulate_gradients, zero_accumulated
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.training.distributed import Distributed, average_over_devices
 from rn50kit.training.ema import EMA
 from rn50kit.training.precision import StatsGuard, grads_finite, make_loss_scaler
-from rn50kit.training.state import EpochStats, TrainState, gather_partial, resumed_partial, sum_partial
+from rn50kit.training.state import (EpochStats, TrainState, changed_on_resume, gather_partial, resumed_partial,
+                                    sum_partial)
 from rn50kit.training.stop_signals import StopFlag
 from rn50kit.training.targets import make_loss, make_targets
 from rn50kit.weights.pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
@@ -41,19 +43,6 @@ log = logging.getLogger("rn50")
 
 class TrainingError(Exception):
     """The run cannot go on (diverged, bad checkpoint): reported as one line."""
-
-
-def accumulate_gradients(params):
-    """Gradient accumulation: backward passes add to the gradients (zeroed after each update)."""
-    for param in params.values():
-        if param.grad_req != "null":
-            param.grad_req = "add"
-
-
-def zero_accumulated(params):
-    for param in params:
-        if param.grad_req == "add":
-            param.zero_grad()
 
 
 def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=None, vote=None,
@@ -118,12 +107,14 @@ def resume_state(resume, prefix, warn=None):
     return state
 
 
-def prepare(cfg, run, net, ctxs, dist):
-    """A fresh TrainState: optimizer, loss scaler, EMA, LR schedule, report; rank 0's weights on every rank."""
+def prepare(cfg, run, net, ctxs, dist, broadcast=True):
+    """A fresh TrainState: optimizer, loss scaler, EMA, LR schedule, report; rank 0's weights on every rank (an
+    elastic run's first sync broadcasts them instead: ``broadcast`` False)."""
     optimizers.set_wd_groups(net, decay_all=cfg.wd_bn_bias)
     if cfg.grad_accum_steps > 1:
         accumulate_gradients(net.collect_params())
-    dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
+    if broadcast:
+        dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     return TrainState(
         trainer=optimizers.make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
                              cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps),
@@ -174,18 +165,6 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
             log.info("Note: this run continues the checkpoint with other settings: %s", changes)
 
 
-RESUME_SETTINGS = ("batch_size", "image_shape", "num_epochs", "lr", "lr_schedule", "dtype")
-
-
-def changed_on_resume(saved, now):
-    """'--batch-size 64 (was 32), ...' for the settings that shape training and differ from the checkpoint's run."""
-    def show(value):
-        return ",".join(str(v) for v in value) if isinstance(value, list) else f"{value:g}" \
-            if isinstance(value, float) else str(value)
-    return ", ".join(f"--{key.replace('_', '-')} {show(now[key])} (was {show(saved[key])})" for key in RESUME_SETTINGS
-                     if key in saved and key in now and show(saved[key]) != show(now[key]))
-
-
 def save_checkpoint(prefix, net, state, run, epoch, step, keep_last, seed, partials=None, best=False):
     """Rank 0: parameters, optimizer and the loop's state after ``step`` steps of ``epoch`` (0: a whole epoch),
     with each rank's sums of an interrupted epoch (``partials``); keeps the newest ``keep_last``."""
@@ -224,6 +203,7 @@ class Loop:
     num_classes: int
     loss_fn: object = dataclasses.field(default_factory=lambda: gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False))
     outputs: Outputs = dataclasses.field(default_factory=Outputs)  # none by default (a loop driven by a test)
+    after_update: object = None  # (epoch, step, stats, counted) after each optimizer step: an elastic run's commits
 
 
 def epoch_steps(cfg, train_iter, skip):
@@ -266,6 +246,8 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
     """Train ``epoch`` (0-based) from step ``skip``; returns (EpochStats of this rank, steps in the epoch,
     the step after which a stop signal ended it, or None)."""
     net, ctxs, dist, accum = loop.net, loop.ctxs, loop.dist, cfg.grad_accum_steps
+    first = getattr(train_iter, "first_step", 0)  # an elastic run's epoch goes on from its last commit
+    skip = max(skip, first)
     steps = epoch_steps(cfg, train_iter, skip)
     updates = steps // accum  # optimizer steps in the epoch
     stats = EpochStats.resumed(state.partial)
@@ -274,7 +256,7 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
     tic = epoch_tic = stats.started
     counted = []  # the last step's top-k hits, still on the device
     group_loss, group_ok = 0.0, True  # the micro-batches of the optimizer step under way
-    for step, batch in enumerate(train_iter):
+    for step, batch in enumerate(train_iter, first):
         if step >= steps:
             break
         if step < skip:  # resumed inside an epoch: the reseeded reader replays the same batches
@@ -308,6 +290,8 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
             stats.add_hits(counted)
             counted = [(*topk_counts(out, label, valid), valid) for out, label, valid in
                        zip(outputs, labels, valid_counts(batch, [out.shape[0] for out in outputs]))]
+        if last and loop.after_update is not None:
+            loop.after_update(epoch, step, stats, counted)
         now = time.time()
         stats.durations.append(now - tic)
         tic = now
@@ -408,10 +392,10 @@ def run_epoch(cfg, loop, state, epoch, train_iter, val_iter, save):
     return False, False
 
 
-def start(cfg, run, net, ctxs, dist, prefix):
+def start(cfg, run, net, ctxs, dist, prefix, broadcast=True):
     """A prepared state, resumed as --resume says (the files of a run not continued set aside); returns it and
     the checkpoint state resumed, or None."""
-    state = prepare(cfg, run, net, ctxs, dist)
+    state = prepare(cfg, run, net, ctxs, dist, broadcast)
     resumed = resume_state(cfg.resume, prefix, log.warning if dist.is_primary else None)
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
@@ -456,11 +440,30 @@ def open_outputs(cfg, run, report, dist, ctxs, fresh, train_samples):
     ])
 
 
-def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finetune=FinetuneConfig()):
+def train_epochs(cfg, loop, state, epochs, epoch_iter, val_iter, save, finetune):
+    """Train ``epochs`` (a range, 0-based) until a stop signal or the target; returns (stopped by a signal,
+    target reached, the last epoch begun, 1-based)."""
+    stopped = reached = False
+    last_epoch = epochs.start
+    for epoch in epochs:
+        last_epoch = epoch + 1
+        loop.outputs.epoch_start(epoch + 1)
+        if finetune.changes_lr:  # Gluon's trainers read lr_mult at every update
+            set_backbone_lr_mult(loop.net, backbone_lr_mult(epoch, finetune.backbone_lr_mult,
+                                                            finetune.freeze_backbone_epochs))
+        stopped, reached = run_epoch(cfg, loop, state, epoch, epoch_iter(epoch), val_iter, save)
+        if stopped or reached:
+            break
+    return stopped, reached, last_epoch
+
+
+def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finetune=FinetuneConfig(),
+        elastic=None):
     """Train ``net`` (initialised, hybridized; ``num_classes`` outputs) as ``cfg`` (a FitConfig) says, ``run``
-    describing the run, the backbone's LR as ``finetune`` says; returns (report, stopped_by_signal)."""
+    describing the run, the backbone's LR as ``finetune`` says, ``elastic`` (training/elastic.py) for a run whose
+    workers come and go; returns (report, stopped_by_signal)."""
     prefix = workspace_path(cfg.workspace, cfg.model_prefix)
-    state, resumed = start(cfg, run, net, ctxs, dist, prefix)
+    state, resumed = start(cfg, run, net, ctxs, dist, prefix, elastic is None)
     first_epoch = state.epoch
     # The first epoch's pipeline, built once: the MLPerf log asks for an epoch's samples before the epoch begins
     # (asking make_train_iter twice would build epoch 0's pipeline again under --seed).
@@ -481,18 +484,13 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     def save(epoch, step, partials=None, best=False):
         save_checkpoint(prefix, net, state, run, epoch, step, cfg.keep_last, cfg.seed, partials, best)
 
-    stopped = reached = False
-    last_epoch = first_epoch  # 1-based: the last epoch begun
-    for epoch in range(first_epoch, end_epoch):
-        last_epoch = epoch + 1
-        run_outputs.epoch_start(epoch + 1)
-        if finetune.changes_lr:  # Gluon's trainers read lr_mult at every update
-            set_backbone_lr_mult(net, backbone_lr_mult(epoch, finetune.backbone_lr_mult,
-                                                       finetune.freeze_backbone_epochs))
-        stopped, reached = run_epoch(cfg, loop, state, epoch, epoch_iter(epoch), val_iter, save)
-        if stopped or reached:
-            break
+    if elastic is not None:
+        stopped, reached, last_epoch = elastic.train(cfg, loop, state, end_epoch, save, finetune, train_epochs, lambda:
+                                                     open_outputs(cfg, run, state.report, dist, ctxs, False, None))
+    else:
+        stopped, reached, last_epoch = train_epochs(cfg, loop, state, range(first_epoch, end_epoch), epoch_iter,
+                                                    val_iter, save, finetune)
     finished = end_epoch > first_epoch and not stopped and (reached or end_epoch == cfg.num_epochs)
-    run_outputs.run_end(last_epoch, finished, reached, stopped, state.elapsed(), state.target)
-    run_outputs.close()
+    loop.outputs.run_end(last_epoch, finished, reached, stopped, state.elapsed(), state.target)  # rank 0's now
+    loop.outputs.close()
     return state.report, stopped

@@ -435,6 +435,36 @@ def train_iterator_factory(cfg, dist, ctxs, first):
     return make
 
 
+def elastic_training(cfg, net, ctxs, dist):
+    """An elastic run's driver (rn50kit/training/elastic.py), or None for a run of a fixed world. Its epochs are
+    built here: the training records from the first one not read yet, the batch of the world's plan."""
+    if not dist.elastic:
+        return None
+    from rn50kit.training import elastic, optimizers
+    if cfg.data.data_backend not in ("dali-cpu", "dali-gpu"):
+        raise UsageError(f"elastic runs read the records with the dali backends (the records not read yet go to the "
+                         f"new world); --data-backend {cfg.data.data_backend} cannot: use dali-cpu or dali-gpu")
+    fit_cfg, seed = cfg.fit, cfg.fit.seed or 0
+
+    def make_iterators(plan, epoch, start, steps, with_val):
+        changes = dict(fit__batch_size=plan.micro_batch, fit__seed=seed + 100003 * epoch)  # as per-epoch readers
+        if len(cfg.data.train_size) == 2:
+            changes.update(data__train_size=(loaders.epoch_train_size(cfg.data, epoch),), data__train_size_epochs=())
+        if not with_val:
+            changes["data__data_val"] = None
+        return loaders.get_data_iterators(cfg.replace(**changes), dist.rank, dist.size, dist.local_rank,
+                                          dist.local_size, ctxs[0], start=start, steps=steps)
+
+    def make_trainer():
+        return optimizers.make_trainer(net, dist, fit_cfg.kv_store, fit_cfg.optimizer, fit_cfg.wd, fit_cfg.mom,
+                                       fit_cfg.fp16_allreduce, fit_cfg.horovod_num_groups, fit_cfg.lars_eta,
+                                       fit_cfg.lars_eps)
+    samples = cfg.data.num_examples or len(loaders.open_record_files(cfg.data)["train"])
+    return elastic.ElasticTraining(dist.hvd, dist, net, fit_cfg.batch_size * fit_cfg.grad_accum_steps,
+                                   fit_cfg.batch_size // dist.size, samples, make_iterators, make_trainer,
+                                   fit_cfg.commit_every)
+
+
 def hold_workspace(workspace, trains, dist):
     """Training writes into ``workspace``: rank 0 (the writer) locks it for this run, so a second run there is
     refused at once. Every rank learns the answer, so none is left waiting in a collective. A run that does not
@@ -453,7 +483,9 @@ def hold_workspace(workspace, trains, dist):
                                 "into this workspace", workspace)
         except run_lock.WorkspaceBusy as error:
             busy = str(error)
-    if dist.sum([1.0 if busy else 0.0], "workspace.lock")[0]:
+    if dist.elastic and busy:  # no collective before an elastic run's first sync (a worker added joins there)
+        raise UsageError(busy)
+    if not dist.elastic and dist.sum([1.0 if busy else 0.0], "workspace.lock")[0]:
         refuse_together(dist, busy)
     stop_signals.catch_stop_signals(EARLY_STOPS)  # from here on a SIGTERM/SIGUSR1 means: save at the next step boundary
     return lock
@@ -552,7 +584,10 @@ def check_memory(cfg, net, ctxs, dist):
     shape = scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
     problem, _ = memory.check(net, shape, fit_cfg.dtype, fit_cfg.batch_size, dist.size * len(ctxs),
                               dist.local_size, budget, where)
-    if dist.sum([1.0 if problem and fit_cfg.memory_check == "refuse" else 0.0], "memory.check")[0]:
+    if dist.elastic and problem and fit_cfg.memory_check == "refuse":  # alone: see hold_workspace
+        raise UsageError(problem)
+    if not dist.elastic and dist.sum([1.0 if problem and fit_cfg.memory_check == "refuse" else 0.0],
+                                     "memory.check")[0]:
         refuse_together(dist, problem or "another worker's machine has too little memory for this batch (its "
                         "estimate: see memory.py); lower --batch-size, or --memory-check warn to try anyway")
     if problem and dist.is_primary:
@@ -587,6 +622,7 @@ def start_worker(args):
         hvd.init()  # one process per worker; works alone too (size 1)
         world.check_joined(hvd.size(), hvd.rank(), hvd.local_rank(), hvd.mpi_built())  # the launcher's world?
     dist = Distributed(hvd)
+    dist.elastic = hvd is not None and os.environ.get("HOROVOD_ELASTIC") == "1"  # horovodrun --min-np/--max-np
     if __name__ == "__main__":  # faults: a worker's record for runner, and a watchdog on a stalled run
         faults.install(dist.rank)
         watchdog.start(args.stall_timeout, dist.rank)
@@ -607,7 +643,7 @@ def check_run(cfg):
 
 def check_devices(cfg, ctxs, dist):
     """The flags against the workers' devices; --dtype int8 against what this machine can quantize."""
-    validate_args(cfg, dist.size * len(ctxs))
+    validate_args(cfg, 1 if dist.elastic else dist.size * len(ctxs))  # elastic: each world's plan splits it
     if cfg.fit.dtype == "int8":
         why = quantize.int8_unavailable(cfg.fit.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:
@@ -748,7 +784,7 @@ def score_or_train(cfg, info, net, ctxs, dist):
     if cfg.finetune.pretrained:
         info = start_from_pretrained(cfg, info, net, ctxs, dist)
     report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
-                              cfg.model.num_classes, cfg.finetune)
+                              cfg.model.num_classes, cfg.finetune, elastic_training(cfg, net, ctxs, dist))
     if stopped and dist.is_primary:
         print(f"Stopped by {stop_cause()} after saving a checkpoint; rerun the same command to resume")
     return net, report, stopped

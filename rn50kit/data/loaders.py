@@ -91,6 +91,9 @@ class Feed:
     dtype: str = "float32"
     seed: int = None
     num_classes: int = 1000
+    # An elastic run's epoch (training.elastic): the records of the permutation already read, and the steps left
+    start: int = None
+    steps: int = None
 
 
 def add_data_args(parser):
@@ -520,9 +523,10 @@ class ShuffledShardSource:
     buffers, reused: DALI copies a batch when the call returns (``no_copy`` is off), before the next call.
     """
 
-    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=2):
+    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=2, start=None):
         self.records = record_file
-        self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed)
+        self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed) if start is None else \
+            records.ElasticOrder(len(record_file), shard_id, num_shards, batch_size, seed, start)
         self.batch_size = batch_size
         self.recent = collections.deque(maxlen=remember)  # record numbers of the batches handed to DALI last
         self._reader = record_reader()
@@ -666,7 +670,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
                                      seed=0 if feed.seed is None else feed.seed,
                                      remember=cfg.dali_prefetch_queue + 4,  # the batches DALI may hold
-                                     ahead=cfg.dali_read_ahead)
+                                     ahead=cfg.dali_read_ahead, start=feed.start)
         train_common = dict(common, image_shape=train_shape(cfg))
         pipe = dali.train_pipeline(
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
@@ -685,7 +689,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
             log.warning("--num-examples %d is below the %d records of %s: each epoch reads only part of the "
                         "data (a random part of a new shuffle each epoch)", num_examples, total, cfg.data_train)
         # Same number of steps on every rank (the allreduce needs it); round up so no sample is dropped.
-        steps = math.ceil(num_examples / feed.batch_size)
+        steps = math.ceil(num_examples / feed.batch_size) if feed.steps is None else feed.steps
         train_iter = DaliIterator(batches(pipe, train_common["image_shape"]), steps * local_batch,
                                   source.failing_record)
     if cfg.data_val:
@@ -806,10 +810,12 @@ def feed_of(run_cfg):
                 num_classes=run_cfg.model.num_classes)
 
 
-def get_data_iterators(run_cfg, rank, num_workers, local_rank, local_size, ctx):
-    """(train, val) iterators for this rank of a RunConfig; either is None when its data is not given."""
+def get_data_iterators(run_cfg, rank, num_workers, local_rank, local_size, ctx, start=None, steps=None):
+    """(train, val) iterators for this rank of a RunConfig; either is None when its data is not given. An elastic
+    run's epoch (dali backends): ``start``, the samples of the epoch's permutation read, and ``steps`` to go."""
     build = backends.builder(run_cfg.data.data_backend)  # the backends table names each one's builder
-    return build(run_cfg.data, feed_of(run_cfg), rank, num_workers, local_rank, local_size, ctx)
+    feed = dataclasses.replace(feed_of(run_cfg), start=start, steps=steps)
+    return build(run_cfg.data, feed, rank, num_workers, local_rank, local_size, ctx)
 
 
 def get_data_iterators_per_device(run_cfg, rank, num_workers, local_rank, local_size, ctxs):

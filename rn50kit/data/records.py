@@ -307,6 +307,24 @@ class ShardOrder:
         return picks
 
 
+class ElasticOrder:
+    """An elastic run's record numbers, batch by batch, from position ``start`` of the epoch's permutation (the
+    records the committed steps read): each global step reads the next ``num_shards`` x ``batch`` positions, shard
+    s the s-th ``batch`` of them. Whatever worlds the steps ran in, what was read is a prefix of the permutation, so
+    after a reset the new world reads the rest, each record once. Reads past the end (a pipeline's prefetch beyond
+    the epoch's last step) wrap around and are never trained on."""
+
+    def __init__(self, total, shard_id, num_shards, batch, seed, start):
+        self.permutation = epoch_permutation(total, seed, 0)
+        self.position = start + shard_id * batch
+        self.stride = num_shards * batch
+
+    def take(self, count):
+        picks = np.take(self.permutation, np.arange(self.position, self.position + count), mode="wrap").tolist()
+        self.position += self.stride
+        return picks
+
+
 def decodes(image):
     """Whether OpenCV decodes these image bytes (used to name a record that a pipeline failed on)."""
     import cv2

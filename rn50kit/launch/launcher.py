@@ -9,8 +9,10 @@ On a machine without a usable GPU, -n counts worker processes, and the defaults 
 --dtype float32 --data-backend dali-cpu (the original's are float16 and dali-gpu).
 """
 import argparse
+import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -122,11 +124,78 @@ def get_args_parser():
                         help="settings from a TOML file, for runner and train.py alike (docs/training.md, Configuration"
                              " files): keys are long flag names; batch_size is the global batch, lr the absolute LR; "
                              "the command line wins")
+    add_elastic_args(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="check everything the run would check before starting (runner's arguments, train.py's "
                              "flags, the machine), print the environment and the command, do not run it")
     parser.set_defaults(file_values={})  # a --config file's values runner plans from (read_config)
     return parser
+
+
+def add_elastic_args(parser):
+    """horovodrun's elastic flags, under their own names (docs/multi-node.md, Elastic runs)."""
+    group = parser.add_argument_group(
+        "Elastic runs", "workers that come and go without stopping the run (horovodrun's elastic driver, Gloo): "
+        "give --min-np (and -H/--hostfile, whose hosts runner's own discovery script reports; a --hostfile is read "
+        "again every few seconds, so adding a line adds a host) or --host-discovery-script")
+    group.add_argument("--min-np", type=int, metavar="N", help="the fewest workers the run goes on with")
+    group.add_argument("--max-np", type=int, metavar="N", help="the most workers the run grows to")
+    group.add_argument("--host-discovery-script", metavar="SCRIPT",
+                       help="prints the available hosts, one `host:slots` per line (horovodrun runs it every few "
+                            "seconds)")
+    group.add_argument("--slots-per-host", type=int, metavar="N",
+                       help="slots of a host the discovery script prints without them")
+    group.add_argument("--elastic-timeout", type=int, metavar="SECONDS",
+                       help="how long the run waits for --min-np workers before it ends (horovodrun's default: 600)")
+    group.add_argument("--reset-limit", type=int, metavar="N", help="end the run after this many world changes")
+    group.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"),
+                       help="seconds before a failed host may come back (default: never)")
+
+
+ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script", "slots_per_host", "elastic_timeout", "reset_limit",
+                 "blacklist_cooldown_range")
+
+
+def is_elastic(args):
+    return args.min_np is not None or args.max_np is not None or args.host_discovery_script is not None
+
+
+def check_elastic(args):
+    """An elastic run's flags against the rest, before anything starts."""
+    given = [f"--{name.replace('_', '-')}" for name in ELASTIC_FLAGS if getattr(args, name) is not None]
+    if not is_elastic(args):
+        if given:
+            raise UsageError(f"{given[0]} is for elastic runs: give --min-np (or --max-np or "
+                             "--host-discovery-script) too")
+        return
+    if args.launcher != "horovod" or args.kv_store != "horovod":
+        raise UsageError(f"elastic runs need horovodrun's elastic driver, which runs on Gloo: use --launcher horovod "
+                         f"--kv-store horovod (not --launcher {args.launcher} --kv-store {args.kv_store})")
+    min_np, max_np = args.min_np or args.ngpus, args.max_np or args.ngpus
+    if not 1 <= min_np <= args.ngpus <= max_np:
+        raise UsageError(f"elastic runs need 1 <= --min-np <= -n <= --max-np; got {min_np}, {args.ngpus}, {max_np}")
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        raise UsageError("give either --host-discovery-script or -H/--hostfile (runner writes the discovery "
+                         "script for those)")
+    if args.hostfile and not args.hostfile.is_file():
+        raise UsageError(f"--hostfile {args.hostfile} does not exist")
+
+
+def elastic_flags(args):
+    """horovodrun's flags for an elastic run: its own, and a discovery script reporting -H or --hostfile."""
+    discovery = args.host_discovery_script
+    if discovery is None:
+        source = ["--hostfile", str(args.hostfile.resolve())] if args.hostfile else \
+            ["--hosts", args.hosts or f"localhost:{args.ngpus}"]
+        discovery = shlex.join([sys.executable, str(Path(__file__).with_name("discovery.py")), *source])
+    flags = ["--min-np", str(args.min_np or args.ngpus), "--max-np", str(args.max_np or args.ngpus),
+             "--host-discovery-script", discovery]
+    for name in ("slots_per_host", "elastic_timeout", "reset_limit"):
+        if getattr(args, name) is not None:
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.blacklist_cooldown_range:
+        flags += ["--blacklist-cooldown-range", *map(str, args.blacklist_cooldown_range)]
+    return flags
 
 
 def fail(message):
@@ -324,6 +393,7 @@ def resolve_and_check(args, extra, machine):
     if args.lr is not None and args.lr < 0:
         raise UsageError(f"-l must not be negative, got {args.lr}")
     check_launcher(args)
+    check_elastic(args)
     if args.batch_size is None and "batch_size" in args.file_values:
         args.batch_size = batch_from_file(args)
     gpu = machine.gpus > 0
@@ -347,7 +417,7 @@ def resolve_and_check(args, extra, machine):
         if args.kv_store != "horovod":
             raise UsageError(f"--kv-store {args.kv_store} runs one process on one machine; "
                              "use --kv-store horovod with -H/--hostfile")
-    elif args.launcher != "slurm":  # srun places the processes, possibly on several nodes
+    elif args.launcher != "slurm" and not args.host_discovery_script:  # srun/the script place the processes
         if gpu and args.ngpus > machine.gpus:
             raise UsageError(f"-n {args.ngpus} is more than the {machine.gpus} GPU(s) on this machine; "
                              f"use -n {machine.gpus} or fewer, or -H host1:N,host2:N for several machines")
@@ -465,7 +535,26 @@ def build_env(args, machine, environ, extra=()):
     if args.launcher == "mpi" and os.geteuid() == 0:
         env.update(MPIRUN_ROOT_ENV)
     env.update(interface_env(args.launcher, args.network_interface))
-    return {key: environ.get(key, value) for key, value in env.items()}
+    env = {key: environ.get(key, value) for key, value in env.items()}
+    if is_elastic(args):
+        env = {key: value for key, value in env.items() if key not in ELASTIC_UNSAFE_ENV}
+    return env
+
+
+# Variables that fix a value of Horovod's parameter manager. Horovod 0.28.1 cannot re-initialise after an elastic
+# reset with any of them set: a fixed value is taken out of its Bayesian parameter's vectors, and the next init
+# writes its default to the removed index (horovod/common/parameter_manager.cc:449, BayesianParameter::SetValue):
+# a segmentation fault in the background thread of every surviving worker (seen here with the two runner sets).
+ELASTIC_UNSAFE_ENV = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
+
+
+def drop_elastic_unsafe_env(environ):
+    """Take the variables above out of ``environ`` (runner's own, which horovodrun passes on), saying so for each
+    one the user had set."""
+    for key in ELASTIC_UNSAFE_ENV:
+        if key in environ:
+            print(f"runner: note: elastic runs leave out {key}={environ.pop(key)} (Horovod 0.28.1 crashes when it "
+                  "re-initialises after a reset with it set)", file=sys.stderr)
 
 
 def interface_env(launcher, interfaces):
@@ -537,6 +626,8 @@ def launcher_prefix(args, env=()):
                     for x in ("-x", key)]
         return [mpirun, "-np", str(args.ngpus), *hosts, "-bind-to", "none", "-map-by", "slot", *exported]
     nics = ["--network-interfaces", args.network_interface] if args.network_interface else []
+    if is_elastic(args):
+        hosts = elastic_flags(args)
     return [horovodrun(), "-np", str(args.ngpus), *hosts, *nics, "--gloo"]
 
 
@@ -594,6 +685,8 @@ def main(argv=None, kit_dir=KIT_DIR):
     launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
     if launched:
         refuse_busy_workspace(peek_extra(extra, args.file_values))
+    if is_elastic(args):
+        drop_elastic_unsafe_env(os.environ)
     os.environ.update(env)  # horovodrun and mpirun pass the environment on to every worker
     os.environ.update(console_env(args))
     if args.launcher == "slurm":
@@ -616,9 +709,10 @@ def main(argv=None, kit_dir=KIT_DIR):
         reaper.finish()
         wait_for_workspace(peek_extra(extra, args.file_values).workspace)
         known = None
-        if first_failed is not None and len(first_failed) == 3:  # mpirun named the worker's host
+        if first_failed is not None and first_failed != ELASTIC_END and len(first_failed) == 3:  # mpirun's host
             first_failed, known = first_failed[:2], {"rank": first_failed[0], "host": first_failed[2]}
-        summary = faults.summarize(fault_dir, first_failed, known) if status != 0 else None
+        summary = faults.summarize(fault_dir, first_failed, known) if status != 0 and first_failed != ELASTIC_END \
+            else None
         sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:
         reaper.finish()
@@ -750,9 +844,13 @@ def run_horovodrun(arguments):
     gloo_run.register_shutdown_event = register_shutdown_event
     restore = forward_stop_signals(lambda signum: stop.request())
     sys.argv = ["horovodrun", *arguments]
+    driver_log = ElasticDriverLog()
+    logging.getLogger().addFilter(driver_log)
     try:
         horovod_launch.run_commandline()
     except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
+        if driver_log.ended:
+            return 1, driver_log.ended, ELASTIC_END
         codes = re.findall(r"Exit code: (-?\d+)", str(error))
         if not codes:  # horovodrun refused before starting workers (its reason per host is printed above)
             return 1, f"horovodrun: {horovodrun_refusal(error)}", None
@@ -765,7 +863,33 @@ def run_horovodrun(arguments):
     finally:
         stop.done.set()
         restore()
+        logging.getLogger().removeFilter(driver_log)
     return (INTERRUPTED, "interrupted", None) if stop.interrupted else (0, "", None)
+
+
+ELASTIC_END = "elastic"  # run_horovodrun's "first failed worker" when the elastic driver itself ended the run
+
+
+class ElasticDriverLog(logging.Filter):
+    """Horovod's elastic driver logs to the root logger, its stops with a traceback: its lines are kept without
+    one, and ``ended`` says in one line why the driver ended the run (too few workers for too long, too many
+    resets), or is empty (a worker's failure ended it: its own line says why)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ended = ""
+
+    def filter(self, record):
+        if f"{os.sep}horovod{os.sep}runner{os.sep}" not in record.pathname or record.levelno < logging.ERROR:
+            return True
+        message, failure = record.getMessage(), record.exc_info and record.exc_info[1]
+        if type(failure).__name__ == "TimeoutException":  # waiting for --min-np slots (driver.py)
+            self.ended = ("the elastic run had fewer than --min-np workers for longer than --elastic-timeout; the "
+                          "last checkpoint is intact: rerun the same command when enough hosts are back to resume")
+        elif "reset count" in message:
+            self.ended = "the elastic run changed its world more often than --reset-limit allows; rerun to resume"
+        record.exc_info = record.exc_text = None
+        return True
 
 
 def horovodrun_refusal(error):

@@ -61,8 +61,26 @@ class Output:
         ``stopped`` by a signal; ``total_duration``: seconds of all runs of this training; ``target``: the
         --target-top1 record, or None."""
 
+    def world_changed(self, change):
+        """An elastic run's world changed (training/elastic.py), told with the first step after it: {"epoch",
+        "workers_before", "workers", "hosts_lost", "hosts_added", "steps_redone" (since the last commit),
+        "detected_after" (seconds from the last step to the failure's notice, or None for hosts added),
+        "seconds_lost" (from the last step before the change to the first after it), "plan", "time"}."""
+
     def close(self):
         pass
+
+
+def describe_world_change(change):
+    """The log's line for an elastic run's world change."""
+    who = ", ".join([f"lost {host}" for host in change["hosts_lost"]] +
+                    [f"added {host}" for host in change["hosts_added"]]) or "same hosts"
+    found = "" if change["detected_after"] is None else \
+        f"noticed {change['detected_after']:.1f} s after the last step, "
+    lost = "" if change["seconds_lost"] is None else \
+        f", the next step {change['seconds_lost']:.1f} s after the last one"
+    return (f"Elastic: {change['workers_before']} -> {change['workers']} workers in epoch {change['epoch']} "
+            f"({who}): {found}{change['steps_redone']} step(s) redone since the last commit{lost}; {change['plan']}")
 
 
 class Outputs(Output):
@@ -102,6 +120,9 @@ class Outputs(Output):
     def run_end(self, epoch, finished, reached, stopped, total_duration, target):
         self._tell("run_end", epoch, finished, reached, stopped, total_duration, target)
 
+    def world_changed(self, change):
+        self._tell("world_changed", change)
+
     def close(self):
         """Close every output, even when one fails (the first failure is raised after)."""
         failure = None
@@ -140,6 +161,11 @@ class Console(Output):
             log.info("Epoch[%d] validation top1 %.4f top5 %.4f loss %.4f (%d samples)", epoch,
                      metrics["top1"], metrics["top5"], metrics["loss"], metrics["samples"])
 
+    def world_changed(self, change):
+        if self.progress.enabled:
+            self.progress.end_epoch()
+            log.warning("%s", describe_world_change(change))
+
 
 class JsonLines(Output):
     """progress.JsonLog (--json-log): the run's "params", a record per step ("iter") and per epoch, a "summary"."""
@@ -160,6 +186,9 @@ class JsonLines(Output):
 
     def run_end(self, epoch, finished, reached, stopped, total_duration, target):
         self.json_log.write("summary", total_duration=total_duration, stopped=stopped, target=target)
+
+    def world_changed(self, change):
+        self.json_log.write("world_change", **change)
 
     def close(self):
         self.json_log.close()
@@ -182,6 +211,9 @@ class ReportOutput(Output):
         self.report.add_epoch("val", epoch=epoch, top1=metrics["top1"], top5=metrics["top5"], loss=metrics["loss"],
                               durations=metrics["durations"], batch_size=self.batch_size)
         self.report.add_per_class(metrics.get("confusion"), epoch)  # the latest validation's, per class
+
+    def world_changed(self, change):
+        self.report.info.setdefault("world_changes", []).append(change)
 
     def run_end(self, epoch, finished, reached, stopped, total_duration, target):
         self.report.total_duration = total_duration
@@ -220,6 +252,12 @@ class MLPerf(Output):
     def run_end(self, epoch, finished, reached, stopped, total_duration, target):
         if finished:
             self.mllog.run_ends(reached, epoch)
+
+    def world_changed(self, change):
+        """Not an MLPerf key (the rules have no elastic runs): a point in time the checker passes over."""
+        self.mllog.event("elastic_world_change", change["workers"], workers_before=change["workers_before"],
+                         hosts_lost=change["hosts_lost"], hosts_added=change["hosts_added"],
+                         steps_redone=change["steps_redone"], seconds_lost=change["seconds_lost"])
 
     def close(self):
         self.mllog.close()

@@ -10,11 +10,16 @@ class Distributed:
 
     def __init__(self, hvd):
         self.hvd = hvd
-        if hvd is None:  # device/local kv-store: one process
+        self.elastic = False  # an elastic run (train.start_worker): no collective before its first sync
+        self.refresh()
+
+    def refresh(self):
+        """Read this process's place again (an elastic run's world changed)."""
+        if self.hvd is None:  # device/local kv-store: one process
             self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         else:
-            self.rank, self.size = hvd.rank(), hvd.size()
-            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+            self.rank, self.size = self.hvd.rank(), self.hvd.size()
+            self.local_rank, self.local_size = self.hvd.local_rank(), self.hvd.local_size()
 
     @property
     def is_primary(self):

@@ -59,6 +59,7 @@ class FitConfig:
     model_prefix: str = "model"
     save_frequency: int = 1
     keep_last: int = 3
+    commit_every: int = 50  # an elastic run's in-memory commits (training/elastic.py), in optimizer steps
     resume: str = "auto"
     load: str = None
     report: str = None
@@ -205,6 +206,9 @@ def add_checkpoint_args(parser):
     group.add_argument("--keep-last", type=int,
                        help="keep the newest K epoch checkpoints (0: all) besides <prefix>-best.params; a step "
                             "checkpoint (after SIGTERM) is removed once a newer checkpoint exists")
+    group.add_argument("--commit-every", type=int, metavar="STEPS",
+                       help="elastic runs (runner --min-np/--max-np): keep the state in memory every N optimizer "
+                            "steps and at each epoch's end; a lost worker costs the steps since (docs/multi-node.md)")
     group.add_argument("--resume",
                        help="auto: continue from the latest complete checkpoint; none: start afresh (the earlier "
                             "run's files move to <workspace>/previous-<time>/); or a <prefix>-NNNN.params / "
@@ -257,6 +261,8 @@ def check(cfg):
                              "give steps below --num-epochs")
     if cfg.grad_accum_steps < 1:
         raise ValueError(f"--grad-accum-steps must be at least 1, got {cfg.grad_accum_steps}")
+    if cfg.commit_every < 1:
+        raise ValueError(f"--commit-every must be at least 1, got {cfg.commit_every}")
     if cfg.eval_every < 1 or cfg.eval_offset < 0:
         raise ValueError(f"--eval-every must be at least 1 and --eval-offset at least 0, got {cfg.eval_every} "
                          f"and {cfg.eval_offset}")

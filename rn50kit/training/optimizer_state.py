@@ -74,10 +74,7 @@ def as_plain(states, optimizer, index_update_count):
 
 def save(trainer, path):
     """Write the trainer's optimizer state's arrays to ``path`` (an NDArray file); returns its plain values."""
-    _ready(trainer)
-    optimizer = trainer._updaters[0].optimizer
-    optimizer._set_current_context(trainer._contexts[0].device_id)  # the counts of the states saved
-    arrays, values = as_plain(trainer._updaters[0].states, optimizer, optimizer._index_update_count)
+    arrays, values = snapshot(trainer)
     mx.nd.save(path, arrays)
     return values
 
@@ -120,12 +117,29 @@ def restore(trainer, path, values, state_path):
     except mx.base.MXNetError:
         raise StateError(f"{path} is damaged or not an optimizer state file (named by {state_path})") from None
     try:
-        for updater, ctx in zip(trainer._updaters, trainer._contexts):
-            updater.states = {_key(index): _build(shape, arrays, ctx) for index, shape in values["states"].items()}
-            updater.states_synced = dict.fromkeys(updater.states, True)
-            updater.optimizer = optimizer
+        put(trainer, arrays, values)
     except (KeyError, TypeError):
         raise StateError(f"{path} does not hold the arrays {state_path} names") from None
+
+
+def snapshot(trainer):
+    """(arrays, values) of the trainer's optimizer state, as save() writes them: host copies and plain values
+    (an elastic run's commit keeps them in memory)."""
+    _ready(trainer)
+    optimizer = trainer._updaters[0].optimizer
+    optimizer._set_current_context(trainer._contexts[0].device_id)
+    return as_plain(trainer._updaters[0].states, optimizer, optimizer._index_update_count)
+
+
+def put(trainer, arrays, values):
+    """Put the optimizer state (``arrays`` by name, ``values`` from as_plain) into ``trainer``, each updater's own
+    copy on its own device. KeyError/TypeError when they do not fit."""
+    _ready(trainer)
+    optimizer = trainer._optimizer
+    for updater, ctx in zip(trainer._updaters, trainer._contexts):
+        updater.states = {_key(index): _build(shape, arrays, ctx) for index, shape in values["states"].items()}
+        updater.states_synced = dict.fromkeys(updater.states, True)
+        updater.optimizer = optimizer
     counts = {_key(index): count for index, count in values["index_update_count"].items()}
     for ctx in trainer._contexts:
         optimizer._all_index_update_counts[ctx.device_id] = dict(counts)

@@ -247,3 +247,16 @@ def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=Fal
                                       num_groups=num_groups)
     store = mx.kvstore.create(kvstore) if kvstore else None
     return gluon.Trainer(params, optimizer, optimizer_params_, kvstore=store, update_on_kvstore=False)
+
+
+def accumulate_gradients(params):
+    """Gradient accumulation: backward passes add to the gradients (zeroed after each update)."""
+    for param in params.values():
+        if param.grad_req != "null":
+            param.grad_req = "add"
+
+
+def zero_accumulated(params):
+    for param in params:
+        if param.grad_req == "add":
+            param.zero_grad()

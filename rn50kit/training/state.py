@@ -95,3 +95,15 @@ class TrainState:
 
     def elapsed(self):
         return self.report.total_duration + time.time() - self.run_start
+
+
+RESUME_SETTINGS = ("batch_size", "image_shape", "num_epochs", "lr", "lr_schedule", "dtype")
+
+
+def changed_on_resume(saved, now):
+    """'--batch-size 64 (was 32), ...' for the settings that shape training and differ from the checkpoint's run."""
+    def show(value):
+        return ",".join(str(v) for v in value) if isinstance(value, list) else f"{value:g}" \
+            if isinstance(value, float) else str(value)
+    return ", ".join(f"--{key.replace('_', '-')} {show(now[key])} (was {show(saved[key])})" for key in RESUME_SETTINGS
+                     if key in saved and key in now and show(saved[key]) != show(now[key]))
