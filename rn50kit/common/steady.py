@@ -32,6 +32,19 @@ def settled_after(step_times, window=WINDOW, tolerance=TOLERANCE, minimum=0):
     return None
 
 
+def steady_since(step_times, window=WINDOW, tolerance=TOLERANCE):
+    """For step times already run (an epoch's untimed iterations): the fewest of them after which the step time
+    was steady at every step to the last, or None if it is not steady at the last. Unlike settled_after, a plateau
+    the step time later left (a slow first stretch, then faster) does not count."""
+    since = None
+    for n in range(2 * window, len(step_times) + 1):
+        if not steady(step_times[:n], window, tolerance):
+            since = None
+        elif since is None:
+            since = n
+    return since
+
+
 def warm_up(step, minimum=0, maximum=MAX_WARMUP, window=WINDOW, tolerance=TOLERANCE, clock=time.perf_counter):
     """Run ``step()`` until its time is steady, at least ``minimum`` and at most ``maximum`` times: {"steps": how
     many ran, "settled": whether steady by then, "step_seconds": each one's time, and the rule's "window" and

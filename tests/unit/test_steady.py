@@ -68,3 +68,11 @@ def test_warm_up_gives_up_at_the_cap_and_says_so():
     result = steady.warm_up(step, maximum=12, clock=clock)
     assert result == dict(result, steps=12, settled=False, window=steady.WINDOW, tolerance=steady.TOLERANCE)
     assert steady.describe(result).startswith("NOT steady after 12 warm-up steps")
+
+
+def test_steady_since_ignores_a_plateau_the_step_time_left():
+    plateau_then_faster = [2.0] * 10 + [1.0] * 10
+    assert steady.settled_after(plateau_then_faster) == 6  # the warm-up rule stops on the plateau...
+    assert steady.steady_since(plateau_then_faster) == 15  # ...the check of a finished warm-up does not
+    assert steady.steady_since(SLOW_START) == 9
+    assert steady.steady_since([1.0] * 6 + [2.0, 4.0]) is None  # slowing down at the end
