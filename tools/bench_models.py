@@ -523,6 +523,16 @@ def ratios(results):
     return out
 
 
+def ratio_lines(ratio, results):
+    """A line per ratio, flagged where either side's warm-up never settled (its figure is not a steady state's)."""
+    lines = []
+    for key, value in ratio.items():
+        unsteady = [variant for variant in key.split(" / ") if not results[variant].get("settled", True)]
+        flag = f"  (NOT steady: {', '.join(unsteady)})" if unsteady else ""
+        lines.append(f"{key:<60}{value:>6.2f}x{flag}")
+    return lines
+
+
 def logits_difference(workers):
     """The float32 worker's bfloat16 graph's logits against its float32 network's (the same weights and image), as
     the largest difference over the largest float32 logit; None where bfloat16 was not computed."""
@@ -771,8 +781,8 @@ def main(argv=None):
         print(f"check: bfloat16 logits vs float32 (same weights and image): largest difference "
               f"{100 * difference:.2f} % of the largest logit")
     ratio = ratios(results)
-    for key, value in ratio.items():
-        print(f"{key:<60}{value:>6.2f}x")
+    for line in ratio_lines(ratio, results):
+        print(line)
     breakdowns = {} if args.no_breakdown else breakdowns_of(results, args)
     if args.json:
         write_numbers(args.json, args, workers, results, torch_version, ratio, difference, breakdowns)
