@@ -709,7 +709,7 @@ def print_results(args, results, torch_version):
         share = f"{100 * r['ceiling_fraction']:5.0f} % of ceiling" if r["ceiling_fraction"] else ""
         warm = f"steady after {r['warmup_steps']} steps" if r["settled"] else \
             f"NOT steady after {r['warmup_steps']} steps"
-        print(f"{key:<34}{r['median']:>8.2f}  [{r['min']:.2f}-{r['max']:.2f}]  {share:<18}{warm}")
+        print(f"{key:<34}{r['median']:>8.2f}  [{r['min']:.2f}-{r['max']:.2f}]  {share:<20}{warm}")
     note = above_ceiling_note(results)
     if note:
         print(note)
