@@ -6,9 +6,12 @@
 
 Each configuration runs `runner -n N -b B --benchmark-iters W+I -e E --mode M --no-metrics --report FILE ...`:
 every epoch runs W = 20 untimed warmup iterations, then I timed ones, in every mode and data backend (a
-validation set shorter than that is cycled). Its per-epoch images/s after the -w warmup epochs are combined by
-the harmonic mean (the rate of the whole measured run), its latencies by the mean; with --repeat R each
-configuration runs R times (in interleaved rounds) and the median is reported with the min and max. Every flag
+validation set shorter than that is cycled). Each run's report says after how many of those W its step time was
+steady (the median of 3 iterations' times within 5 % of the 3 before; rn50kit/common/steady.py), and the sweep
+prints it per configuration, or that it was NOT steady within them (its figure then is not a steady state's).
+Its per-epoch images/s after the -w warmup epochs are combined by the harmonic mean (the rate of the whole
+measured run), its latencies by the mean; with --repeat R each configuration runs R times (in interleaved rounds)
+and the median is reported with the min and max. Every flag
 benchmark.py does not know goes through to runner (and from there to train.py). A configuration that fails or
 times out is recorded with its reason and the sweep goes on. Writes the JSON (-o) with what a reader needs to
 trust the numbers (machine, library versions, dtype, layout, data, weights, commands), a PNG chart beside it
@@ -84,7 +87,8 @@ def get_args_parser():
     parser.add_argument("-b", "--batch-sizes", type=int_list, default=None,
                         help="batch sizes per worker (default: the original kit's list for the mode and dtype)")
     parser.add_argument("-i", "--benchmark-iters", type=int, default=100,
-                        help=f"timed iterations per epoch, after {WARMUP_ITERS} untimed warmup iterations")
+                        help=f"timed iterations per epoch, after {WARMUP_ITERS} untimed warmup iterations (each run's "
+                        "report says after how many of them the step time was steady)")
     parser.add_argument("-e", "--epochs", type=int, default=1, help="epochs per configuration")
     parser.add_argument("-w", "--warmup", type=int, default=0, help="first epochs left out of the results")
     parser.add_argument("--repeat", type=int, default=1,
@@ -368,6 +372,10 @@ def summarize(report, keys, epochs, warmup, timed_iters=None):
         if timed_iters is not None and any(count != timed_iters for count in counts):
             raise ValueError(f"{mode} timed {counts} iterations per epoch, expected {timed_iters}")
         cell[f"{mode}.timed_iters"] = min(counts)
+    for mode in sorted({key.split(".")[0] for key in cell}):
+        if f"{mode}.steady_after" in metrics:  # the latest of the measured epochs; None: one never was
+            after = metrics[f"{mode}.steady_after"][warmup:]
+            cell[f"{mode}.steady_after"] = None if None in after else max(after)
     return cell
 
 
@@ -375,7 +383,10 @@ def combine_runs(cells):
     """Repeated runs of one configuration: the median of each metric; with more than one run also its
     [min, max] spread and every run's value."""
     combined = OrderedDict()
-    keys = [key for key in cells[0] if isinstance(cells[0][key], (int, float))]
+    keys = [key for key in cells[0] if isinstance(cells[0][key], (int, float)) and not key.endswith("steady_after")]
+    for key in (key for key in cells[0] if key.endswith("steady_after")):  # the slowest run to settle
+        after = [cell.get(key) for cell in cells]
+        combined[key] = None if None in after else max(after)
     for key in keys:
         values = [cell[key] for cell in cells]
         combined[key] = min(values) if key.endswith("timed_iters") else statistics.median(values)
@@ -512,9 +523,30 @@ def tables(result):
         for bs, cell in row.items():
             failed += [f"- n={n} bs={bs}, one of {cell['runs'] + len(cell['failed_runs'])} runs: {reason}"
                        for reason in cell.get("failed_runs", [])]
+    warmups = warmup_lines(result, modes)
+    if warmups:
+        out.append(f"### Warm-up: of the {result.get('warmup_iters', WARMUP_ITERS)} untimed iterations each epoch "
+                   "runs, how many until the step time was steady (the slowest run)\n\n" + "\n".join(warmups) + "\n")
     if failed:
         out.append("### Failed configurations\n\n" + "\n".join(failed) + "\n")
     return "\n".join(out)
+
+
+def describe_steady(after, untimed=WARMUP_ITERS):
+    """'steady after 7' or 'NOT steady within the 20 untimed iterations: not a steady state's figure'."""
+    if after is None:
+        return f"NOT steady within the {untimed} untimed iterations: not a steady state's figure"
+    return f"steady after {after:.0f}"
+
+
+def warmup_lines(result, modes):
+    """A line per configuration and mode whose runs' reports say when their step time was steady."""
+    lines = []
+    for n, row in result["metrics"].items():
+        for bs, cell in row.items():
+            lines += [f"- n={n} bs={bs} {mode}: {describe_steady(cell[f'{mode}.steady_after'])}"
+                      for mode in modes if f"{mode}.steady_after" in cell]
+    return lines
 
 
 def plot(result, path):
@@ -773,6 +805,9 @@ class Sweep:
             if weights:
                 self.scored.append(weights)
             scored_note = f" ({'fresh weights' if weights == 'fresh' else weights})" if weights else ""
+            mode = self.keys[0].split(".")[0]
+            if f"{mode}.steady_after" in cell:
+                scored_note += f"; {describe_steady(cell[f'{mode}.steady_after'])}"
             print(f"benchmark: n={n} bs={bs}{which}: {self.keys[0]} {cell[self.keys[0]]:.1f} images/s{scored_note}",
                   file=sys.stderr, flush=True)
         except (OSError, ValueError, KeyError) as problem:

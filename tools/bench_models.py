@@ -5,7 +5,11 @@ inference with the graph scoring uses (oneDNN's conv+BN+ReLU fusion; bfloat16: c
 INT8 inference (quantize.py's oneDNN graph, naive calibration). PyTorch: the same network in channels_last,
 float32 and torch.autocast("cpu", dtype=torch.bfloat16), training step and inference. Every variant runs in
 interleaved rounds (one batch group of each in turn, again and again), so load from other processes hits them
-alike; the median of the rounds is kept and the ratios ours/PyTorch are printed. Each worker also measures the
+alike; the median of the rounds is kept and the ratios ours/PyTorch are printed. Before the first round each
+variant is warmed up until its step time is steady (rn50kit/common/steady.py: the median of its last 3 step times
+within --settle-tolerance of the 3 before, at least --warmup and at most --max-warmup steps), and how many steps
+that took, or that it never settled, is printed and written to --json: a fixed count is not enough (PyTorch's
+float32 training step still sped up by a quarter after its first step). Each worker also measures the
 practical ceiling of its precision (a large matrix product through the same library), at the start and again in
 every round, and every figure is given as a fraction of the best of them (ResNet-50 at 224 px: 8.2 GFLOP per
 image forward, 24.5 per training image).
@@ -42,6 +46,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:  # the repository's MXNet-free modules, in the PyTorch worker's venv too
+    sys.path.insert(0, ROOT)
+from rn50kit.common import steady  # noqa: E402
 GFLOP_PER_IMAGE = {"inference": 8.2, "training": 24.5}  # ResNet-50 (v1 and v1.5) at 224 px
 WORKERS = ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16", "torch")
 CEILING_SIZE = 2048  # the matrix products' side
@@ -303,7 +310,8 @@ def torch_steps(batch_size, image_size):
 
 def worker(kind, model, batch_size, image_size, fuse_bn_relu=False):
     """Build the steps, say which (with a first measure of each ceiling), then on each stdin line time the step
-    asked for ('KEY\\titers\\twarmup': images/s) or measure a ceiling again ('ceiling\\tPRECISION': GFLOP/s)."""
+    asked for ('KEY\\titers\\twarmup': images/s), warm it up until steady ('warm\\tKEY\\tminimum\\tmaximum\\t
+    tolerance': steady.warm_up's result) or measure a ceiling again ('ceiling\\tPRECISION': GFLOP/s)."""
     version = unavailable = built = logits = None
     if kind == "torch":
         steps, ceilings, version, unavailable = torch_steps(batch_size, image_size)
@@ -315,6 +323,11 @@ def worker(kind, model, batch_size, image_size, fuse_bn_relu=False):
         fields = line.rstrip("\n").split("\t")
         if fields[0] == "ceiling":
             print(json.dumps({"rate": ceilings[fields[1]]()}), flush=True)
+            continue
+        if fields[0] == "warm":
+            key, minimum, maximum, tolerance = fields[1:]
+            print(json.dumps(steady.warm_up(steps[key], int(minimum), int(maximum), tolerance=float(tolerance))),
+                  flush=True)
             continue
         key, iters, warmup = fields
         print(json.dumps({"ips": timed(steps[key], batch_size, int(iters), int(warmup))}), flush=True)
@@ -444,6 +457,12 @@ class Worker:
         self.process.stdin.flush()
         return json.loads(self.process.stdout.readline())["ips"]
 
+    def warm_up(self, key, minimum, maximum, tolerance):
+        """Run the step until its time is steady (steady.warm_up's result)."""
+        self.process.stdin.write(f"warm\t{key}\t{minimum}\t{maximum}\t{tolerance}\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
     def measure_ceiling(self, precision):
         self.process.stdin.write(f"ceiling\t{precision}\n")
         self.process.stdin.flush()
@@ -504,6 +523,16 @@ def ratios(results):
     return out
 
 
+def ratio_lines(ratio, results):
+    """A line per ratio, flagged where either side's warm-up never settled (its figure is not a steady state's)."""
+    lines = []
+    for key, value in ratio.items():
+        unsteady = [variant for variant in key.split(" / ") if not results[variant].get("settled", True)]
+        flag = f"  (NOT steady: {', '.join(unsteady)})" if unsteady else ""
+        lines.append(f"{key:<60}{value:>6.2f}x{flag}")
+    return lines
+
+
 def logits_difference(workers):
     """The float32 worker's bfloat16 graph's logits against its float32 network's (the same weights and image), as
     the largest difference over the largest float32 logit; None where bfloat16 was not computed."""
@@ -542,7 +571,15 @@ def add_timing_args(parser):
     """How the variants are timed, and against which PyTorch."""
     group = parser.add_argument_group("Timing")
     group.add_argument("--iters", type=int, default=3, help="timed batches per variant per round")
-    group.add_argument("--warmup", type=int, default=1, help="untimed batches before each timing")
+    group.add_argument("--warmup", type=int, default=1,
+                       help="untimed batches before each round's timing of a variant, and the fewest of its first "
+                       "warm-up (which goes on until its step time is steady)")
+    group.add_argument("--max-warmup", type=int, default=steady.MAX_WARMUP,
+                       help="most steps of a variant's first warm-up; a variant still not steady then is timed "
+                       "anyway and said NOT steady")
+    group.add_argument("--settle-tolerance", type=float, default=steady.TOLERANCE,
+                       help=f"steady: the median of the last {steady.WINDOW} step times within this fraction of the "
+                       f"median of the {steady.WINDOW} before")
     group.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
     group.add_argument("--torch-python", default=None,
                        help="a Python with PyTorch (its own venv); without it only ours is measured")
@@ -592,6 +629,9 @@ def check_args(parser, args):
     if min(args.batch_size, args.iters, args.rounds, args.image_size, args.breakdown_steps) < 1 or args.warmup < 0:
         parser.error("--batch-size, --image-size, --iters, --rounds and --breakdown-steps must be positive, --warmup "
                      "not negative")
+    if args.max_warmup < 2 * steady.WINDOW or not 0 < args.settle_tolerance < 1:
+        parser.error(f"--max-warmup must be at least {2 * steady.WINDOW} (two windows of step times to compare), "
+                     "--settle-tolerance between 0 and 1 (e.g. 0.05)")
     if args.torch_python:
         why = check_torch_python(args.torch_python)
         if why:
@@ -605,11 +645,24 @@ def start_workers(args):
     return workers
 
 
+def warm_up_all(workers, args):
+    """{variant: steady.warm_up's result}: every variant run until its step time is steady, one after the other
+    before the first round, each said as it ends."""
+    warmups = {}
+    for w in workers:
+        for key in w.steps:
+            warmups[key] = w.warm_up(key, args.warmup, args.max_warmup, args.settle_tolerance)
+            print(f"bench_models: warm-up: {key}: {steady.describe(warmups[key])}", file=sys.stderr, flush=True)
+    return warmups
+
+
 def time_rounds(workers, args):
-    """{(worker, variant): images/s of each round}, every variant once per round (interleaved), each worker's
-    ceilings measured again in every round; the workers are closed at the end."""
+    """({(worker, variant): images/s of each round}, {variant: its first warm-up}): every variant warmed up until
+    steady, then once per round (interleaved), each worker's ceilings measured again in every round; the workers are
+    closed at the end."""
     samples = {}
     try:
+        warmups = warm_up_all(workers, args)
         for round_ in range(args.rounds):
             for w in workers:
                 for key in w.steps:
@@ -620,7 +673,7 @@ def time_rounds(workers, args):
     finally:
         for w in workers:
             w.close()
-    return samples
+    return samples, warmups
 
 
 def machine_ceilings(workers):
@@ -632,13 +685,17 @@ def machine_ceilings(workers):
     return ceilings
 
 
-def variant_results(samples, ceilings, args):
-    """{variant: median, min, max, the rounds and the share of its precision's ceiling}."""
+def variant_results(samples, ceilings, args, warmups):
+    """{variant: median, min, max, the rounds, the share of its precision's ceiling, and its first warm-up: how many
+    steps, whether it settled, their times}."""
     results = {}
     for (w, key), values in samples.items():
         median = statistics.median(values)
+        warmup = warmups[key]
         results[key] = {"median": median, "min": min(values), "max": max(values), "rounds": values,
-                        "ceiling_fraction": fraction(key, median, ceilings, args.model, args.image_size)}
+                        "ceiling_fraction": fraction(key, median, ceilings, args.model, args.image_size),
+                        "warmup_steps": warmup["steps"], "settled": warmup["settled"],
+                        "warmup_step_seconds": warmup["step_seconds"]}
     return results
 
 
@@ -650,7 +707,9 @@ def print_results(args, results, torch_version):
           + (f"; PyTorch {torch_version} channels_last" if torch_version else ""))
     for key, r in results.items():
         share = f"{100 * r['ceiling_fraction']:5.0f} % of ceiling" if r["ceiling_fraction"] else ""
-        print(f"{key:<34}{r['median']:>8.2f}  [{r['min']:.2f}-{r['max']:.2f}]  {share}")
+        warm = f"steady after {r['warmup_steps']} steps" if r["settled"] else \
+            f"NOT steady after {r['warmup_steps']} steps"
+        print(f"{key:<34}{r['median']:>8.2f}  [{r['min']:.2f}-{r['max']:.2f}]  {share:<20}{warm}")
     note = above_ceiling_note(results)
     if note:
         print(note)
@@ -687,7 +746,9 @@ def write_numbers(path, args, workers, results, torch_version, ratio, difference
     """--json: every number, written atomically."""
     out = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
            "fuse_bn_relu": args.fuse_bn_relu,
-           "rounds": args.rounds, "iters": args.iters, "breakdown_steps": args.breakdown_steps,
+           "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "max_warmup": args.max_warmup,
+           "settle_tolerance": args.settle_tolerance, "settle_window": steady.WINDOW,
+           "breakdown_steps": args.breakdown_steps,
            "torch": torch_version, "images_per_s": results,
            "ceilings": {w.kind: w.ceilings for w in workers},
            "ceiling_samples": {w.kind: w.ceiling_samples for w in workers}, "ratios": ratio, "cmd": sys.argv,
@@ -710,8 +771,8 @@ def main(argv=None):
                                 args.breakdown_steps, args.fuse_bn_relu)
     check_args(parser, args)
     workers = start_workers(args)
-    samples = time_rounds(workers, args)
-    results = variant_results(samples, machine_ceilings(workers), args)
+    samples, warmups = time_rounds(workers, args)
+    results = variant_results(samples, machine_ceilings(workers), args, warmups)
     torch_version = next((w.version for w in workers if w.version), None)
     print_results(args, results, torch_version)
     print_workers(workers)
@@ -720,8 +781,8 @@ def main(argv=None):
         print(f"check: bfloat16 logits vs float32 (same weights and image): largest difference "
               f"{100 * difference:.2f} % of the largest logit")
     ratio = ratios(results)
-    for key, value in ratio.items():
-        print(f"{key:<60}{value:>6.2f}x")
+    for line in ratio_lines(ratio, results):
+        print(line)
     breakdowns = {} if args.no_breakdown else breakdowns_of(results, args)
     if args.json:
         write_numbers(args.json, args, workers, results, torch_version, ratio, difference, breakdowns)

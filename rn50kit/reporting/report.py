@@ -2,7 +2,9 @@
 
 {"model", "ngpus", "total_duration", "cmd", "metrics": {"train.loss": [one value per epoch], ...}}, and for
 --mode val "weights" (the .params scored, or "fresh"). Accuracies are fractions; latencies are seconds per
-iteration; total_ips is images/s over all workers; timed_iters is how many iterations those come from.
+iteration; total_ips is images/s over all workers; timed_iters is how many iterations those come from;
+steady_after is after how many of the epoch's WARMUP_ITERATIONS untimed ones the step time was steady, up to the
+last of them (rn50kit/common/steady.py), null if it was not at their end (the timed ones then are not a steady state's).
 
 "per_class" holds the latest validation's results per class (exact over all workers; see per_class_results):
 {"epoch", "classes": names (or class indices as strings), "samples", "correct", "top1" (per class; null for a
@@ -16,6 +18,8 @@ import os
 from collections import OrderedDict
 
 import numpy as np
+
+from rn50kit.common import steady
 
 LATENCY_PERCENTILES = [50, 90, 95, 99, 100]
 DENSE_CONFUSION_MAX = 100  # classes up to which the report holds the whole confusion matrix as rows
@@ -63,6 +67,8 @@ class Report:
         """One epoch of ``mode`` ("train" or "val"): named values, then latency and speed from durations."""
         for name, value in values.items():
             self.add(f"{mode}.{name}", float(value))
+        if len(durations) > WARMUP_ITERATIONS:
+            self.add(f"{mode}.steady_after", steady.steady_since(list(durations)[:WARMUP_ITERATIONS]))
         durations = timed(durations)
         if not durations:
             return

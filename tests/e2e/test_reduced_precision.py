@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import models
 from conftest import HANG_S, ROOT, venv_env, NO_BFLOAT16, run
+from rn50kit.common import steady
 from rn50kit.config import settings
 from rn50kit.training import precision as loss_precision
 
@@ -56,6 +57,11 @@ def test_bench_models_bfloat16_worker_builds_everything_and_times_where_the_cpu_
     rates = report["images_per_s"]
     for key in ("ours float32 training step", "ours float32 inference", "ours int8 inference"):
         assert rates[key]["median"] > 0, key
+    for key, rate in rates.items():  # warmed up until steady, or said not to be, within --max-warmup (issue 44)
+        assert 2 * steady.WINDOW <= rate["warmup_steps"] == len(rate["warmup_step_seconds"]) <= report["max_warmup"]
+        assert rate["settled"] or rate["warmup_steps"] == report["max_warmup"], (key, rate)
+        said = "steady after" if rate["settled"] else "NOT steady after"
+        assert f"bench_models: warm-up: {key}: {said} {rate['warmup_steps']} warm-up steps" in result.stderr
     assert report["ceilings"]["mxnet-float32"]["float32"] > 0 and report["ceilings"]["mxnet-int8"]["int8"] > 0
     for kind, ceilings in report["ceilings"].items():  # measured at the start and again in the round; the best kept
         for precision, best in ceilings.items():

@@ -116,3 +116,16 @@ def test_bench_models_sums_onednn_kernels_of_the_marked_steps_only():
     assert breakdown["kernels_ms"] == {"convolution": 2.0, "reorder": 0.125}
     assert breakdown["matrix_product_share"] == pytest.approx(0.2) and breakdown["overhead_share"] == pytest.approx(0.8)
     assert breakdown["outside_onednn_ms"] == pytest.approx(10.0 - 2.125)
+
+
+def test_a_ratio_with_a_side_never_steady_says_so():
+    """A variant whose warm-up hit --max-warmup unsettled flags every ratio it is in (issue 44)."""
+    results = {"ours float32 training step": {"median": 6.0, "settled": True},
+               "PyTorch float32 training step": {"median": 5.0, "settled": False},
+               "ours float32 inference": {"median": 24.0, "settled": True},
+               "PyTorch float32 inference": {"median": 20.0, "settled": True}}
+    ratio = bench_models.ratios(results)
+    lines = bench_models.ratio_lines(ratio, results)
+    assert lines[0].startswith("ours float32 training step / PyTorch float32 training step")
+    assert lines[0].endswith("1.20x  (NOT steady: PyTorch float32 training step)")
+    assert lines[1].endswith("1.20x")

@@ -46,3 +46,40 @@ def test_a_baseline_of_another_network_or_mode_is_warned_about():
     disjoint = dict(same, metrics={"2": {"64": {"train.total_ips": 5.0}}})
     assert "none of this sweep's worker counts and batch sizes" in benchmark.baseline_problems(result, disjoint)[0]
     assert benchmark.model_title(result) == "resnet50_v1.5, 3x224x224"
+
+
+def report_of(untimed, timed=(1.0, 1.0, 1.0)):
+    """A run's report of one training epoch: ``untimed`` step times, then ``timed`` ones."""
+    from rn50kit.reporting import report
+    assert len(untimed) == report.WARMUP_ITERATIONS
+    run = report.Report("m", 1, [])
+    run.add_epoch("train", durations=[*untimed, *timed], batch_size=4)
+    return run.to_dict()
+
+
+def test_each_run_says_when_its_step_time_was_steady_and_the_sweep_keeps_the_slowest():
+    """A run whose untimed iterations levelled off says after how many; one still speeding up at the last of them
+    is said NOT steady, and a configuration is as steady as its slowest run (issue 44)."""
+    keys = benchmark.metric_keys("train")
+    quick = report_of([5.0, 2.0] + [1.0] * 18)  # the first two build the graph: the medians agree from the 7th
+    slow = report_of([2.0] * 10 + [1.0] * 10)  # a plateau, then a step down to 1 s after ten: steady again at 15
+    never = report_of([2.0 * 0.9 ** i for i in range(20)])  # 10 % faster every iteration, to the end
+    assert quick["metrics"]["train.steady_after"] == [7]
+    cells = [benchmark.summarize(r, keys, 1, 0, 3) for r in (quick, slow, never)]
+    assert [c["train.steady_after"] for c in cells] == [7, 15, None]
+    assert benchmark.combine_runs(cells[:2])["train.steady_after"] == 15
+    assert benchmark.combine_runs(cells)["train.steady_after"] is None
+    assert benchmark.combine_runs(cells)["train.total_ips"] == 4.0  # the other metrics as before
+    result = {"metrics": {"1": {"4": benchmark.combine_runs(cells[:2]), "8": benchmark.combine_runs(cells)}},
+              "ngpus": [1], "bs": [4, 8], "metric_keys": keys, "failed": [], "dtype": "float32", "timed_iters": 3}
+    assert benchmark.warmup_lines(result, ["train"]) == [
+        "- n=1 bs=4 train: steady after 15",
+        "- n=1 bs=8 train: NOT steady within the 20 untimed iterations: not a steady state's figure"]
+    assert "### Warm-up" in benchmark.tables(result)
+
+
+def test_a_short_epoch_leaves_nothing_out_and_says_nothing_of_steadiness():
+    from rn50kit.reporting import report
+    run = report.Report("m", 1, [])
+    run.add_epoch("train", durations=[1.0] * 5, batch_size=4)
+    assert "train.steady_after" not in run.metrics and run.metrics["train.timed_iters"] == [5]
