@@ -462,8 +462,8 @@ def elastic_training(cfg, net, ctxs, dist):
                                        fit_cfg.lars_eps)
     samples = cfg.data.num_examples or len(loaders.open_record_files(cfg.data)["train"])
     return elastic.ElasticTraining(dist.hvd, dist, net, fit_cfg.batch_size * fit_cfg.grad_accum_steps,
-                                   fit_cfg.batch_size // dist.size, samples, make_iterators, make_trainer,
-                                   fit_cfg.commit_every)
+                                   max(1, fit_cfg.batch_size // dist.size), samples, make_iterators, make_trainer,
+                                   fit_cfg.commit_every, fit_cfg.elastic_batch == "keep", fit_cfg.grad_accum_steps)
 
 
 def hold_workspace(workspace, trains, dist):
