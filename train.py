@@ -5,6 +5,7 @@ Usually started by `runner`, once per worker under horovodrun; it also runs alon
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import random
 import signal
@@ -441,6 +442,8 @@ def elastic_training(cfg, net, ctxs, dist):
     if not dist.elastic:
         return None
     from rn50kit.training import elastic, optimizers
+    if not cfg.data.data_train:
+        raise UsageError(f"--mode {cfg.fit.mode} needs training data (--data-train)")
     if cfg.data.data_backend not in ("dali-cpu", "dali-gpu"):
         raise UsageError(f"elastic runs read the records with the dali backends (the records not read yet go to the "
                          f"new world); --data-backend {cfg.data.data_backend} cannot: use dali-cpu or dali-gpu")
@@ -461,8 +464,8 @@ def elastic_training(cfg, net, ctxs, dist):
                                        fit_cfg.lars_eps)
     samples = cfg.data.num_examples or len(loaders.open_record_files(cfg.data)["train"])
     return elastic.ElasticTraining(dist.hvd, dist, net, fit_cfg.batch_size * fit_cfg.grad_accum_steps,
-                                   fit_cfg.batch_size // dist.size, samples, make_iterators, make_trainer,
-                                   fit_cfg.commit_every)
+                                   max(1, fit_cfg.batch_size // dist.size), samples, make_iterators, make_trainer,
+                                   fit_cfg.commit_every, fit_cfg.elastic_batch == "keep", fit_cfg.grad_accum_steps)
 
 
 def hold_workspace(workspace, trains, dist):
@@ -770,8 +773,12 @@ def score_or_train(cfg, info, net, ctxs, dist):
     """--mode val scores the checkpoint; train and train_val train ``net``. Returns (the network, the report,
     whether a stop signal ended the training)."""
     fit_cfg = cfg.fit
-    train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
-                                                              dist.local_size, ctxs)
+    elastic = elastic_training(cfg, net, ctxs, dist) if fit_cfg.mode != "val" else None
+    if elastic is not None:  # each world builds its own pipelines; fit asks an epoch's steps (the MLPerf log)
+        train_iter, val_iter = range(math.ceil(elastic.epoch_samples / fit_cfg.batch_size)), None
+    else:
+        train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
+                                                                  dist.local_size, ctxs)
     if fit_cfg.mode == "val":
         model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, train_iter))
         report = scoring.score(cfg, info, model, val_iter, ctxs, dist)
@@ -779,12 +786,13 @@ def score_or_train(cfg, info, net, ctxs, dist):
         return model.net, report, False
     if train_iter is None:
         raise UsageError(f"--mode {fit_cfg.mode} needs training data (--data-train)")
-    make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter)
+    make_train_iter = train_iterator_factory(cfg, dist, ctxs, train_iter) if elastic is None else \
+        (lambda epoch, steps=train_iter: steps)
     train_iter = None  # the factory holds it only as long as it is needed
     if cfg.finetune.pretrained:
         info = start_from_pretrained(cfg, info, net, ctxs, dist)
     report, stopped = fit.fit(fit_cfg, info, net, make_train_iter, val_iter, ctxs, dist,
-                              cfg.model.num_classes, cfg.finetune, elastic_training(cfg, net, ctxs, dist))
+                              cfg.model.num_classes, cfg.finetune, elastic)
     if stopped and dist.is_primary:
         print(f"Stopped by {stop_cause()} after saving a checkpoint; rerun the same command to resume")
     return net, report, stopped

@@ -28,6 +28,7 @@ from rn50kit.reliability import faults
 from rn50kit.launch import world
 
 DEFAULT_STALL_TIMEOUT = 600.0
+ELASTIC_RESET = "ElasticTraining._reset_horovod"  # the frame of an elastic run's hvd.shutdown()/hvd.init()
 STALL_EXIT = 124
 
 
@@ -93,6 +94,8 @@ class Watchdog(threading.Thread):
             frame = sys._current_frames().get(self.main.ident)
             place, waiting = where(frame)
             del frame
+            if place and ELASTIC_RESET in place:  # an elastic run waiting for its new world: not a stall
+                since = now  # (horovodrun's --elastic-timeout bounds that wait)
             faults.heartbeat(where=place, waiting=waiting, idle=now - since, period=self.period)
             if now - since > self.timeout:
                 self.fire(place, waiting, now - since)

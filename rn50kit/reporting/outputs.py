@@ -123,6 +123,12 @@ class Outputs(Output):
     def world_changed(self, change):
         self._tell("world_changed", change)
 
+    def set_batch_size(self, batch_size):
+        """The images of a step from now on, for the outputs that count them (an elastic run's new world)."""
+        for output in self.outputs:
+            if hasattr(output, "batch_size"):
+                output.batch_size = batch_size
+
     def close(self):
         """Close every output, even when one fails (the first failure is raised after)."""
         failure = None

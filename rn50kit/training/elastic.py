@@ -16,6 +16,7 @@ record order (records.ElasticOrder) makes what was read a prefix of the epoch's 
 reads the rest, each record once. Nothing here is a pickle: plain values cross as JSON bytes, arrays as arrays.
 """
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -66,19 +67,39 @@ def plan_world(global_batch, workers, max_per_worker):
     return WorldPlan(workers, per_worker, accum)
 
 
-def describe_plan(plan, global_batch):
-    """The run's one line about how a world keeps the global batch, or what it does instead."""
+def describe_plan(plan, global_batch, keep=True):
+    """The run's one line about how a world keeps the global batch, or what it does instead (``keep`` False:
+    --elastic-batch scale-lr)."""
     how = f"{plan.workers} workers x {plan.per_worker} images x {plan.accum} accumulation step(s)"
     if plan.global_batch == global_batch:
         return f"{how} = the global batch {global_batch}"
-    return (f"{how} = {plan.global_batch}: {plan.workers} workers cannot make the global batch {global_batch} "
-            f"exactly, so the LR is scaled by {plan.global_batch}/{global_batch} (the linear rule)")
+    why = "--elastic-batch scale-lr" if not keep else \
+        f"{plan.workers} workers cannot make the global batch {global_batch} exactly"
+    return f"{how} = {plan.global_batch}: {why}, so the LR is scaled by {plan.global_batch}/{global_batch}"
 
 
 def is_collective_failure(error):
     """A failed Horovod operation as MXNet reports it (a peer gone, Horovod shut down), not a bug of ours."""
     return isinstance(error, HorovodInternalError) or (isinstance(error, mx.base.MXNetError) and
                                                        faults.is_teardown(str(error)))
+
+
+@contextlib.contextmanager
+def collective_failures(elastic):
+    """A failed collective (MXNet reports it as an engine error wherever the array is read) as Horovod's
+    HorovodInternalError, which run_fn recovers from; the time it reached this worker noted."""
+    try:
+        yield
+    except mx.base.MXNetError as error:
+        if not is_collective_failure(error):
+            raise
+        elastic.failed_at = time.time()
+        log.warning("Elastic: a collective failed (%s); going back to the last commit",
+                    " ".join(str(error).split())[:200])
+        raise HorovodInternalError(error) from None
+    except (HorovodInternalError, HostsUpdatedInterrupt):
+        elastic.failed_at = time.time()
+        raise
 
 
 class ElasticEpoch:
@@ -114,6 +135,7 @@ class ElasticRun:
     finetune: object
     train_epochs: object  # fit.train_epochs
     open_outputs: object  # the outputs of rank 0 (its files), for a worker that becomes rank 0
+    consumed: object = None  # consumed(step): the samples of the epoch read after micro-step ``step``
 
     def resume_consumed(self, global_batch):
         """The samples of the resumed epoch a checkpoint's step had read."""
@@ -121,6 +143,7 @@ class ElasticRun:
 
     def train_epoch(self, plan, epoch, train_iter, val_iter, global_batch):
         cfg = dataclasses.replace(self.cfg, batch_size=plan.micro_batch, grad_accum_steps=plan.accum)
+        self.loop.outputs.set_batch_size(plan.micro_batch)  # images/s in the world's steps
         for param in self.loop.net.collect_params().values():
             if param.grad_req != "null":
                 param.grad_req = "add" if plan.accum > 1 else "write"
@@ -128,8 +151,11 @@ class ElasticRun:
         schedule, scale = self.state.schedule, plan.global_batch / global_batch
         self.state.schedule = schedule if scale == 1 else lambda x: schedule(x) * scale
 
-        def save(epoch, step, partials=None, best=False):  # the step counted in the run's own plan
-            self.save(epoch, step // plan.accum * self.cfg.grad_accum_steps, partials, best)
+        def save(epoch, step, partials=None, best=False):
+            # The step in the run's own plan, from the samples read (rounded down to a whole global batch where a
+            # world could not make it exactly: that part is read again)
+            self.save(epoch, self.consumed(step) // global_batch * self.cfg.grad_accum_steps if step else 0,
+                      partials, best)
         try:
             return self.train_epochs(cfg, self.loop, self.state, range(epoch, epoch + 1), lambda e: train_iter,
                                 val_iter, save, self.finetune)
@@ -154,11 +180,12 @@ class ElasticTraining(State):
     has; ``make_trainer()`` a trainer for the current world (Horovod's divides by the world's size when built)."""
 
     def __init__(self, hvd, dist, net, global_batch, max_per_worker, epoch_samples, make_iterators, make_trainer,
-                 commit_every=DEFAULT_COMMIT_EVERY):
+                 commit_every=DEFAULT_COMMIT_EVERY, keep_batch=True, accum=1):
         super().__init__(bcast_object=self.broadcast_json, get_rank=hvd.rank)
         self.hvd, self.dist, self.net = hvd, dist, net
         self.global_batch, self.max_per_worker, self.epoch_samples = global_batch, max_per_worker, epoch_samples
         self.make_iterators, self.make_trainer, self.commit_every = make_iterators, make_trainer, commit_every
+        self.keep_batch, self.accum = keep_batch, accum  # --elastic-batch keep, or scale-lr: the run's own plan
         self.committed = None  # (arrays, values) kept in host memory
         self.live = None  # {"epoch", "consumed"} after the last optimizer step
         self.hosts = None  # every rank's host, from the first sync (no collective before it: see train.py)
@@ -166,7 +193,6 @@ class ElasticTraining(State):
         self.last_step_at = time.time()  # of the last optimizer step
         self.change = None  # a world change not told yet: told with the first step after it, which it cost
         self.validation = {}  # (rank, size) -> the validation iterator of that world
-        self.changes = []
 
     def broadcast_json(self, value):
         """Rank 0's ``value`` (plain values: JSON) on every rank, as bytes: no pickle crosses (Horovod's own
@@ -185,7 +211,8 @@ class ElasticTraining(State):
         """Run fit.py's loop (``train_epochs`` and its pieces) from the state's epoch to ``end_epoch``, elastic;
         returns what train_epochs returns for the last epoch run."""
         loop.after_update = self.after_update
-        self.run = run = ElasticRun(cfg, loop, state, end_epoch, save, finetune, train_epochs, open_outputs)
+        self.run = run = ElasticRun(cfg, loop, state, end_epoch, save, finetune, train_epochs, open_outputs,
+                                    self.consumed_after)
         consumed = run.resume_consumed(self.global_batch)
         self.live = {"epoch": run.state.epoch, "consumed": consumed}
         self.save_now(run.state.epoch, consumed, partial=run.state.partial)
@@ -194,6 +221,12 @@ class ElasticTraining(State):
             self.change["seconds_lost"] = self.change.pop("last_step_at") and None
             run.world_changed(self.change)
         return result
+
+    def consumed_after(self, steps_done):
+        """The samples of the epoch read once its first ``steps_done`` micro-steps (in the segment's plan) are
+        done: what the segment started from, and its whole optimizer steps since."""
+        segment = self.segment
+        return segment.consumed + (steps_done - segment.first_step) // segment.plan.accum * segment.plan.global_batch
 
     def after_update(self, epoch, step, stats, counted):
         """After the optimizer step ending with micro-step ``step``: commit when due."""
@@ -204,7 +237,7 @@ class ElasticTraining(State):
             self.change = None
         self.last_step_at = now
         updates = (step + 1 - segment.first_step) // segment.plan.accum
-        consumed = segment.consumed + updates * segment.plan.global_batch
+        consumed = self.consumed_after(step + 1)
         self.live = {"epoch": epoch, "consumed": consumed}
         if updates % self.commit_every == 0:
             stats.add_hits(counted)  # the step's hits are read now: the commit's sums hold them
@@ -232,7 +265,7 @@ class ElasticTraining(State):
             "scaler": run.state.scaler.state(), "best_top1": run.state.best_top1,
             "train_seconds": run.state.train_seconds, "target": run.state.target,
             "metrics": json.loads(json.dumps(run.state.report.metrics)),
-            "global_batch": self.global_batch, "max_per_worker": self.max_per_worker})
+            "global_batch": self.global_batch, "max_per_worker": self.max_per_worker, "end_epoch": run.end_epoch})
 
     def save(self):
         pass  # commit_at has saved already: Horovod's commit() calls this, then checks for host updates
@@ -241,18 +274,21 @@ class ElasticTraining(State):
         pass  # reset() and sync() put the commit into the new world's trainer
 
     def sync(self):
-        """Rank 0's commit to every worker (a worker just added has none), then into the live objects."""
-        arrays, values = self.committed
-        values = self.broadcast_json(values if self.dist.rank == 0 else None)
-        shapes = self.broadcast_json({k: [list(v.shape), np.dtype(v.dtype).name] for k, v in arrays.items()}
-                                     if self.dist.rank == 0 else None)
-        if self.dist.rank != 0:
-            arrays = {k: mx.nd.zeros(tuple(shape), dtype=dtype) for k, (shape, dtype) in shapes.items()}
-        for i, key in enumerate(sorted(arrays)):
-            self.hvd.broadcast_(arrays[key], root_rank=0, name=f"elastic.{i}")
+        """Rank 0's commit to every worker (a worker just added has none), then into the live objects. run_fn
+        calls it outside the epochs: a failure here is converted the same way, and a sync that did not finish
+        leaves the commit before it."""
+        with collective_failures(self):
+            arrays, values = self.committed
+            values = self.broadcast_json(values if self.dist.rank == 0 else None)
+            shapes = self.broadcast_json({k: [list(v.shape), np.dtype(v.dtype).name] for k, v in arrays.items()}
+                                         if self.dist.rank == 0 else None)
+            if self.dist.rank != 0:
+                arrays = {k: mx.nd.zeros(tuple(shape), dtype=dtype) for k, (shape, dtype) in shapes.items()}
+            for i, key in enumerate(sorted(arrays)):
+                self.hvd.broadcast_(arrays[key], root_rank=0, name=f"elastic.{i}")
+            mx.nd.waitall()
         self.committed = (arrays, values)
         self.put()
-        self.note_world()
 
     def reset(self):
         """After hvd.init() into the new world: this process's place, a trainer for the world's size, the
@@ -262,6 +298,7 @@ class ElasticTraining(State):
         if self.dist.is_primary and not was_primary:
             self.run.became_primary()
         self.run.state.trainer = self.make_trainer()
+        self.validation.clear()  # a failure may have stopped one part-way through its pass
         self.put()
 
     def put(self):
@@ -281,30 +318,22 @@ class ElasticTraining(State):
         run.state.report.metrics.update(values["metrics"])
         run.state.epoch, run.state.step = values["epoch"], 0
         self.global_batch, self.max_per_worker = values["global_batch"], values["max_per_worker"]  # rank 0's
+        run.end_epoch = run.loop.end_epoch = values["end_epoch"]  # a worker added read a newer checkpoint
         run.state.partial = values["partial"] if self.dist.rank == 0 else None  # rank 0 carries the sums
         self.live = {"epoch": values["epoch"], "consumed": values["consumed"]}
 
     # --- the epochs ------------------------------------------------------------------------------------------
 
     def _epochs(self, _state):
-        try:
+        with collective_failures(self):
+            self.note_world()  # every rank of the new world here, after a sync or a reset without one
             return self._train_epochs()
-        except mx.base.MXNetError as error:
-            if not is_collective_failure(error):
-                raise
-            self.failed_at = time.time()
-            log.warning("Elastic: a collective failed (%s); going back to the last commit",
-                        " ".join(str(error).split())[:200])
-            raise HorovodInternalError(error) from None
-        except (HorovodInternalError, HostsUpdatedInterrupt):
-            self.failed_at = time.time()
-            raise
 
     def _train_epochs(self):
         run, result = self.run, (False, False, self.run.state.epoch)
         while run.state.epoch < run.end_epoch:
             epoch, consumed = run.state.epoch, self.committed[1]["consumed"]
-            plan = plan_world(self.global_batch, self.dist.size, self.max_per_worker)
+            plan = self.plan(self.dist.size)
             updates_left = (self.epoch_samples - consumed) // plan.global_batch
             first_step = consumed // plan.global_batch * plan.accum
             self.segment = Segment(epoch, consumed, first_step, plan)
@@ -317,6 +346,13 @@ class ElasticTraining(State):
             self.commit_at(epoch + 1, 0, [0.0] * 5)
             run.state.epoch, run.state.partial = epoch + 1, None
         return result
+
+    def plan(self, workers):
+        """How ``workers`` make an optimizer step: the global batch kept, or (scale-lr) each worker's batch and
+        the accumulation kept."""
+        if self.keep_batch:
+            return plan_world(self.global_batch, workers, self.max_per_worker)
+        return WorldPlan(workers, self.max_per_worker, self.accum)
 
     def iterators(self, plan, epoch, start, steps):
         world = (self.dist.rank, self.dist.size)
@@ -360,10 +396,12 @@ class ElasticTraining(State):
         change = {"time": time.time(), "epoch": values["epoch"] + 1, "workers_before": len(before),
                   "workers": len(hosts), "hosts_lost": lost, "hosts_added": added, "steps_redone": redone,
                   "detected_after": None if self.failed_at is None else round(self.failed_at - self.last_step_at, 2),
-                  "plan": describe_plan(plan_world(self.global_batch, len(hosts), self.max_per_worker),
-                                        self.global_batch), "last_step_at": self.last_step_at}
+                  "plan": describe_plan(self.plan(len(hosts)), self.global_batch, self.keep_batch),
+                  "last_step_at": self.last_step_at}
         self.failed_at = None
-        self.changes.append(change)
+        if self.change is not None:  # no step came between the two changes
+            self.change["seconds_lost"] = self.change.pop("last_step_at") and None
+            self.run.world_changed(self.change)
         self.change = change
 
 

@@ -60,6 +60,7 @@ class FitConfig:
     save_frequency: int = 1
     keep_last: int = 3
     commit_every: int = 50  # an elastic run's in-memory commits (training/elastic.py), in optimizer steps
+    elastic_batch: str = "keep"
     resume: str = "auto"
     load: str = None
     report: str = None
@@ -209,6 +210,10 @@ def add_checkpoint_args(parser):
     group.add_argument("--commit-every", type=int, metavar="STEPS",
                        help="elastic runs (runner --min-np/--max-np): keep the state in memory every N optimizer "
                             "steps and at each epoch's end; a lost worker costs the steps since (docs/multi-node.md)")
+    group.add_argument("--elastic-batch", choices=["keep", "scale-lr"],
+                       help="elastic runs: keep the global batch when workers come or go (each worker's batch and "
+                            "the accumulation steps change), or keep each worker's and scale the LR with the "
+                            "global batch")
     group.add_argument("--resume",
                        help="auto: continue from the latest complete checkpoint; none: start afresh (the earlier "
                             "run's files move to <workspace>/previous-<time>/); or a <prefix>-NNNN.params / "

@@ -28,7 +28,7 @@ def resumed_partial(state, dist):
     exactly what an uninterrupted run would. With another worker count (or a checkpoint holding only the sums in
     "partial"), rank 0 carries the sums and the other ranks start from zero: every sample still counts once."""
     ranks = state.get("partial_ranks")
-    if ranks and len(ranks) == dist.size:
+    if ranks and len(ranks) == dist.size and not getattr(dist, "elastic", False):  # elastic: the commit holds one
         return dict(ranks[dist.rank])
     total = sum_partial(ranks) if ranks else state.get("partial")
     return dict(total) if total and dist.is_primary else None

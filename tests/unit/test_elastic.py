@@ -13,7 +13,7 @@ from rn50kit.data import records
 from rn50kit.launch import launcher as runner
 from rn50kit.launch.discovery import hostfile_lines
 from rn50kit.reporting.outputs import describe_world_change
-from rn50kit.training.elastic import ElasticEpoch, plan_world
+from rn50kit.training.elastic import ElasticEpoch, WorldPlan, describe_plan, plan_world
 
 
 def brute_force_plan(global_batch, workers, max_per_worker):
@@ -41,6 +41,11 @@ def test_a_world_keeps_the_global_batch_whenever_it_can(global_batch, max_per_wo
 def test_three_workers_losing_one_keep_24_by_accumulating():
     plan = plan_world(24, 2, 8)
     assert (plan.per_worker, plan.accum, plan.micro_batch, plan.global_batch) == (6, 2, 12, 24)
+    assert describe_plan(plan, 24) == "2 workers x 6 images x 2 accumulation step(s) = the global batch 24"
+    assert describe_plan(plan_world(16, 3, 8), 16).endswith("cannot make the global batch 16 exactly, so the LR is "
+                                                            "scaled by 15/16")
+    assert describe_plan(WorldPlan(2, 8, 1), 24, keep=False).endswith("--elastic-batch scale-lr, so the LR is "
+                                                                      "scaled by 16/24")
 
 
 def read_in_segments(total, seed, batch_sizes, worlds, updates):
