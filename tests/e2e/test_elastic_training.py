@@ -36,9 +36,9 @@ def runner_command(digits, workspace, workers, per_worker, *extra, epochs=2):
 ELASTIC = ["--network-interface", "lo", "--commit-every", "4"]  # Horovod's rendezvous on loopback, as the hosts
 
 
-def start(command, log_prefix):
+def start(command, log_prefix, **environ):
     """runner in the background, its output in files (a full pipe would stall it)."""
-    env = venv_env()
+    env = dict(venv_env(), **environ)
     env.pop("OMP_NUM_THREADS")  # runner sets each worker's share
     return subprocess.Popen(command, env=env, stdout=open(f"{log_prefix}.out", "w"),
                             stderr=open(f"{log_prefix}.err", "w"), text=True, start_new_session=True,
@@ -130,6 +130,26 @@ def test_a_worker_lost_mid_epoch_the_run_goes_on_with_the_global_batch_kept(digi
     print(f"top-1 {final_top1(workspace):.4f} after losing a worker, {uninterrupted:.4f} without; the reset cost "
           f"{change['seconds_lost']:.1f} s ({change['detected_after']:.1f} s until Gloo noticed)")
     assert abs(final_top1(workspace) - uninterrupted) <= TOLERANCE
+
+
+def test_a_worker_killed_inside_a_commit_the_others_go_on_from_theirs(digits_data, tmp_path):
+    """tests/fault_injection kills hostA's worker inside its third commit (after 8 steps), after the commit's first
+    collective: the others complete that commit, fail in its next collective and go on from it."""
+    need_ssh_hosts()
+    workspace = tmp_path / "ws"
+    injection = os.path.join(ROOT, "tests", "fault_injection")
+    process = start(runner_command(digits_data, workspace, 3, 8, "-H", "localhost:2,hostA:1", "--min-np", "2",
+                                   *ELASTIC, epochs=1), tmp_path / "run",
+                    PYTHONPATH=injection + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_KIND="kill-in-commit",
+                    RN50_INJECT_HOST="hostA", RN50_INJECT_STEP="3")
+    finish(process, workspace)
+    err = open(tmp_path / "run.err").read()
+    assert process.returncode == 0, err[-3000:]
+    [change] = records(workspace, "world_change")
+    assert (change["workers_before"], change["workers"], change["hosts_lost"]) == (3, 2, ["hostA"])
+    assert change["steps_redone"] == 0  # the commit the killed worker never finished is the others' last
+    steps = records(workspace, "iter")
+    assert steps and steps[-1]["epoch"] == 1 and records(workspace, "epoch")[-1]["epoch"] == 1
 
 
 def test_a_host_added_mid_run_joins_from_the_committed_state(digits_data, uninterrupted, tmp_path):
