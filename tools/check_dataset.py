@@ -10,7 +10,11 @@ Warnings: images that are not JPEG (PNG, ...), CMYK or grayscale JPEGs, unusual 
 Warning: records stored in label order (long runs of one label), which starves shards and shuffle windows of classes.
 `--fix OUT.rec` writes OUT.rec/OUT.idx without the records in error, non-JPEG and CMYK images re-encoded as RGB
 JPEG (quality --quality), every other record copied byte for byte, in a shuffled order when the file is in label
-order (--order); it exits 0 when the copy is clean. Only OpenCV and numpy are needed.
+order (--order); it exits 0 when the copy is clean.
+Each image OpenCV decodes is also decoded by DALI's CPU decoder (the dali backends', stricter about some damage)
+where DALI is importable (--no-dali: OpenCV only): an image DALI refuses is an undecodable image too (for an image
+--fix re-encodes, a note in its warning). The output's "decoders:" line says which decoders judged the file.
+Only OpenCV and numpy are needed (DALI when installed, as it is with the kit).
 """
 import argparse
 import collections
@@ -36,6 +40,7 @@ from rn50kit.data.records import (IR_HEADER, MAGIC, MAGIC_BYTES, RecordFileError
                      encode_record, label_runs, read_index, read_record)
 
 MAX_LISTED = 20  # records listed per kind of problem; the count is always complete
+CHUNK = 64  # records per task of a worker
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -104,7 +109,7 @@ def check_payload(payload, num_classes, limits):
         return errors, warnings, info
     decoded = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
     if decoded is None or decoded.size == 0:  # an error only: there is nothing to re-encode (--fix drops it)
-        errors.append(("undecodable image", f"{kind} data of {len(image)} bytes does not decode"))
+        errors.append(("undecodable image", f"{kind} data of {len(image)} bytes does not decode (OpenCV)"))
         return errors, warnings, info
     if kind == "JPEG":
         components = jpeg_components(image)
@@ -125,16 +130,87 @@ def check_payload(payload, num_classes, limits):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# DALI's decoder: the dali backends decode with it, and it refuses some images OpenCV decodes (a damaged marker
+# before a Huffman table: libjpeg skips it and falls back to the standard table, nvImageCodec stops)
+
+_dali = {}  # process id -> DaliDecoder: a forked worker builds its own (a pipeline's threads do not survive fork)
+
+
+def dali_version():
+    """(DALI's version, None) where it imports, else (None, why not)."""
+    try:
+        import nvidia.dali
+        return nvidia.dali.__version__, None
+    except Exception as error:  # not installed, or installed without its libraries
+        return None, f"not importable, {type(error).__name__}: {error}".splitlines()[0]
+
+
+class DaliDecoder:
+    """DALI's CPU image decoder (the dali backends'), one image per run on one thread (the pool has a process per
+    core). Not batched: DALI 2.4 segfaults now and then after a refused image in a batch of many (a later run or
+    the failed pipeline's teardown), and a run of one costs no more per image (1.4 ms a 500x375 JPEG either way)."""
+
+    def __init__(self):
+        from nvidia.dali import fn, pipeline_def, types
+
+        @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
+                      prefetch_queue_depth=1)
+        def decode():
+            return fn.decoders.image(fn.external_source(name="images", dtype=types.UINT8), device="cpu")
+        self.make = decode
+        self.pipe = None
+
+    def refusal(self, image):
+        """DALI's reason for refusing ``image`` (encoded bytes), or None when it decodes."""
+        if self.pipe is None:
+            self.pipe = self.make()
+            self.pipe.build()
+        self.pipe.feed_input("images", [np.frombuffer(image, np.uint8)])
+        try:
+            self.pipe.run()
+            return None
+        except RuntimeError as error:
+            self.pipe = None  # a pipeline that failed cannot run again
+            return dali_reason(str(error))
+
+
+def dali_reason(message):
+    """The line of a DALI pipeline error that says what went wrong (the rest is the pipeline's traceback)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    after = lines.index("encountered:") + 1 if "encountered:" in lines else 0
+    reason = lines[after] if after < len(lines) else (lines[-1] if lines else "no message")
+    return reason[:200]
+
+
+def judge_with_dali(result, image):
+    """Add DALI's verdict on ``image``, which OpenCV decoded, to ``result`` (of _check_entry): an error, or for an
+    image --fix re-encodes (into a JPEG DALI reads), words in its warning."""
+    decoder = _dali.get(os.getpid())
+    if decoder is None:
+        decoder = _dali[os.getpid()] = DaliDecoder()
+    why = decoder.refusal(image)
+    if why is None:
+        return
+    _, _, _, errors, warnings, info, _ = result
+    refusal = f"OpenCV decodes it, DALI's decoder (the dali backends') refuses it: {why}"
+    if info["reencode"]:
+        warnings[:] = [(kind, f"{detail}; {refusal}") for kind, detail in warnings]
+    else:
+        errors.append(("undecodable image", f"{info['format']} data of {len(image)} bytes: {refusal}"))
+
+
+# ---------------------------------------------------------------------------------------------------------
 # parallel check over the index
 
 _worker = {}
 
 
-def _init_worker(rec_path, num_classes, limits):
+def _init_worker(rec_path, num_classes, limits, use_dali):
     handle = open(rec_path, "rb")
     size = os.fstat(handle.fileno()).st_size
     _worker["buffer"] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     _worker["args"] = (num_classes, limits)
+    _worker["dali"] = use_dali
 
 
 def _check_entry(entry):
@@ -149,6 +225,16 @@ def _check_entry(entry):
         return number, key, offset, [("unreadable record", str(error))], [], {"label": None}, None
     errors, warnings, info = check_payload(payload, *_worker["args"])
     return number, key, offset, errors, warnings, info, end
+
+
+def _check_chunk(entries):
+    """_check_entry of each of ``entries``, then DALI's decoder on each image OpenCV decoded."""
+    results = [_check_entry(entry) for entry in entries]
+    for result in results if _worker["dali"] else ():
+        if not result[3]:  # read, labelled (one label: more is an error) and decoded by OpenCV
+            payload, _ = read_record(_worker["buffer"], result[2])
+            judge_with_dali(result, payload[IR_HEADER.size:])
+    return results
 
 
 class Progress:
@@ -174,24 +260,29 @@ class Progress:
               file=sys.stderr, flush=True)
 
 
-def check(rec_path, idx_path, num_classes=0, limits=(32, 8192, 8.0), jobs=None, progress=None):
-    """Check every record; return a dict with the per-entry results and the summary counts."""
+def check(rec_path, idx_path, num_classes=0, limits=(32, 8192, 8.0), jobs=None, progress=None, dali=True):
+    """Check every record; return a dict with the per-entry results, the index's problems and the decoders that
+    judged the images (DALI's too with ``dali`` where it imports)."""
     entries, index_problems = read_index(idx_path)
+    version, why_not = dali_version() if dali else (None, "not asked (--no-dali)")
+    decoders = {"OpenCV": cv2.__version__, "DALI": version, "DALI missing": why_not}
     results = []
     jobs = jobs or os.cpu_count() or 1
     show = Progress(len(entries), progress if progress is not None else len(entries) >= 5000)
-    init = (rec_path, num_classes, limits)
+    init = (rec_path, num_classes, limits, version is not None)
+    chunks = [entries[i:i + CHUNK] for i in range(0, len(entries), CHUNK)]
     if jobs == 1 or len(entries) < 200:
         _init_worker(*init)
-        for i, entry in enumerate(entries, 1):
-            results.append(_check_entry(entry))
-            show.update(i)
+        for chunk in chunks:
+            results.extend(_check_chunk(chunk))
+            show.update(len(results))
     else:
         with multiprocessing.get_context("fork").Pool(jobs, _init_worker, init) as pool:
-            for i, result in enumerate(pool.imap(_check_entry, entries, chunksize=64), 1):
-                results.append(result)
-                show.update(i)
-    return {"entries": overlaps(results, os.path.getsize(rec_path)), "index_problems": index_problems}
+            for chunk_results in pool.imap(_check_chunk, chunks):
+                results.extend(chunk_results)
+                show.update(len(results))
+    return {"entries": overlaps(results, os.path.getsize(rec_path)), "index_problems": index_problems,
+            "decoders": decoders}
 
 
 def overlaps(results, size):
@@ -270,9 +361,18 @@ def summarize(report, out=print):
     runs = label_order(report)
     if runs["ordered"]:
         out(f"warning: label order: {describe_label_order(runs)}: {LABEL_ORDER_ADVICE}")
+    out(describe_decoders(report["decoders"]))
     num_errors = sum(len(v) for v in errors.values())
     out(f"{'FAILED' if num_errors else 'OK'}: {num_errors} error(s)")
     return num_errors
+
+
+def describe_decoders(decoders):
+    """The output's line naming the decoders that judged the images."""
+    if decoders["DALI"]:
+        return f"decoders: OpenCV {decoders['OpenCV']} and DALI {decoders['DALI']} (the dali backends' CPU decoder)"
+    return (f"decoders: OpenCV {decoders['OpenCV']} only (DALI: {decoders['DALI missing']}): training with a dali "
+            "backend may still fail on an image DALI's decoder refuses")
 
 
 def write_fixed(report, rec_path, out_rec, quality=95, shuffle_seed=None):
@@ -321,6 +421,8 @@ def main(argv=None):
     parser.add_argument("--min-side", type=int, default=32, help="warn below this shorter side")
     parser.add_argument("--max-side", type=int, default=8192, help="warn above this longer side")
     parser.add_argument("--max-aspect", type=float, default=8.0, help="warn above this aspect ratio")
+    parser.add_argument("--no-dali", action="store_true",
+                        help="decode with OpenCV only (faster; a dali backend may then refuse an image it passed)")
     parser.add_argument("--progress", type=int, choices=[0, 1], default=None,
                         help="progress line on stderr (default: for 5,000 records or more)")
     args = parser.parse_args(argv)
@@ -333,7 +435,7 @@ def main(argv=None):
         parser.exit(2, "check_dataset.py: error: --fix must name a new file, not the input; "
                        "choose another OUT.rec\n")
     report = check(args.rec, idx, args.num_classes, (args.min_side, args.max_side, args.max_aspect), args.jobs,
-                   None if args.progress is None else bool(args.progress))
+                   None if args.progress is None else bool(args.progress), dali=not args.no_dali)
     num_errors = summarize(report)
     if args.fix:
         shuffle = args.order == "shuffle" or (args.order == "auto" and label_order(report)["ordered"])

@@ -57,3 +57,38 @@ def test_a_repeated_entry_and_a_record_running_into_the_next_are_errors(tmp_path
     report = check_dataset.check(rec, idx, num_classes=3, jobs=1)
     errors = {key: {kind for kind, _ in errs} for _, key, _, errs, _, _, _ in report["entries"] if errs}
     assert errors == {2: {"overlapping record"}, 9: {"repeated index entry"}}, errors
+
+
+def dali_refused_jpeg():
+    """A JPEG OpenCV decodes and DALI's decoder refuses: the 0xFF of its first Huffman table's marker changed. libjpeg
+    skips the stray bytes with a warning and, the table missing, uses the standard one the encoder used (the image
+    decodes unchanged); nvImageCodec's parser stops at the invalid marker. One flipped bit in a file does this."""
+    from conftest import jpeg, photo
+    good = jpeg(photo(0))
+    at = good.index(b"\xff\xc4")
+    return good[:at] + b"\xfd" + good[at + 1:]
+
+
+def test_an_image_only_dalis_decoder_refuses_is_a_bad_record_and_fix_drops_it(tmp_path, capsys):
+    import cv2
+    import numpy as np
+    import dali
+    from conftest import jpeg, photo, write_payloads
+    bad = dali_refused_jpeg()
+    assert cv2.imdecode(np.frombuffer(bad, np.uint8), cv2.IMREAD_COLOR) is not None  # OpenCV decodes it
+    assert dali.first_undecodable([np.frombuffer(bad, np.uint8)]) == 0  # the loaders' DALI verdict: refused
+    payloads = [(i % 3, bad if i == 4 else jpeg(photo(i))) for i in range(8)]
+    rec, idx = write_payloads(str(tmp_path / "f"), payloads)
+    fixed = str(tmp_path / "fixed.rec")
+    assert check_dataset.main([rec, "--num-classes", "3", "--jobs", "1", "--fix", fixed]) == 0
+    out = capsys.readouterr().out
+    assert "error: undecodable image: 1 record(s)" in out, out
+    assert "  record 4 (index line 5, byte " in out and "DALI's decoder (the dali backends') refuses it" in out
+    assert "decoders: OpenCV " in out and " and DALI " in out
+    assert "7 records (0 re-encoded as JPEG, 1 dropped)" in out
+    reader = recordio.MXIndexedRecordIO(str(tmp_path / "fixed.idx"), fixed, "r")
+    kept = [recordio.unpack(reader.read_idx(key))[1] for key in sorted(reader.keys)]
+    assert kept == [image for i, (_, image) in enumerate(payloads) if i != 4]
+    # OpenCV alone passes it, as the check did before
+    assert check_dataset.main([rec, "--num-classes", "3", "--jobs", "1", "--no-dali"]) == 0
+    assert "decoders: OpenCV " in capsys.readouterr().out
