@@ -785,3 +785,13 @@ def photo_folder(root):
     (root / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     (root / "notes.txt").write_text("not an image\n")
     return root
+
+
+def run_members(workspace):
+    """Every process of a run on this machine, launched here or through sshd: their command names the workspace."""
+    found = []
+    import psutil
+    for process in psutil.process_iter(["cmdline"]):
+        if process.pid != os.getpid() and str(workspace) in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HANG_S, ROOT, need_ssh_hosts, venv_env, wait_until
+from conftest import HANG_S, ROOT, need_ssh_hosts, run_members, venv_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -45,18 +45,9 @@ def start(command, log_prefix, **environ):
                             stdin=subprocess.DEVNULL)
 
 
-def members(workspace):
-    """Every process of a run on this machine, launched here or through sshd: their command names the workspace."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if process.pid != os.getpid() and str(workspace) in " ".join(process.info["cmdline"] or []):
-            found.append(process)
-    return found
-
-
 def worker_on(host, workspace):
     """The training process horovodrun placed on ``host`` (Python running train.py, not the shell around it)."""
-    for process in members(workspace):
+    for process in run_members(workspace):
         try:
             command = process.cmdline()
             if process.environ().get("HOROVOD_HOSTNAME") == host and "python" in os.path.basename(command[0]) \
@@ -80,9 +71,9 @@ def finish(process, workspace):
         process.wait(timeout=HANG_S)
     finally:
         if process.poll() is None:
-            for member in members(workspace):
+            for member in run_members(workspace):
                 member.kill()
-    wait_until(lambda: not members(workspace), "no process of the run left on either host")
+    wait_until(lambda: not run_members(workspace), "no process of the run left on either host")
 
 
 def final_top1(workspace):

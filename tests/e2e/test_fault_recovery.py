@@ -13,7 +13,7 @@ import sys
 import time
 import psutil
 import pytest
-from conftest import HANG_S, ROOT, venv_env, wait_until, run
+from conftest import HANG_S, ROOT, run_members, venv_env, wait_until, run
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -333,15 +333,6 @@ def test_a_stalled_rank_ends_the_run_after_the_stall_timeout(stalled, how, launc
 
 
 # --- 6. a host lost under SSH ---------------------------------------------------------------------------------
-
-def run_members(workspace):
-    """Every process of a run on this machine, launched here or through sshd: their command names the workspace."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if process.pid != os.getpid() and str(workspace) in " ".join(process.info["cmdline"] or []):
-            found.append(process)
-    return found
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how, launcher", [("worker killed", "horovodrun"), ("connection lost", "horovodrun"),

@@ -1,75 +1,69 @@
-"""Test-only fault injection (tests/e2e/test_fault_recovery.py puts this folder on PYTHONPATH): in the worker whose
-rank (its launcher's mark: HOROVOD_RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID) is RN50_INJECT_RANK, fit.train_step
-raises RuntimeError at call RN50_INJECT_STEP, or with RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive
-but stuck: a hung file system, a GPU fault). Every other process (runner, the launcher, the other ranks) is
-untouched."""
+"""Test-only fault injection (tests/e2e/test_fault_recovery.py and test_elastic_training.py put this folder on
+PYTHONPATH), in train.py's worker processes only; every other process (runner, the launcher) is untouched:
+- RN50_INJECT_RANK: in the worker whose rank (its launcher's mark: HOROVOD_RANK, OMPI_COMM_WORLD_RANK or
+  SLURM_PROCID) it names, fit.train_step raises RuntimeError at call RN50_INJECT_STEP, or with
+  RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive but stuck: a hung file system, a GPU fault).
+- RN50_INJECT_KIND=kill-in-commit with RN50_INJECT_HOST: the worker on that host (horovodrun's HOROVOD_HOSTNAME: an
+  elastic run's ranks change) kills itself (SIGKILL) inside its RN50_INJECT_STEP-th in-memory commit (the first is
+  the run's start), after the commit's first collective: the others finish theirs and fail in its next one."""
 import os
 import sys
 
+
+def patch_on_import(module_name, patch):
+    """Run ``patch(module)`` right after ``module_name`` is first imported."""
+    import importlib.abc
+    import importlib.util
+
+    class Patcher(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != module_name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run_module = spec.loader.exec_module
+
+            def exec_module(module):
+                run_module(module)
+                patch(module)
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Patcher())
+
+
+def at_call(number, function, fault):
+    """``function`` that runs ``fault()`` at its ``number``-th call (counting from 1) first."""
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == number:
+            fault(calls[0])
+        return function(*args, **kwargs)
+    return wrapped
+
+
+def raise_or_hang(call):
+    if os.environ.get("RN50_INJECT_KIND") == "hang":
+        import time
+        time.sleep(3600)
+    raise RuntimeError(f"injected fault at step {call}")
+
+
+def kill_self(call):
+    import signal
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 _RANK = next((os.environ[mark] for mark in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
               if mark in os.environ), "-")
-if os.environ.get("RN50_INJECT_RANK") not in (None, _RANK) or \
-        "RN50_INJECT_RANK" not in os.environ or not sys.argv or not sys.argv[0].endswith("train.py"):
-    pass
-else:
-    import importlib.abc
-    import importlib.util
-
-    class _InjectIntoFit(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "fit":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run_module = spec.loader.exec_module
-
-            def exec_module(module):
-                run_module(module)
-                real_step, calls = module.train_step, [0]
-
-                def train_step(*args, **kwargs):
-                    calls[0] += 1
-                    if calls[0] == int(os.environ.get("RN50_INJECT_STEP", "1")):
-                        if os.environ.get("RN50_INJECT_KIND") == "hang":
-                            import time
-                            time.sleep(3600)
-                        raise RuntimeError(f"injected fault at step {calls[0]}")
-                    return real_step(*args, **kwargs)
-                module.train_step = train_step
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _InjectIntoFit())
-
-
-# RN50_INJECT_KIND=kill-in-commit: the worker on host RN50_INJECT_HOST (horovodrun's HOROVOD_HOSTNAME: an elastic
-# run's ranks change) kills itself (SIGKILL) inside its RN50_INJECT_STEP-th in-memory commit (the first is the
-# run's start), after the commit's first collective: the others finish theirs and fail in its next one.
-if os.environ.get("RN50_INJECT_KIND") == "kill-in-commit" and sys.argv and sys.argv[0].endswith("train.py") and \
+_WORKER = bool(sys.argv) and sys.argv[0].endswith("train.py")
+if _WORKER and os.environ.get("RN50_INJECT_RANK") == _RANK:
+    patch_on_import("fit", lambda fit: setattr(fit, "train_step", at_call(
+        int(os.environ.get("RN50_INJECT_STEP", "1")), fit.train_step, raise_or_hang)))
+if _WORKER and os.environ.get("RN50_INJECT_KIND") == "kill-in-commit" and \
         os.environ.get("HOROVOD_HOSTNAME") == os.environ.get("RN50_INJECT_HOST"):
-    import importlib.abc
-    import importlib.util
-
-    class _InjectIntoCommit(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "rn50kit.training.elastic":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run_module = spec.loader.exec_module
-
-            def exec_module(module):
-                run_module(module)
-                real_save, calls = module.ElasticTraining.save_now, [0]
-
-                def save_now(self, *args, **kwargs):
-                    calls[0] += 1
-                    if calls[0] == int(os.environ.get("RN50_INJECT_STEP", "2")):
-                        import signal
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return real_save(self, *args, **kwargs)
-                module.ElasticTraining.save_now = save_now
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _InjectIntoCommit())
+    patch_on_import("rn50kit.training.elastic", lambda elastic: setattr(
+        elastic.ElasticTraining, "save_now", at_call(int(os.environ.get("RN50_INJECT_STEP", "2")),
+                                                     elastic.ElasticTraining.save_now, kill_self)))
