@@ -725,9 +725,10 @@ def need_slurm():
     need_mpi()
     ping = quiet(["scontrol", "ping"]) if shutil.which("scontrol") else None
     require(ping is not None and "UP" in ping.stdout, "a running Slurm controller (scontrol ping)")
-    cpus = quiet(["sinfo", "-h", "-t", "idle,mix", "-o", "%c"])
+    # A node that is up: idle, or busy with another test's job (the two test workers share it; srun waits its turn)
+    cpus = quiet(["sinfo", "-h", "-t", "idle,mix,alloc,comp", "-o", "%c"])
     require(cpus is not None and any(c.isdigit() and int(c) >= 2 for c in cpus.stdout.split()),
-            "an idle Slurm node with 2 CPUs (sinfo)")
+            "a Slurm node that is up, with 2 CPUs (sinfo)")
 
 
 def mpirun_root_env():
