@@ -173,7 +173,9 @@ def test_below_min_np_for_too_long_ends_in_one_line_and_the_same_command_resumes
                              "--elastic-timeout", "10", *ELASTIC, epochs=3)
     process = start(command, tmp_path / "run")
     try:
-        wait_until(lambda: records(workspace, "epoch"), "epoch 1's end (its checkpoint)", HANG_S, process)
+        from rn50kit.training import checkpoint
+        # the checkpoint itself (the epoch's record is written before it is saved)
+        wait_until(lambda: checkpoint.find_latest(str(workspace / "model")), "epoch 1's checkpoint", HANG_S, process)
         victim = wait_until(lambda: worker_on("hostA", workspace), "hostA's worker", HANG_S, process)
         victim.kill()
         ended = time.monotonic()
@@ -186,7 +188,6 @@ def test_below_min_np_for_too_long_ends_in_one_line_and_the_same_command_resumes
                                 "--elastic-timeout"), lines[-5:]
     assert not [line for line in lines if line.startswith("Traceback")], "\n".join(lines[-30:])
     from rn50kit.reliability import run_lock
-    from rn50kit.training import checkpoint
     assert run_lock.holder(str(workspace)) is None
     latest = checkpoint.find_latest(str(workspace / "model"))
     assert latest["epoch"] >= 1
