@@ -2,7 +2,8 @@
 this machine ("localhost") and on hostA (a loopback address served by a real sshd: tools/ci_services.sh).
 Horovod blacklists the host of a failed worker, so every run has two hosts, and the worker killed is hostA's.
 
-The tolerance on top-1 against an uninterrupted run with the same global batch and seed is 0.2 (CI saw 0.123): after a world
+The tolerance on top-1 against an uninterrupted run with the same global batch and seed is 0.2 (CI saw 0.123):
+after a world
 change each worker's BatchNorm sees another batch (6 or 8 images instead of 12; BatchNorm statistics are per
 worker), and the augmentation draws after a reset are new; a run that lost its state (weights or optimizer back
 to the start) scores far below it on this data (below 0.45 after 2 epochs)."""
