@@ -187,7 +187,7 @@ class ElasticTraining(State):
         self.make_iterators, self.make_trainer, self.commit_every = make_iterators, make_trainer, commit_every
         self.keep_batch, self.accum = keep_batch, accum  # --elastic-batch keep, or scale-lr: the run's own plan
         self.committed = None  # (arrays, values) kept in host memory
-        self.live = None  # {"epoch", "consumed"} after the last optimizer step
+        self.live = None  # {"epoch", "consumed"} after the last optimizer step, kept through a reset until noted
         self.hosts = None  # every rank's host, from the first sync (no collective before it: see train.py)
         self.failed_at = None  # time.time() when the failure (or the hosts' update) reached this worker
         self.last_step_at = time.time()  # of the last optimizer step
@@ -218,9 +218,16 @@ class ElasticTraining(State):
         self.save_now(run.state.epoch, consumed, partial=run.state.partial)
         result = run_fn(self._epochs, self._reset_horovod)(self)
         if self.change is not None:  # no step came after it
-            self.change["seconds_lost"] = self.change.pop("last_step_at") and None
-            run.world_changed(self.change)
+            self.tell_change(None)
         return result
+
+    def tell_change(self, first_step_at):
+        """Tell the outputs the pending world change, with the seconds from the last step before it to
+        ``first_step_at``, the first step after it (None: none came)."""
+        last_step_at = self.change.pop("last_step_at")
+        self.change["seconds_lost"] = None if first_step_at is None else round(first_step_at - last_step_at, 2)
+        self.run.world_changed(self.change)
+        self.change = None
 
     def consumed_after(self, steps_done):
         """The samples of the epoch read once its first ``steps_done`` micro-steps (in the segment's plan) are
@@ -232,9 +239,7 @@ class ElasticTraining(State):
         """After the optimizer step ending with micro-step ``step``: commit when due."""
         now, segment = time.time(), self.segment
         if self.change is not None:  # the first step in a new world: what the change cost, told now
-            self.change["seconds_lost"] = round(now - self.change.pop("last_step_at"), 2)
-            self.run.world_changed(self.change)
-            self.change = None
+            self.tell_change(now)
         self.last_step_at = now
         updates = (step + 1 - segment.first_step) // segment.plan.accum
         consumed = self.consumed_after(step + 1)
@@ -320,7 +325,6 @@ class ElasticTraining(State):
         self.global_batch, self.max_per_worker = values["global_batch"], values["max_per_worker"]  # rank 0's
         run.end_epoch = run.loop.end_epoch = values["end_epoch"]  # a worker added read a newer checkpoint
         run.state.partial = values["partial"] if self.dist.rank == 0 else None  # rank 0 carries the sums
-        self.live = {"epoch": values["epoch"], "consumed": values["consumed"]}
 
     # --- the epochs ------------------------------------------------------------------------------------------
 
@@ -387,8 +391,8 @@ class ElasticTraining(State):
             self.hosts = hosts  # the first world, or a worker just added
             return
         before, self.hosts = self.hosts, hosts
-        lost = list((_count(before) - _count(hosts)).elements())
-        added = list((_count(hosts) - _count(before)).elements())
+        lost = list((collections.Counter(before) - collections.Counter(hosts)).elements())
+        added = list((collections.Counter(hosts) - collections.Counter(before)).elements())
         values = self.committed[1]
         redone = 0
         if self.live is not None and self.live["epoch"] == values["epoch"]:
@@ -399,12 +403,7 @@ class ElasticTraining(State):
                   "plan": describe_plan(self.plan(len(hosts)), self.global_batch, self.keep_batch),
                   "last_step_at": self.last_step_at}
         self.failed_at = None
+        self.live = {"epoch": values["epoch"], "consumed": values["consumed"]}  # counted: from the commit on
         if self.change is not None:  # no step came between the two changes
-            self.change["seconds_lost"] = self.change.pop("last_step_at") and None
-            self.run.world_changed(self.change)
+            self.tell_change(None)
         self.change = change
-
-
-def _count(hosts):
-    return collections.Counter(hosts)
-
