@@ -116,8 +116,7 @@ def prepare(cfg, run, net, ctxs, dist, broadcast=True):
     if broadcast:
         dist.broadcast_parameters(net)  # rank 0's initial weights everywhere; identical updates keep them equal
     return TrainState(
-        trainer=optimizers.make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
-                             cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps),
+        trainer=optimizers.trainer_for(net, dist, cfg),
         scaler=make_loss_scaler(cfg.loss_scale, cfg.dtype),
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,

@@ -402,6 +402,16 @@ def gpu_ordinal(local_rank, local_size, visible_gpus):
         raise UsageError(str(error))
 
 
+def epoch_reader(cfg, epoch, seed, **changes):
+    """The RunConfig changes (``changes`` and these) of ``epoch``'s training reader: its record order seeded by
+    (``seed``, epoch), None keeping the run's, and with --train-size START,END the epoch's image size."""
+    if len(cfg.data.train_size) == 2:
+        changes.update(data__train_size=(loaders.epoch_train_size(cfg.data, epoch),), data__train_size_epochs=())
+    if seed is not None:
+        changes.update(fit__seed=seed + 100003 * epoch)
+    return changes
+
+
 def train_iterator_factory(cfg, dist, ctxs, first):
     """Training iterator per epoch. With --seed each epoch gets a fresh reader seeded by (seed, epoch), so a
     run resumed at any epoch sees exactly the batches an uninterrupted run would. With progressive resizing
@@ -423,12 +433,7 @@ def train_iterator_factory(cfg, dist, ctxs, first):
         held.clear()
         if cfg.fit.seed is None and size == built["size"] and built["iterator"] is not None:
             return built["iterator"]
-        # only the training pipeline is rebuilt
-        changes = dict(data__data_val=None)
-        if sized:
-            changes.update(data__train_size=(size,), data__train_size_epochs=())
-        if cfg.fit.seed is not None:
-            changes.update(fit__seed=cfg.fit.seed + 100003 * epoch)
+        changes = epoch_reader(cfg, epoch, cfg.fit.seed, data__data_val=None)  # only the training pipeline
         built["iterator"] = None  # let the previous pipeline go before the next one is built
         built.update(size=size, iterator=loaders.get_data_iterators_per_device(
             cfg.replace(**changes), dist.rank, dist.size, dist.local_rank, dist.local_size, ctxs)[0])
@@ -447,21 +452,16 @@ def elastic_training(cfg, net, ctxs, dist):
     if cfg.data.data_backend not in ("dali-cpu", "dali-gpu"):
         raise UsageError(f"elastic runs read the records with the dali backends (the records not read yet go to the "
                          f"new world); --data-backend {cfg.data.data_backend} cannot: use dali-cpu or dali-gpu")
-    fit_cfg, seed = cfg.fit, cfg.fit.seed or 0
+    fit_cfg = cfg.fit
 
     def make_iterators(plan, epoch, start, steps, with_val):
-        changes = dict(fit__batch_size=plan.micro_batch, fit__seed=seed + 100003 * epoch)  # as per-epoch readers
-        if len(cfg.data.train_size) == 2:
-            changes.update(data__train_size=(loaders.epoch_train_size(cfg.data, epoch),), data__train_size_epochs=())
-        if not with_val:
-            changes["data__data_val"] = None
+        changes = epoch_reader(cfg, epoch, fit_cfg.seed or 0, fit__batch_size=plan.micro_batch,
+                               **({} if with_val else {"data__data_val": None}))
         return loaders.get_data_iterators(cfg.replace(**changes), dist.rank, dist.size, dist.local_rank,
                                           dist.local_size, ctxs[0], start=start, steps=steps)
 
     def make_trainer():
-        return optimizers.make_trainer(net, dist, fit_cfg.kv_store, fit_cfg.optimizer, fit_cfg.wd, fit_cfg.mom,
-                                       fit_cfg.fp16_allreduce, fit_cfg.horovod_num_groups, fit_cfg.lars_eta,
-                                       fit_cfg.lars_eps)
+        return optimizers.trainer_for(net, dist, fit_cfg)
     samples = cfg.data.num_examples or len(loaders.open_record_files(cfg.data)["train"])
     return elastic.ElasticTraining(dist.hvd, dist, net, fit_cfg.batch_size * fit_cfg.grad_accum_steps,
                                    max(1, fit_cfg.batch_size // dist.size), samples, make_iterators, make_trainer,

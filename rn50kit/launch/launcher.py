@@ -177,8 +177,6 @@ def check_elastic(args):
     if args.host_discovery_script and (args.hosts or args.hostfile):
         raise UsageError("give either --host-discovery-script or -H/--hostfile (runner writes the discovery "
                          "script for those)")
-    if args.hostfile and not args.hostfile.is_file():
-        raise UsageError(f"--hostfile {args.hostfile} does not exist")
 
 
 def elastic_flags(args):

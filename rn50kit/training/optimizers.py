@@ -260,3 +260,9 @@ def zero_accumulated(params):
     for param in params:
         if param.grad_req == "add":
             param.zero_grad()
+
+
+def trainer_for(net, dist, cfg):
+    """make_trainer with a FitConfig's optimizer flags (a fresh run's, and an elastic run's after each reset)."""
+    return make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
+                        cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps)
