@@ -4,11 +4,13 @@
     python benchmark.py -n 1,4,8 --only-inference                  # fresh weights, or --load CKPT.params
     python benchmark.py -n 1 --only-inference --data-root DIR --repeat 3
 
-Each configuration runs `runner -n N -b B --benchmark-iters W+I -e E --mode M --no-metrics --report FILE ...`:
-every epoch runs W = 20 untimed warmup iterations, then I timed ones, in every mode and data backend (a
-validation set shorter than that is cycled). Each run's report says after how many of those W its step time was
-steady (the median of 3 iterations' times within 5 % of the 3 before; rn50kit/common/steady.py), and the sweep
-prints it per configuration, or that it was NOT steady within them (its figure then is not a steady state's).
+Each configuration runs `runner -n N -b B --benchmark-iters W+I --untimed-iters W -e E --mode M --no-metrics
+--report FILE ...`: every epoch runs W untimed warmup iterations (--untimed-iters, 20), then I timed ones, in every
+mode and data backend (a validation set shorter than that is cycled). Each run's report says after how many of
+those W its step time was steady (the median of 3 iterations' times within 5 % of the 3 before;
+rn50kit/common/steady.py). A run that was not steady by their end is not kept: the configuration runs again with
+twice as many, up to --max-untimed-iters (160); the sweep prints how many it took, or that the figure is NOT a
+steady state's.
 Its per-epoch images/s after the -w warmup epochs are combined by the harmonic mean (the rate of the whole
 measured run), its latencies by the mean; with --repeat R each configuration runs R times (in interleaved rounds)
 and the median is reported with the min and max. Every flag
@@ -44,8 +46,10 @@ from rn50kit.reporting.report import write_json
 
 HERE = Path(__file__).resolve().parent
 LATENCIES = ["latency_avg", "latency_50", "latency_90", "latency_95", "latency_99", "latency_100"]
-# Untimed iterations at the start of every epoch: report.py leaves out this many (graph building, caches).
+# Untimed iterations at the start of every epoch (train.py --untimed-iters: graph building, caches), at first;
+# doubled, up to MAX_UNTIMED_ITERS, while a run's step time was not steady by their end.
 WARMUP_ITERS = 20
+MAX_UNTIMED_ITERS = 160
 # The original kit's sweeps (examples/BENCHMARK_*.sh, INFER_BENCHMARK_*.sh), per GPU.
 DEFAULT_BATCH_SIZES = {
     ("train", "float16"): [64, 128, 192, 208],
@@ -87,8 +91,13 @@ def get_args_parser():
     parser.add_argument("-b", "--batch-sizes", type=int_list, default=None,
                         help="batch sizes per worker (default: the original kit's list for the mode and dtype)")
     parser.add_argument("-i", "--benchmark-iters", type=int, default=100,
-                        help=f"timed iterations per epoch, after {WARMUP_ITERS} untimed warmup iterations (each run's "
-                        "report says after how many of them the step time was steady)")
+                        help="timed iterations per epoch, after --untimed-iters untimed warmup iterations")
+    parser.add_argument("--untimed-iters", type=int, default=WARMUP_ITERS,
+                        help="untimed warmup iterations at the start of each epoch, at first; a configuration whose "
+                             "step time was not steady by their end runs again with twice as many")
+    parser.add_argument("--max-untimed-iters", type=int, default=MAX_UNTIMED_ITERS,
+                        help="the most untimed iterations a configuration is given; a run still not steady then "
+                             "is kept, said to be NOT a steady state's figure")
     parser.add_argument("-e", "--epochs", type=int, default=1, help="epochs per configuration")
     parser.add_argument("-w", "--warmup", type=int, default=0, help="first epochs left out of the results")
     parser.add_argument("--repeat", type=int, default=1,
@@ -145,16 +154,20 @@ def train_flags(executable):
     return {word.strip(",[]") for word in text.split() if word.startswith("--")}
 
 
-def iterations_per_epoch(timed_iters):
-    return WARMUP_ITERS + timed_iters
+def iterations_per_epoch(timed_iters, untimed_iters=WARMUP_ITERS):
+    return untimed_iters + timed_iters
 
 
-def runner_command(args, ngpus, batch_size, report, workspace, passthrough, flags):
-    iters = iterations_per_epoch(args.benchmark_iters)
+def runner_command(args, ngpus, batch_size, report, workspace, passthrough, flags, untimed=None):
+    """The runner command of one run, with ``untimed`` warmup iterations per epoch (default: --untimed-iters)."""
+    untimed = args.untimed_iters if untimed is None else untimed
+    iters = iterations_per_epoch(args.benchmark_iters, untimed)
     command = [args.executable, "-n", str(ngpus), "-b", str(batch_size), "-e", str(args.epochs),
                "--mode", args.mode, "--report", str(report)]
     if flags is None or "--benchmark-iters" in flags:
         command += ["--benchmark-iters", str(iters)]
+    if flags is None or "--untimed-iters" in flags:
+        command += ["--untimed-iters", str(untimed)]
     if flags is None or "--no-metrics" in flags:
         command += ["--no-metrics"]
     if "--workspace" not in passthrough:
@@ -383,10 +396,13 @@ def combine_runs(cells):
     """Repeated runs of one configuration: the median of each metric; with more than one run also its
     [min, max] spread and every run's value."""
     combined = OrderedDict()
-    keys = [key for key in cells[0] if isinstance(cells[0][key], (int, float)) and not key.endswith("steady_after")]
+    keys = [key for key in cells[0] if isinstance(cells[0][key], (int, float)) and
+            not key.endswith(("steady_after", "untimed_iters"))]
     for key in (key for key in cells[0] if key.endswith("steady_after")):  # the slowest run to settle
         after = [cell.get(key) for cell in cells]
         combined[key] = None if None in after else max(after)
+    if "untimed_iters" in cells[0]:
+        combined["untimed_iters"] = max(cell["untimed_iters"] for cell in cells)
     for key in keys:
         values = [cell[key] for cell in cells]
         combined[key] = min(values) if key.endswith("timed_iters") else statistics.median(values)
@@ -525,18 +541,18 @@ def tables(result):
                        for reason in cell.get("failed_runs", [])]
     warmups = warmup_lines(result, modes)
     if warmups:
-        out.append(f"### Warm-up: of the {result.get('warmup_iters', WARMUP_ITERS)} untimed iterations each epoch "
-                   "runs, how many until the step time was steady (the slowest run)\n\n" + "\n".join(warmups) + "\n")
+        out.append("### Warm-up: after how many of each epoch's untimed iterations the step time was steady (the "
+                   "slowest run)\n\n" + "\n".join(warmups) + "\n")
     if failed:
         out.append("### Failed configurations\n\n" + "\n".join(failed) + "\n")
     return "\n".join(out)
 
 
 def describe_steady(after, untimed=WARMUP_ITERS):
-    """'steady after 7' or 'NOT steady within the 20 untimed iterations: not a steady state's figure'."""
+    """'steady after 7 of 20 untimed iterations' or 'NOT steady within the 160 untimed iterations: ...'."""
     if after is None:
         return f"NOT steady within the {untimed} untimed iterations: not a steady state's figure"
-    return f"steady after {after:.0f}"
+    return f"steady after {after:.0f} of {untimed} untimed iterations"
 
 
 def warmup_lines(result, modes):
@@ -544,7 +560,8 @@ def warmup_lines(result, modes):
     lines = []
     for n, row in result["metrics"].items():
         for bs, cell in row.items():
-            lines += [f"- n={n} bs={bs} {mode}: {describe_steady(cell[f'{mode}.steady_after'])}"
+            untimed = cell.get("untimed_iters", result.get("warmup_iters", WARMUP_ITERS))
+            lines += [f"- n={n} bs={bs} {mode}: {describe_steady(cell[f'{mode}.steady_after'], untimed)}"
                       for mode in modes if f"{mode}.steady_after" in cell]
     return lines
 
@@ -611,6 +628,7 @@ def read_run(report_path, keys, args):
     with open(report_path) as f:
         report = json.load(f)
     cell = summarize(report, keys, args.epochs, args.warmup, args.benchmark_iters)
+    cell["untimed_iters"] = report.get("untimed_iters", WARMUP_ITERS)  # a train.py without --untimed-iters: 20
     return cell, report.get("weights"), report.get("model", "")
 
 
@@ -627,6 +645,9 @@ def check_args(args, given):
     """Refuse bad input before anything runs; fill in the default batch sizes."""
     if args.benchmark_iters < 1 or args.epochs < 1:
         error("-i and -e must be at least 1")
+    if not 0 <= args.untimed_iters <= args.max_untimed_iters:
+        error(f"--untimed-iters {args.untimed_iters} must be 0 or more, and at most --max-untimed-iters "
+              f"{args.max_untimed_iters}")
     if args.repeat < 1:
         error(f"--repeat must be at least 1, got {args.repeat}")
     if not 0 <= args.warmup < args.epochs:
@@ -651,11 +672,11 @@ def check_args(args, given):
                                                    DEFAULT_BATCH_SIZES[mode, "float32"])
     if args.num_examples is not None and args.mode != "val":
         short = [(n, bs) for n in args.ngpus for bs in args.batch_sizes
-                 if -(-args.num_examples // (n * bs)) < iterations_per_epoch(args.benchmark_iters)]
+                 if -(-args.num_examples // (n * bs)) < iterations_per_epoch(args.benchmark_iters, args.untimed_iters)]
         if short:
             n, bs = short[0]
-            error(f"--num-examples {args.num_examples} gives fewer than the {WARMUP_ITERS} + {args.benchmark_iters} "
-                  f"iterations an epoch needs (e.g. n={n} bs={bs}); leave it out or raise it")
+            error(f"--num-examples {args.num_examples} gives fewer than the {args.untimed_iters} + "
+                  f"{args.benchmark_iters} iterations an epoch needs (e.g. n={n} bs={bs}); leave it out or raise it")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -686,7 +707,8 @@ def new_result(args, dtype, keys, argv):
     what the runs report."""
     return OrderedDict(model="", image_shape=None, ngpus=args.ngpus, bs=args.batch_sizes, dtype=dtype, mode=args.mode,
                        layout=None, data_backend=None, real_data=None, data=None, kv_store=None, weights=None,
-                       metric_keys=keys, timed_iters=args.benchmark_iters, warmup_iters=WARMUP_ITERS,
+                       metric_keys=keys, timed_iters=args.benchmark_iters, warmup_iters=args.untimed_iters,
+                       max_untimed_iters=args.max_untimed_iters,
                        epochs=args.epochs, warmup_epochs=args.warmup, repeat=args.repeat,
                        benchmark_command=shlex.join([sys.executable, str(Path(__file__).resolve())] +
                                                     list(sys.argv[1:] if argv is None else argv)),
@@ -717,15 +739,38 @@ def with_data_backend(args, passthrough):
     return passthrough + ["--data-backend", "synthetic"]
 
 
-def runner_commands(args, configs, output, scratch, passthrough, flags):
-    """{(n, bs, run): (runner's command, the report it writes)} for every configuration and repeat."""
-    commands = {}
-    for n, bs in configs:
-        for run in range(args.repeat):
-            report = report_name(output, n, bs, run, args.repeat)
-            commands[n, bs, run] = (runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}",
-                                                   passthrough, flags), report)
-    return commands
+def command_builder(args, output, scratch, passthrough, flags):
+    """build(n, bs, run, untimed=None) -> (runner's command, the report it writes) for one run."""
+    def build(n, bs, run, untimed=None):
+        report = report_name(output, n, bs, run, args.repeat)
+        return runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}", passthrough, flags,
+                              untimed), report
+    return build
+
+
+def runner_commands(args, configs, build):
+    """{(n, bs, run): (runner's command, the report it writes)} for every configuration and repeat, with
+    --untimed-iters warmup iterations."""
+    return {(n, bs, run): build(n, bs, run) for n, bs in configs for run in range(args.repeat)}
+
+
+def next_untimed(args, n, bs, untimed):
+    """The untimed iterations to run a configuration with after a run not steady within ``untimed``: twice as
+    many, at most --max-untimed-iters and what a given --num-examples holds; None when no more can be given."""
+    most = args.max_untimed_iters
+    if args.num_examples is not None and args.mode != "val":
+        most = min(most, args.num_examples // (n * bs) - args.benchmark_iters)
+    more = min(max(2 * untimed, untimed + 1), most)
+    return more if more > untimed else None
+
+
+def not_steady(report_path, keys, args):
+    """Whether a run's report says its step time was not steady by the end of its untimed iterations."""
+    try:
+        cell = read_run(report_path, keys, args)[0]
+    except (OSError, ValueError, KeyError):
+        return False  # a bad report is recorded as such
+    return any(cell[key] is None for key in cell if key.endswith("steady_after"))
 
 
 def dry_run(args, configs, commands):
@@ -747,9 +792,11 @@ class Sweep:
     """The runs of a sweep and their results as they come: each configuration's cells (a run that reported), its
     failures and the weights scored, written to the JSON (-o) after every run."""
 
-    def __init__(self, args, keys, given_load, result, output):
+    def __init__(self, args, keys, given_load, result, output, build, extend=True):
         self.args, self.keys, self.given_load, self.result, self.output = args, keys, given_load, result, output
+        self.build, self.extend = build, extend  # extend: the runs take --untimed-iters
         self.cells, self.failures, self.scored = {}, {}, []
+        self.untimed = {}  # (n, bs): the untimed iterations its runs need, once one was not steady
 
     def record_failure(self, n, bs, reason):
         self.result["metrics"].setdefault(str(n), OrderedDict())[str(bs)] = {"failed": reason}
@@ -784,17 +831,37 @@ class Sweep:
             eta = f", ETA {elapsed / done * (len(todo) - done):.0f} s" if done else ""
             which = f" run {run + 1}/{self.args.repeat}" if self.args.repeat > 1 else ""
             print(f"benchmark: [{done + 1}/{len(todo)}] n={n} bs={bs}{which}{eta}", file=sys.stderr, flush=True)
-            command, report_path = commands[n, bs, run]
             try:
-                reason = run_one(command, self.args.timeout)
-            except KeyboardInterrupt as stop:  # the interrupted run's report (a partial epoch) is not a result
-                report_path.unlink(missing_ok=True)
+                self.run_until_steady(n, bs, run, which, commands[n, bs, run])
+            except KeyboardInterrupt as stop:
                 finished = sum(len(c) for c in self.cells.values())
                 kept = f"; the {finished} finished run(s) are in {self.output}" if finished else ""
                 print(f"benchmark: interrupted during n={n} bs={bs}{which}{kept}", file=sys.stderr, flush=True)
                 return getattr(stop, "status", 130)
-            self.record_run(n, bs, run, which, reason, report_path)
         return None
+
+    def run_until_steady(self, n, bs, run, which, planned):
+        """One run of a configuration (``planned``: its command and report with --untimed-iters); again with
+        more untimed iterations (next_untimed) while its report says the step time was not steady by their end,
+        and for its later runs too. Records the run kept."""
+        command, report_path = planned
+        untimed = self.untimed.get((n, bs), self.args.untimed_iters)
+        while True:
+            if untimed != self.args.untimed_iters:
+                command, report_path = self.build(n, bs, run, untimed)
+            try:
+                reason = run_one(command, self.args.timeout)
+            except KeyboardInterrupt:  # the interrupted run's report (a partial epoch) is not a result
+                report_path.unlink(missing_ok=True)
+                raise
+            more = next_untimed(self.args, n, bs, untimed) if self.extend and reason is None else None
+            if more is None or not not_steady(report_path, self.keys, self.args):
+                break
+            print(f"benchmark: n={n} bs={bs}{which}: the step time was not steady within {untimed} untimed "
+                  f"iterations; running it again with {more}", file=sys.stderr, flush=True)
+            untimed = self.untimed[n, bs] = more
+        self.result["runs"][str(n)][str(bs)]["runner"][run] = shlex.join(command)
+        self.record_run(n, bs, run, which, reason, report_path)
 
     def read_report(self, n, bs, which, report_path):
         """The run's report into its configuration's cells; why it is bad, or None."""
@@ -807,7 +874,7 @@ class Sweep:
             scored_note = f" ({'fresh weights' if weights == 'fresh' else weights})" if weights else ""
             mode = self.keys[0].split(".")[0]
             if f"{mode}.steady_after" in cell:
-                scored_note += f"; {describe_steady(cell[f'{mode}.steady_after'])}"
+                scored_note += f"; {describe_steady(cell[f'{mode}.steady_after'], cell['untimed_iters'])}"
             print(f"benchmark: n={n} bs={bs}{which}: {self.keys[0]} {cell[self.keys[0]]:.1f} images/s{scored_note}",
                   file=sys.stderr, flush=True)
         except (OSError, ValueError, KeyError) as problem:
@@ -860,10 +927,11 @@ def main(argv=None):
     passthrough = with_data_backend(args, passthrough)
     configs = [(n, bs) for n in args.ngpus for bs in args.batch_sizes]
     with tempfile.TemporaryDirectory(prefix="benchmark-", dir=output.parent) as scratch:
-        commands = runner_commands(args, configs, output, scratch, passthrough, flags)
+        build = command_builder(args, output, scratch, passthrough, flags)
+        commands = runner_commands(args, configs, build)
         if args.dry_run:
             return dry_run(args, configs, commands)
-        sweep = Sweep(args, keys, given.load, result, output)
+        sweep = Sweep(args, keys, given.load, result, output, build, flags is None or "--untimed-iters" in flags)
         interrupted = sweep.run_all(sweep.plan(configs, commands), commands)
         if interrupted is not None:
             return interrupted

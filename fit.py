@@ -121,7 +121,8 @@ def prepare(cfg, run, net, ctxs, dist, broadcast=True):
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
         schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
                                         cfg.lr_steps, cfg.lr_factor, cfg.lr_power, cfg.lr_end),
-        report=Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info))
+        report=Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info,
+                      untimed_iters=cfg.untimed_iters))
 
 
 def resume(state, checkpoint_state, run, net, ctxs, dist):
@@ -433,7 +434,7 @@ def open_outputs(cfg, run, report, dist, ctxs, fresh, train_samples):
         outputs.ReportOutput(report, cfg.batch_size, rank0_file(run.report_path)),
         outputs.MLPerf(MLPerfLog(rank0_file(cfg.mllog), fresh=fresh), cfg, dist.size * len(ctxs),
                        ctxs[0].device_type, train_samples, fresh),
-        SummaryCsv(rank0_file(SUMMARY_CSV), cfg.batch_size),
+        SummaryCsv(rank0_file(SUMMARY_CSV), cfg.batch_size, cfg.untimed_iters),
         TensorBoard(rank0_file(cfg.tensorboard), run.record.get("args"), ema=cfg.ema_decay > 0),
         ResolvedConfig(rank0_file(RESOLVED_CONFIG), run.resolved_config),
     ])

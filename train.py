@@ -354,6 +354,8 @@ def validate_args(cfg, num_workers):
     if fit_cfg.cpu_contexts < 1 or (fit_cfg.cpu_contexts > 1 and fit_cfg.kv_store == "horovod"):
         raise UsageError(f"--cpu-contexts {fit_cfg.cpu_contexts}: give a positive number, and use it with "
                          "--kv-store device or local (with horovod each process has one device)")
+    if fit_cfg.untimed_iters < 0:
+        raise UsageError(f"--untimed-iters {fit_cfg.untimed_iters}: give 0 or more iterations")
     if fit_cfg.batch_size % num_workers:
         raise UsageError(f"--batch-size {fit_cfg.batch_size} (global) does not divide across {num_workers} workers")
     if len(data_cfg.image_shape) != 3 or data_cfg.image_shape[0] not in (3, 4):

@@ -2,9 +2,10 @@
 
 {"model", "ngpus", "total_duration", "cmd", "metrics": {"train.loss": [one value per epoch], ...}}, and for
 --mode val "weights" (the .params scored, or "fresh"). Accuracies are fractions; latencies are seconds per
-iteration; total_ips is images/s over all workers; timed_iters is how many iterations those come from;
-steady_after is after how many of the epoch's WARMUP_ITERATIONS untimed ones the step time was steady, up to the
-last of them (rn50kit/common/steady.py), null if it was not at their end (the timed ones then are not a steady state's).
+iteration; total_ips is images/s over all workers; timed_iters is how many iterations those come from, after the
+epoch's first "untimed_iters" (train.py --untimed-iters, WARMUP_ITERATIONS by default); steady_after is after how
+many of those untimed ones the step time was steady, up to the last of them (rn50kit/common/steady.py), null if it
+was not at their end (the timed ones then are not a steady state's).
 
 "per_class" holds the latest validation's results per class (exact over all workers; see per_class_results):
 {"epoch", "classes": names (or class indices as strings), "samples", "correct", "top1" (per class; null for a
@@ -25,7 +26,7 @@ LATENCY_PERCENTILES = [50, 90, 95, 99, 100]
 DENSE_CONFUSION_MAX = 100  # classes up to which the report holds the whole confusion matrix as rows
 PNG_MATRIX_MAX = 40  # classes up to which the PNG draws the matrix; above, the most confused pairs
 PNG_PAIRS = 30  # pairs drawn for many classes
-WARMUP_ITERATIONS = 20  # the first iterations (graph building, caches) do not count towards speed
+WARMUP_ITERATIONS = 20  # by default the first iterations (graph building, caches) do not count towards speed
 
 
 def write_json(path, value, indent=4):
@@ -37,20 +38,20 @@ def write_json(path, value, indent=4):
     os.replace(tmp, path)
 
 
-def timed(durations):
-    """The step durations that count towards speed: all but the first WARMUP_ITERATIONS when there are more."""
+def timed(durations, untimed=WARMUP_ITERATIONS):
+    """The step durations that count towards speed: all but the first ``untimed`` when there are more."""
     durations = list(durations)
-    return durations[WARMUP_ITERATIONS:] if len(durations) > WARMUP_ITERATIONS else durations
+    return durations[untimed:] if len(durations) > untimed else durations
 
 
-def images_per_second(durations, batch_size):
+def images_per_second(durations, batch_size, untimed=WARMUP_ITERATIONS):
     """An epoch's images/s as the report gives it (``total_ips``), or None without steps."""
-    durations = timed(durations)
+    durations = timed(durations, untimed)
     return batch_size / float(np.mean(durations)) if durations else None
 
 
 class Report:
-    def __init__(self, model, ngpus, cmd, metrics=None, info=None):
+    def __init__(self, model, ngpus, cmd, metrics=None, info=None, untimed_iters=WARMUP_ITERATIONS):
         self.model = model
         self.ngpus = ngpus
         self.cmd = list(cmd)
@@ -59,6 +60,7 @@ class Report:
         self.weights = None  # --mode val: what was scored
         self.per_class = None  # the latest validation's per-class results (per_class_results)
         self.info = OrderedDict(info or {})  # how the run was made, beyond cmd (INT8 calibration, --pretrained)
+        self.untimed_iters = untimed_iters  # each epoch's first iterations, left out of its speed
 
     def add(self, key, value):
         self.metrics.setdefault(key, []).append(value)
@@ -67,9 +69,10 @@ class Report:
         """One epoch of ``mode`` ("train" or "val"): named values, then latency and speed from durations."""
         for name, value in values.items():
             self.add(f"{mode}.{name}", float(value))
-        if len(durations) > WARMUP_ITERATIONS:
-            self.add(f"{mode}.steady_after", steady.steady_since(list(durations)[:WARMUP_ITERATIONS]))
-        durations = timed(durations)
+        untimed = self.untimed_iters
+        if untimed and len(durations) > untimed:
+            self.add(f"{mode}.steady_after", steady.steady_since(list(durations)[:untimed]))
+        durations = timed(durations, untimed)
         if not durations:
             return
         self.add(f"{mode}.timed_iters", len(durations))
@@ -81,7 +84,7 @@ class Report:
 
     def to_dict(self):
         out = OrderedDict(model=self.model, ngpus=self.ngpus, total_duration=self.total_duration,
-                          cmd=self.cmd, metrics=self.metrics)
+                          cmd=self.cmd, metrics=self.metrics, untimed_iters=self.untimed_iters)
         if self.weights is not None:
             out["weights"] = self.weights
         if self.info:
@@ -97,7 +100,8 @@ class Report:
     def load(cls, path):
         with open(path) as f:
             raw = json.load(f, object_pairs_hook=OrderedDict)
-        report = cls(raw["model"], raw["ngpus"], raw["cmd"], raw["metrics"])
+        report = cls(raw["model"], raw["ngpus"], raw["cmd"], raw["metrics"],
+                     untimed_iters=raw.get("untimed_iters", WARMUP_ITERATIONS))
         report.total_duration = raw["total_duration"]
         report.weights = raw.get("weights")
         report.info.update(raw.get("info", {}))
@@ -137,7 +141,7 @@ class Report:
             if ips:
                 last = "pass" if scoring else "epoch"
                 timed = metrics.get(f"{mode}.timed_iters")
-                which = (f"the last {last}'s {int(timed[-1])} timed iteration(s): its first {WARMUP_ITERATIONS} are "
+                which = (f"the last {last}'s {int(timed[-1])} timed iteration(s): its first {self.untimed_iters} are "
                          "left out when it has more; the log's epoch line times them all") if timed else f"last {last}"
                 lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s ({which})")
         return "\n".join(lines)

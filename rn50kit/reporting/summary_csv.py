@@ -7,7 +7,7 @@ import csv
 import os
 
 from rn50kit.reporting.outputs import Output
-from rn50kit.reporting.report import images_per_second
+from rn50kit.reporting.report import WARMUP_ITERATIONS, images_per_second
 
 SUMMARY_CSV = "summary.csv"
 COLUMNS = ("epoch", "train_loss", "val_top1", "val_top5", "val_loss", "lr", "images_per_s", "train_seconds")
@@ -26,9 +26,10 @@ class SummaryCsv(Output):
     images/s (as the report's total_ips) and training wall seconds, and its validation's top-1/top-5/loss (empty
     cells when the epoch was not validated)."""
 
-    def __init__(self, path, batch_size):
+    def __init__(self, path, batch_size, untimed_iters=WARMUP_ITERATIONS):
         self.path = path
         self.batch_size = batch_size
+        self.untimed_iters = untimed_iters
         self.row = {}
 
     def run_start(self, first_epoch, last_epoch, resumed_from):
@@ -48,7 +49,7 @@ class SummaryCsv(Output):
 
     def trained(self, epoch, metrics, durations, lr, seconds):
         self.row.update(train_loss=metrics["loss"], lr=lr, train_seconds=round(seconds, 3),
-                        images_per_s=images_per_second(durations, self.batch_size))
+                        images_per_s=images_per_second(durations, self.batch_size, self.untimed_iters))
 
     def validation(self, epoch, metrics, first):
         self.row.update(val_top1=metrics["top1"], val_top5=metrics["top5"], val_loss=metrics["loss"])

@@ -270,7 +270,8 @@ def score(cfg, run, model, val_iter, ctxs, dist):
         raise ScoringError("--mode val needs validation data (--data-val)")
     net = model.net
     dist.broadcast_parameters(net)
-    report = Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command)
+    report = Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command,
+                    untimed_iters=fit_cfg.untimed_iters)
     report.weights = os.path.abspath(model.weights) if model.weights else "fresh"
     report.info.update(model.info)
     names = predict.class_names(cfg.predict.class_names, cfg.data.data_val or cfg.data.data_train, model.weights,

@@ -54,6 +54,7 @@ class FitConfig:
     fp16_allreduce: bool = False
     disp_batches: int = 20
     benchmark_iters: int = None
+    untimed_iters: int = 20  # report.WARMUP_ITERATIONS
     no_metrics: bool = False
     workspace: str = None
     model_prefix: str = "model"
@@ -108,6 +109,10 @@ def add_run_args(parser):
                             "layer, batch, dtype) against the machine's: refuse (naming a batch that fits), warn, "
                             "or off")
     group.add_argument("--benchmark-iters", type=int, help="cap iterations per epoch (benchmarks)")
+    group.add_argument("--untimed-iters", type=int,
+                       help="the first N iterations of each epoch (graph building, caches) are left out of its "
+                            "images/s and latencies; the report says after how many of them the step time was "
+                            "steady (benchmark.py raises N when it was not)")
     group.add_argument("--no-metrics", action="store_true", help="skip accuracy computation (benchmarks)")
     group.add_argument("--eval-every", type=int,
                        help="train_val: validate every N epochs (and after the last one)")

@@ -114,6 +114,32 @@ def test_stopping_the_sweep_ends_the_run_it_started(tmp_path, signum):
     assert not list(tmp_path.glob("benchmark-*"))  # the scratch workspaces too
 
 
+def test_a_run_not_steady_within_its_untimed_iterations_runs_again_with_twice_as_many(tmp_path):
+    """A warm-up longer than the first 20 untimed iterations (injected: the first 30 training steps stretched,
+    each less than the one before): the sweep runs the configuration again with 40, keeps that run and says so;
+    the report leaves the 40 out of its speed (issue 44)."""
+    out = tmp_path / "slow.json"
+    injection = os.path.join(ROOT, "tests", "fault_injection")
+    env = dict(venv_env(), PYTHONPATH=injection + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_KIND="slow-start",
+               RN50_INJECT_STEP="30")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmark.py"), "-n", "1", "-b", "2", "-i", "3",
+                             "--mode", "train", "--max-untimed-iters", "40", "-o", str(out), *TINY], env=env,
+                            capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not steady within 20 untimed iterations; running it again with 40" in result.stderr
+    data = json.loads(out.read_text())
+    cell = data["metrics"]["1"]["2"]
+    assert cell["untimed_iters"] == 40 and cell["train.timed_iters"] == 3 and cell["runs"] == 1
+    report = json.loads(out.with_name("slow-1,2.json").read_text())  # the run kept
+    cmd = report["cmd"]
+    assert cmd[cmd.index("--untimed-iters") + 1] == "40" and cmd[cmd.index("--benchmark-iters") + 1] == "43"
+    assert report["untimed_iters"] == 40 and "--untimed-iters 40" in data["runs"]["1"]["2"]["runner"][0]
+    # steady only once the slowed steps were over (or not within the 40 either, on a busy machine)
+    after = cell["train.steady_after"]
+    assert after is None or after > 30
+    assert f"steady after {after} of 40 untimed iterations" in result.stdout if after else "NOT steady" in result.stdout
+
+
 def test_only_inference_is_val_mode(tmp_path):
     result = run_benchmark("-n", "1", "-b", "1,2", "--only-inference", "-o", str(tmp_path / "x.json"),
                            "--dry-run", *TINY)
@@ -125,6 +151,7 @@ def test_only_inference_is_val_mode(tmp_path):
         assert words[words.index("--mode") + 1] == "val" and words[words.index("-b") + 1] == bs
         iters = 100 + benchmark.WARMUP_ITERS  # -i 100 timed, after the warmup iterations
         assert words[words.index("--benchmark-iters") + 1] == str(iters)
+        assert words[words.index("--untimed-iters") + 1] == str(benchmark.WARMUP_ITERS)
         assert words[words.index("--num-examples") + 1] == str(iters * int(bs))
 
 

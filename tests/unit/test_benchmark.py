@@ -73,7 +73,7 @@ def test_each_run_says_when_its_step_time_was_steady_and_the_sweep_keeps_the_slo
     result = {"metrics": {"1": {"4": benchmark.combine_runs(cells[:2]), "8": benchmark.combine_runs(cells)}},
               "ngpus": [1], "bs": [4, 8], "metric_keys": keys, "failed": [], "dtype": "float32", "timed_iters": 3}
     assert benchmark.warmup_lines(result, ["train"]) == [
-        "- n=1 bs=4 train: steady after 15",
+        "- n=1 bs=4 train: steady after 15 of 20 untimed iterations",
         "- n=1 bs=8 train: NOT steady within the 20 untimed iterations: not a steady state's figure"]
     assert "### Warm-up" in benchmark.tables(result)
 
@@ -83,3 +83,22 @@ def test_a_short_epoch_leaves_nothing_out_and_says_nothing_of_steadiness():
     run = report.Report("m", 1, [])
     run.add_epoch("train", durations=[1.0] * 5, batch_size=4)
     assert "train.steady_after" not in run.metrics and run.metrics["train.timed_iters"] == [5]
+
+
+def test_a_configuration_not_steady_gets_twice_the_untimed_iterations_up_to_what_it_may_have():
+    args = benchmark.get_args_parser().parse_args(["-i", "10", "--max-untimed-iters", "100"])
+    assert [benchmark.next_untimed(args, 1, 8, u) for u in (20, 40, 80, 100)] == [40, 80, 100, None]
+    assert benchmark.next_untimed(args, 1, 8, 0) == 1  # none at first: one, then two, ...
+    args.num_examples = 8 * 2 * 60  # 60 iterations of 2 workers x 8: 10 timed leave room for 50 untimed
+    assert [benchmark.next_untimed(args, 2, 8, u) for u in (20, 40, 50)] == [40, 50, None]
+    args.mode = "val"  # a validation set is cycled: --num-examples does not bound it
+    assert benchmark.next_untimed(args, 2, 8, 50) == 100
+
+
+def test_a_report_says_how_many_iterations_it_left_out_and_reads_back(tmp_path):
+    from rn50kit.reporting import report
+    run = report.Report("m", 1, [], untimed_iters=8)
+    run.add_epoch("train", durations=[3.0] * 8 + [1.0, 1.0], batch_size=4)
+    assert run.metrics["train.timed_iters"] == [2] and run.metrics["train.total_ips"] == [4.0]
+    run.save(tmp_path / "r.json")
+    assert report.Report.load(tmp_path / "r.json").untimed_iters == 8
