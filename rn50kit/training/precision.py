@@ -57,20 +57,24 @@ class StatsGuard:
     """A copy of the BatchNorm running statistics from before the step: a forward pass over a NaN/inf batch
     would otherwise poison them even though the weight update is skipped (small: 2 vectors per BN layer)."""
 
-    def __init__(self, net):
+    def __init__(self, net, fused=None):
+        """``fused``: keep the float32 statistics of a device with one amp_multicast (None: on GPUs only)."""
         self.stats = [a for p in running_stats(net) for a in p.list_data()]
         self.backup = [a.copy() for a in self.stats]
         groups = {}
         for src, dst in zip(self.stats, self.backup):
             groups.setdefault((src.context, np.dtype(src.dtype)), []).append((src, dst))
         self.groups = list(groups.items())
+        self.fused = fused
 
     def keep(self):
-        """Copy every statistic into its backup: one amp_multicast per device for the float32 ones (a float32 to
-        float32 cast is a copy; ResNet-50 has 106 statistics per device, each a copy operator before), one copy
-        each otherwise (MXNet's oneDNN amp_multicast takes no float16 on CPU)."""
-        for (_, dtype), pairs in self.groups:
-            if dtype == np.float32:
+        """Copy every statistic into its backup. On a GPU one amp_multicast per device for the float32 ones (a
+        float32 to float32 cast is a copy; ResNet-50 has 106 statistics per device, each a kernel launch as a
+        copy). On a CPU one copy each: oneDNN's amp_multicast runs a reorder per array, each its own parallel
+        region, 4-5x slower than the copies with 2 threads (tools/bench_step_parts.py); nor does it take float16."""
+        for (ctx, dtype), pairs in self.groups:
+            fused = ctx.device_type == "gpu" if self.fused is None else self.fused
+            if fused and dtype == np.float32:
                 mx.nd.amp_multicast(*[src for src, _ in pairs], num_outputs=len(pairs), out=[dst for _, dst in pairs])
             else:
                 for src, dst in pairs:

@@ -214,13 +214,16 @@ def test_float16_overflow_of_a_large_value_is_caught():
 
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
-def test_batchnorm_statistics_guard_on_two_devices():
-    """StatsGuard of ResNet-152 (310 float32 statistics per device) restores a poisoned one on the 2nd device."""
+@pytest.mark.parametrize("fused", [None, True], ids=["cpu-copies", "gpu-multicast"])
+def test_batchnorm_statistics_guard_on_two_devices(fused):
+    """StatsGuard of ResNet-152 (310 float32 statistics per device) restores a poisoned one on the 2nd device,
+    kept as on a CPU (a copy each) and as on a GPU (one amp_multicast per device)."""
     net = float16_network("resnet152_v1.5", TWO_DEVICES)
-    guard = loss_precision.StatsGuard(net)
+    guard = loss_precision.StatsGuard(net, fused=fused)
     assert len(guard.stats) == 2 * 310
-    guard.keep()
     stats = models.running_stats(net)
+    stats[-1].data(mx.cpu(1))[:] = np.random.RandomState(0).uniform(size=stats[-1].shape)  # the backup's are older
+    guard.keep()
     kept = stats[-1].data(mx.cpu(1)).asnumpy().copy()
     stats[-1].data(mx.cpu(1))[:] = np.inf
     guard.restore_if_bad()
