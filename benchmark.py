@@ -42,6 +42,7 @@ from rn50kit.launch import devices
 from rn50kit.common.helptext import HelpFormatter
 from rn50kit.launch import launcher
 from rn50kit.common import rules
+from rn50kit.common import steady
 from rn50kit.reporting.report import write_json
 
 HERE = Path(__file__).resolve().parent
@@ -645,9 +646,9 @@ def check_args(args, given):
     """Refuse bad input before anything runs; fill in the default batch sizes."""
     if args.benchmark_iters < 1 or args.epochs < 1:
         error("-i and -e must be at least 1")
-    if not 0 <= args.untimed_iters <= args.max_untimed_iters:
-        error(f"--untimed-iters {args.untimed_iters} must be 0 or more, and at most --max-untimed-iters "
-              f"{args.max_untimed_iters}")
+    if not (args.untimed_iters == 0 or steady.WINDOW * 2 <= args.untimed_iters <= args.max_untimed_iters):
+        error(f"--untimed-iters {args.untimed_iters}: give 0 (none), or from {steady.WINDOW * 2} (the iterations "
+              f"steadiness is judged over) to --max-untimed-iters {args.max_untimed_iters}")
     if args.repeat < 1:
         error(f"--repeat must be at least 1, got {args.repeat}")
     if not 0 <= args.warmup < args.epochs:
@@ -743,8 +744,8 @@ def command_builder(args, output, scratch, passthrough, flags):
     """build(n, bs, run, untimed=None) -> (runner's command, the report it writes) for one run."""
     def build(n, bs, run, untimed=None):
         report = report_name(output, n, bs, run, args.repeat)
-        return runner_command(args, n, bs, report, Path(scratch) / f"run-{n},{bs}-{run}", passthrough, flags,
-                              untimed), report
+        workspace = Path(scratch) / (f"run-{n},{bs}-{run}" + (f"-untimed{untimed}" if untimed is not None else ""))
+        return runner_command(args, n, bs, report, workspace, passthrough, flags, untimed), report
     return build
 
 
@@ -792,9 +793,9 @@ class Sweep:
     """The runs of a sweep and their results as they come: each configuration's cells (a run that reported), its
     failures and the weights scored, written to the JSON (-o) after every run."""
 
-    def __init__(self, args, keys, given_load, result, output, build, extend=True):
+    def __init__(self, args, keys, given_load, result, output, build, can_raise_untimed=True):
         self.args, self.keys, self.given_load, self.result, self.output = args, keys, given_load, result, output
-        self.build, self.extend = build, extend  # extend: the runs take --untimed-iters
+        self.build, self.can_raise_untimed = build, can_raise_untimed  # whether the runs take --untimed-iters
         self.cells, self.failures, self.scored = {}, {}, []
         self.untimed = {}  # (n, bs): the untimed iterations its runs need, once one was not steady
 
@@ -846,22 +847,40 @@ class Sweep:
         and for its later runs too. Records the run kept."""
         command, report_path = planned
         untimed = self.untimed.get((n, bs), self.args.untimed_iters)
+        earlier = None  # (untimed, its report set aside, its command): the last run not steady
         while True:
             if untimed != self.args.untimed_iters:
                 command, report_path = self.build(n, bs, run, untimed)
             try:
-                reason = run_one(command, self.args.timeout)
+                reason = run_one(command, self.timeout(untimed))
             except KeyboardInterrupt:  # the interrupted run's report (a partial epoch) is not a result
                 report_path.unlink(missing_ok=True)
                 raise
-            more = next_untimed(self.args, n, bs, untimed) if self.extend and reason is None else None
+            if reason is not None and earlier is not None:  # a figure not steady beats none
+                print(f"benchmark: n={n} bs={bs}{which}: the run with {untimed} untimed iterations failed ({reason}); "
+                      f"keeping the one with {earlier[0]}", file=sys.stderr, flush=True)
+                (untimed, aside, command), reason = earlier, None
+                os.replace(aside, report_path)
+                break
+            more = next_untimed(self.args, n, bs, untimed) if self.can_raise_untimed and reason is None else None
             if more is None or not not_steady(report_path, self.keys, self.args):
                 break
             print(f"benchmark: n={n} bs={bs}{which}: the step time was not steady within {untimed} untimed "
                   f"iterations; running it again with {more}", file=sys.stderr, flush=True)
+            earlier = (untimed, report_path.with_name(f"{report_path.stem}.untimed-{untimed}.json"), command)
+            os.replace(report_path, earlier[1])
             untimed = self.untimed[n, bs] = more
+        if earlier is not None:
+            Path(earlier[1]).unlink(missing_ok=True)
         self.result["runs"][str(n)][str(bs)]["runner"][run] = shlex.join(command)
         self.record_run(n, bs, run, which, reason, report_path)
+
+    def timeout(self, untimed):
+        """--timeout for a run with ``untimed`` iterations: stretched by its share of the first runs' iterations."""
+        if self.args.timeout is None:
+            return None
+        first = self.args.untimed_iters + self.args.benchmark_iters
+        return self.args.timeout * max(1.0, (untimed + self.args.benchmark_iters) / first)
 
     def read_report(self, n, bs, which, report_path):
         """The run's report into its configuration's cells; why it is bad, or None."""
@@ -932,6 +951,9 @@ def main(argv=None):
         if args.dry_run:
             return dry_run(args, configs, commands)
         sweep = Sweep(args, keys, given.load, result, output, build, flags is None or "--untimed-iters" in flags)
+        if not sweep.can_raise_untimed and args.untimed_iters != WARMUP_ITERS:
+            error(f"{args.executable}'s train.py has no --untimed-iters: it leaves out its first {WARMUP_ITERS} "
+                  f"iterations, so --untimed-iters {args.untimed_iters} cannot be given")
         interrupted = sweep.run_all(sweep.plan(configs, commands), commands)
         if interrupted is not None:
             return interrupted

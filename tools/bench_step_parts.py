@@ -1,4 +1,4 @@
-"""Benchmark (not a test): three parts of a training step on this CPU, ours against the way they were done before.
+"""Benchmark (not a test): three parts of a training step on this CPU, each the kit's way against another.
 
     python tools/bench_step_parts.py [--parts optimizer,ema,stats] [--num-layers 50] [--rounds 3] [--iters 3]
                                      [--json FILE]
@@ -11,9 +11,9 @@ ema: EMA.update (rn50kit/training/ema.py: one multi_sgd_update per 60 arrays, mu
 against the per-array way it replaced (PerArrayEMA, re-created here: a cast and 4 operators per array), on 267
 tiny arrays in float32 and float16 (as many as ResNet-50 has; their cost is dispatch) and on the network's own
 float32 parameters (there the memory traffic counts).
-stats: StatsGuard.keep (rn50kit/training/precision.py) its two ways, on the network's statistics: one
-amp_multicast per device (its way on a GPU, as "ours") against one copy per BatchNorm statistic (its way on a CPU,
-where the multicast was measured slower).
+stats: StatsGuard.keep (rn50kit/training/precision.py) its two ways, on the network's statistics: one copy per
+BatchNorm statistic (its way on a CPU, as "ours") against one amp_multicast per device (its way on a GPU, where each
+copy would be a kernel launch; on a CPU the multicast measured slower).
 
 Both ways of an item must compute the same thing, or the comparison says nothing: before timing, each item is
 called once each way on the same inputs and the results compared (`check:` lines; a failed check makes the exit
@@ -243,7 +243,7 @@ def stats_items(net):
     """The network's statistics set to new values (a guard's backup starts equal to them), kept each way (one
     copy per array, what StatsGuard does on a CPU; one amp_multicast, what it does on a GPU): both backups must
     equal the statistics exactly."""
-    guards = StatsGuard(net, fused=False), StatsGuard(net, fused=True)
+    guards = StatsGuard(net, fused=True), StatsGuard(net, fused=False)  # the reference, ours on a CPU
     for array in guards[1].stats:
         array[:] = mx.nd.random.uniform(0, 1, array.shape)
     for guard in guards:
@@ -253,7 +253,7 @@ def stats_items(net):
     check = {"passed": exact, "largest_difference": 0.0 if exact else float("inf"),
              "detail": f"both backups equal the {len(stats)} statistics exactly" if exact
              else "a backup differs from the statistics"}
-    return [Item("stats", f"keep, {len(stats)} statistics: amp_multicast", "one copy per array",
+    return [Item("stats", f"keep, {len(stats)} statistics, a copy each", "one amp_multicast (GPU way)",
                  dict(zip(WAYS, (guard.keep for guard in guards))), check)]
 
 

@@ -54,7 +54,7 @@ class FitConfig:
     fp16_allreduce: bool = False
     disp_batches: int = 20
     benchmark_iters: int = None
-    untimed_iters: int = 20  # report.WARMUP_ITERATIONS
+    untimed_iters: int = 20  # report.WARMUP_ITERATIONS (a literal: the flags do not import the reporting layer)
     no_metrics: bool = False
     workspace: str = None
     model_prefix: str = "model"

@@ -23,7 +23,7 @@ def test_every_part_is_timed_both_ways_and_agrees(tmp_path, capsys):
                 assert len(item[way]["rounds"]) == 1 and item[way]["calls_a_round"] >= 1
             assert item["ratio"] == item["reference"]["median"] / item["ours"]["median"]
     # ResNet-18 v1.5: 20 BatchNorm layers, 2 statistics each
-    assert "keep, 40 statistics: amp_multicast" in parts["stats"]
+    assert "keep, 40 statistics, a copy each" in parts["stats"]
     printed = capsys.readouterr().out
     assert printed.count("check: ") == 7 and "FAILED" not in printed
 

@@ -1,5 +1,7 @@
 """benchmark.py in process: its bfloat16 check, the layout a float16 GPU run computes in, baselines of another
 network or mode."""
+import pytest
+
 import benchmark
 
 from rn50kit.launch import launcher as runner
@@ -88,7 +90,6 @@ def test_a_short_epoch_leaves_nothing_out_and_says_nothing_of_steadiness():
 def test_a_configuration_not_steady_gets_twice_the_untimed_iterations_up_to_what_it_may_have():
     args = benchmark.get_args_parser().parse_args(["-i", "10", "--max-untimed-iters", "100"])
     assert [benchmark.next_untimed(args, 1, 8, u) for u in (20, 40, 80, 100)] == [40, 80, 100, None]
-    assert benchmark.next_untimed(args, 1, 8, 0) == 1  # none at first: one, then two, ...
     args.num_examples = 8 * 2 * 60  # 60 iterations of 2 workers x 8: 10 timed leave room for 50 untimed
     assert [benchmark.next_untimed(args, 2, 8, u) for u in (20, 40, 50)] == [40, 50, None]
     args.mode = "val"  # a validation set is cycled: --num-examples does not bound it
@@ -102,3 +103,40 @@ def test_a_report_says_how_many_iterations_it_left_out_and_reads_back(tmp_path):
     assert run.metrics["train.timed_iters"] == [2] and run.metrics["train.total_ips"] == [4.0]
     run.save(tmp_path / "r.json")
     assert report.Report.load(tmp_path / "r.json").untimed_iters == 8
+
+
+@pytest.mark.parametrize("untimed", ["3", "200"])
+def test_untimed_iterations_too_few_to_judge_or_above_the_most_are_refused(untimed, capsys):
+    with pytest.raises(SystemExit):
+        benchmark.main(["--untimed-iters", untimed, "--dry-run", "-o", "/nonexistent-dir/x.json"])
+    assert "--untimed-iters " + untimed in capsys.readouterr().err
+
+
+
+def test_a_rerun_that_fails_keeps_the_run_before_it(tmp_path, monkeypatch, capsys):
+    """The run with 20 untimed iterations is not steady; its rerun with 40 fails (a timeout): the sweep keeps the
+    first run, said NOT steady, rather than no figure, and names the command that made it."""
+    import json
+    args = benchmark.get_args_parser().parse_args(["-i", "3", "--mode", "train", "-o", str(tmp_path / "x.json")])
+    keys = benchmark.metric_keys("train")
+    never = report_of([2.0 * 0.9 ** i for i in range(20)])  # still speeding up at its 20th iteration
+    build = benchmark.command_builder(args, tmp_path / "x.json", tmp_path, [], None)
+    outcomes = iter([None, "timed out after 60 s"])
+
+    def run_one(command, timeout):
+        reason = next(outcomes)
+        if reason is None:
+            (tmp_path / "x-1,4.json").write_text(json.dumps(never))
+        return reason
+    monkeypatch.setattr(benchmark, "run_one", run_one)
+    result = benchmark.new_result(args, "float32", keys, [])
+    result["runs"] = {"1": {"4": {"runner": ["planned"]}}}
+    sweep = benchmark.Sweep(args, keys, None, result, tmp_path / "x.json", build)
+    sweep.run_until_steady(1, 4, 0, "", build(1, 4, 0))
+    cell = result["metrics"]["1"]["4"]
+    assert cell["train.steady_after"] is None and cell["untimed_iters"] == 20 and cell["train.total_ips"] == 4.0
+    assert "--untimed-iters 20" in result["runs"]["1"]["4"]["runner"][0]
+    assert sorted(p.name for p in tmp_path.glob("x-*.json")) == ["x-1,4.json"]  # nothing set aside is left
+    assert next(outcomes, "both ran") == "both ran"
+    assert "the run with 40 untimed iterations failed (timed out after 60 s); keeping the one with 20" in \
+        capsys.readouterr().err
