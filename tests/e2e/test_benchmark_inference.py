@@ -83,7 +83,8 @@ def check_real_data_cell(data, out, data_root, iters, backend, n=1):
     # -i counts timed batches: the run was asked for the warmup ones on top (a worker's share of the
     # validation set is 3 batches or fewer: it was cycled)
     cmd = report["cmd"]
-    assert int(cmd[cmd.index("--benchmark-iters") + 1]) == data["warmup_iters"] + iters
+    assert int(cmd[cmd.index("--benchmark-iters") + 1]) == cell["untimed_iters"] + iters  # 20 or more: reruns
+    assert cell["untimed_iters"] >= data["warmup_iters"] == 20
     assert report["metrics"]["val.timed_iters"] == [iters]
     assert cell["val.total_ips"] == pytest.approx(4 * n / cell["val.latency_avg"])
     return report

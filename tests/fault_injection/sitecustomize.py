@@ -6,9 +6,9 @@ PYTHONPATH), in train.py's worker processes only; every other process (runner, t
 - RN50_INJECT_KIND=kill-in-commit with RN50_INJECT_HOST: the worker on that host (horovodrun's HOROVOD_HOSTNAME: an
   elastic run's ranks change) kills itself (SIGKILL) inside its RN50_INJECT_STEP-th in-memory commit (the first is
   the run's start), after the commit's first collective: the others finish theirs and fail in its next one.
-- RN50_INJECT_KIND=slow-start: in every worker, the first RN50_INJECT_STEP calls of fit.train_step are delayed,
-  less each time (step k of N lasts 1 + (N - k) / 5 times its own time): a warm-up longer than
-  benchmark.py's first untimed iterations, as a GPU's autotuning or a JIT can take, on any machine's speed."""
+- RN50_INJECT_KIND=slow-start: in every worker, call k of the first RN50_INJECT_STEP (N) calls of fit.train_step
+  sleeps 40 ms x (N - k) first: a warm-up longer than benchmark.py's first untimed iterations, as a GPU's
+  autotuning or a JIT can take; 120 ms between the medians steadiness compares, far above a step's noise."""
 import os
 import sys
 
@@ -55,16 +55,13 @@ def raise_or_hang(call):
 
 
 def slow_start(function, calls_slowed):
-    """``function``, its first ``calls_slowed`` calls preceded by a sleep of the step before them (from the start
-    of one call to the next, sleep left out) times a factor falling by 0.2 a call, to none."""
+    """``function``, its call k of the first ``calls_slowed`` preceded by a sleep of 40 ms x (calls_slowed - k)."""
     import time
-    calls, last = [0], [None]
+    calls = [0]
 
     def wrapped(*args, **kwargs):
         calls[0] += 1
-        if last[0] is not None:
-            time.sleep((time.perf_counter() - last[0]) * max(calls_slowed - calls[0], 0) / 5)
-        last[0] = time.perf_counter()
+        time.sleep(0.04 * max(calls_slowed - calls[0], 0))
         return function(*args, **kwargs)
     return wrapped
 
@@ -87,4 +84,4 @@ if _WORKER and os.environ.get("RN50_INJECT_KIND") == "kill-in-commit" and \
                                                      elastic.ElasticTraining.save_now, kill_self)))
 if _WORKER and os.environ.get("RN50_INJECT_KIND") == "slow-start":
     patch_on_import("fit", lambda fit: setattr(fit, "train_step", slow_start(
-        fit.train_step, int(os.environ.get("RN50_INJECT_STEP", "30")))))
+        fit.train_step, int(os.environ.get("RN50_INJECT_STEP", "25")))))
