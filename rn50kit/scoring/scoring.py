@@ -237,7 +237,7 @@ def int8_graph(cfg, net, ctxs, dist, calibration_batches):
 
 def fuses(cfg, ctxs, dist):
     """Whether --mode val scores through oneDNN's fused graph: float32 or bfloat16 on one worker with one CPU
-    context (several workers: Horovod's broadcast cannot read the weights oneDNN has reordered). A bfloat16 run
+    context (several workers: Horovod's collectives cannot read the weights oneDNN has reordered). A bfloat16 run
     that fuses builds its network without AMP's operator patching (train.build_network): in an ``amp.init``
     process AMP wraps the fused convolutions in float32 casts, 17 vs 42 images/s for ResNet-50."""
     return cfg.fit.mode == "val" and cfg.fit.dtype in ("float32", "bfloat16") and dist.size == 1 and \

@@ -60,9 +60,23 @@ class Distributed:
         if self.hvd is not None:
             self.hvd.shutdown()
 
+    def broadcast_(self, arrays, name):
+        """Rank 0's values of ``arrays`` (NDArrays, changed in place) on every rank, bit for bit: an allreduce to
+        which the other ranks give negative zeros (x + -0.0 is x, a zero's sign included; a NaN stays a NaN), not
+        Horovod's broadcast. Horovod 0.28.1's
+        EnqueueTensorBroadcast logs the tensor's name after queueing it; when its background thread has finished
+        the broadcast by then, MXNet has freed the name and the worker dies of a segfault (docs/design.md)."""
+        if self.hvd is None or self.size == 1:
+            return
+        for i, array in enumerate(arrays):
+            if self.rank != 0:
+                mx.nd.negative(mx.nd.zeros_like(array), out=array)  # -0.0 (assigning -0.0 stores +0.0)
+            self.hvd.allreduce_(array, op=self.hvd.Sum, name=f"{name}.{i}")
+
     def broadcast_parameters(self, net):
-        if self.hvd is not None and self.size > 1:
-            self.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+        """Rank 0's weights (each parameter's first copy, as Horovod's broadcast_parameters) on every rank."""
+        params = net.collect_params()
+        self.broadcast_([params[key].data() for key in sorted(params.keys())], "parameters")
 
 
 def average_over_devices(params):

@@ -198,11 +198,12 @@ class ElasticTraining(State):
         """Rank 0's ``value`` (plain values: JSON) on every rank, as bytes: no pickle crosses (Horovod's own
         broadcast_object pickles). Tuples come back as lists; Horovod's host-update check compares numbers only."""
         data = np.frombuffer(json.dumps(value).encode(), np.uint8) if self.dist.rank == 0 else np.zeros(0, np.uint8)
-        length = self.hvd.broadcast(mx.nd.array([len(data)], dtype="int32"), 0, name="elastic.json.length")
+        length = mx.nd.array([len(data)], dtype="int32")
+        self.dist.broadcast_([length], "elastic.json.length")
         buffer = mx.nd.zeros(int(length.asscalar()), dtype="uint8")
         if self.dist.rank == 0:
             buffer[:] = data
-        buffer = self.hvd.broadcast(buffer, 0, name="elastic.json")
+        self.dist.broadcast_([buffer], "elastic.json")
         return json.loads(buffer.asnumpy().tobytes().decode())
 
     # --- what the loop calls ---------------------------------------------------------------------------------
@@ -289,8 +290,7 @@ class ElasticTraining(State):
                                          if self.dist.rank == 0 else None)
             if self.dist.rank != 0:
                 arrays = {k: mx.nd.zeros(tuple(shape), dtype=dtype) for k, (shape, dtype) in shapes.items()}
-            for i, key in enumerate(sorted(arrays)):
-                self.hvd.broadcast_(arrays[key], root_rank=0, name=f"elastic.{i}")
+            self.dist.broadcast_([arrays[key] for key in sorted(arrays)], "elastic")
             mx.nd.waitall()
         self.committed = (arrays, values)
         self.put()

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 from rn50kit.data import records
-from conftest import ROOT, venv_env, write_record_file, digits_run, HANG_S, LONG_HANG_S
+from conftest import ROOT, venv_env, write_record_file, digits_run, HANG_S, LONG_HANG_S, need_mpi, mpirun_root_env
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -110,3 +110,28 @@ def test_last_checkpoint_holds_the_trained_parameters(two_worker_run):
     assert sorted(loaded) == sorted(rank0.files)
     for name in rank0.files:
         np.testing.assert_array_equal(loaded[name], rank0[name], err_msg=name)
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_rank_zeros_values_reach_every_rank_bit_for_bit(controller, tmp_path):
+    """Distributed.broadcast_ (an allreduce: Horovod's own broadcast can crash, see its docstring) gives every rank
+    rank 0's bits: each dtype the kit sends, a zero's sign, infinities, a subnormal, and a ResNet's weights; a NaN
+    stays a NaN (Horovod's float16 sum gives its own NaN's bits)."""
+    if controller == "mpi":
+        need_mpi()
+        command, env = ["mpirun", "-np", "2", "--oversubscribe"], mpirun_root_env()
+    else:
+        command, env = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"], venv_env()
+    command += [sys.executable, os.path.join(ROOT, "tests", "hvd_broadcast_worker.py"), str(tmp_path)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    before, after = [[np.load(tmp_path / f"{when}-rank{rank}.npz") for rank in (0, 1)] for when in ("before", "after")]
+    assert np.signbit(before[0]["float32"][0]) and np.isnan(before[0]["float32"][2])  # the special values were sent
+    for name in before[0].files:
+        assert not np.array_equal(before[0][name], before[1][name], equal_nan=True), name  # the ranks differed
+        for rank in (0, 1):
+            assert after[rank][name].dtype == before[0][name].dtype, name
+            sent, got = before[0][name], after[rank][name]
+            nan = np.isnan(sent) if sent.dtype.kind == "f" else np.zeros(sent.shape, bool)
+            np.testing.assert_array_equal(np.isnan(got) if got.dtype.kind == "f" else nan, nan, err_msg=name)
+            assert got[~nan].tobytes() == sent[~nan].tobytes(), (name, rank)

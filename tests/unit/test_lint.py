@@ -119,3 +119,38 @@ def test_fit_py_stays_the_training_loop():
     with open(os.path.join(ROOT, "fit.py")) as f:
         lines = sum(1 for _ in f)
     assert lines <= 500, f"fit.py has {lines} lines: move what is not the loop into rn50kit/training"
+
+
+# --- no Horovod broadcast: in 0.28.1 it can read a freed name and crash the worker (Distributed.broadcast_) ---------
+HOROVOD_BROADCASTS = {"broadcast", "broadcast_", "broadcast_parameters", "broadcast_object",
+                      "broadcast_optimizer_state", "broadcast_variables", "broadcast_global_variables"}
+
+
+def horovod_broadcasts(source, name="<source>"):
+    """Where ``source`` calls one of Horovod's broadcasts (on an object whose name says Horovod: hvd, self.hvd)."""
+    found = []
+    for call in (n for n in ast.walk(ast.parse(source, name)) if isinstance(n, ast.Call)):
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr in HOROVOD_BROADCASTS and \
+                any(word in ast.unparse(func.value) for word in ("hvd", "horovod")):
+            found.append(f"{name}:{call.lineno} {ast.unparse(func)}")
+    return found
+
+
+def test_nothing_calls_horovods_broadcast():
+    found = [line for path in python_files()
+             for line in horovod_broadcasts(open(path).read(), os.path.relpath(path, ROOT))]
+    assert not found, "use Distributed.broadcast_ / broadcast_parameters instead of: " + "; ".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "hvd.broadcast_parameters(params, root_rank=0)", "self.hvd.broadcast(x, 0, name='n')",
+    "horovod.mxnet.broadcast_(x, 0)", "hvd.broadcast_object(obj)"])
+def test_the_broadcast_rule_sees_each_way(source):
+    assert horovod_broadcasts(source)
+
+
+@pytest.mark.parametrize("source", ["dist.broadcast_(arrays, 'n')", "dist.broadcast_parameters(net)",
+                                    "mx.nd.broadcast_to(x, shape)", "hvd.allreduce_(x, op=hvd.Sum)"])
+def test_the_broadcast_rule_lets_the_kits_own_pass(source):
+    assert not horovod_broadcasts(source)
