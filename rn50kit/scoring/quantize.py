@@ -17,6 +17,7 @@ import warnings
 
 import mxnet as mx
 
+import models
 from rn50kit.common import backends
 from rn50kit.common import cli
 from rn50kit.reporting.report import write_json
@@ -146,7 +147,7 @@ def quantize(net, data_shape, calibration, calib_batches_fn):
 
 
 def save(qnet, prefix, calibration):
-    qnet.export(prefix, epoch=0)
+    models.export(qnet, prefix)
     write_json(prefix + ".json", calibration, indent=2)  # last: its presence means the graph is complete
 
 

@@ -105,12 +105,12 @@ def mxnet_message(error):
 
 
 def _export(net, tmp_prefix):
-    """net.export to ``tmp_prefix``; returns the parameter file. MXNet's file writer reports a failed write as
-    "FileStream.Write incomplete" without the cause, and drops an error at close (leaving a short file): so the
-    file is read back, and on failure a write of the same size from Python finds the cause (OSError)."""
+    """models.export of ``net`` to ``tmp_prefix``; returns the parameter file. MXNet's file writer reports a failed
+    write as "FileStream.Write incomplete" without the cause, and drops an error at close (leaving a short file):
+    so the file is read back, and on failure a write of the same size from Python finds the cause (OSError)."""
     path = f"{tmp_prefix}-0000.params"
     try:
-        net.export(tmp_prefix, epoch=0)
+        models.export(net, tmp_prefix)
         mx.nd.load(path)
         return path
     except mx.base.MXNetError as error:

@@ -454,6 +454,9 @@ def test_no_slow_leak_over_100_epochs(digits_data, tmp_path):
         (rss_early, fds_early, threads_early), (rss_late, fds_late, threads_late) = (
             (min(s[rank][0] for s in part), statistics.median(s[rank][1] for s in part),
              statistics.median(s[rank][2] for s in part)) for part in (early, late))
+        floors = [min((s[rank][0] for e in range(first, first + 10) for s in samples.get(e, [])), default=0)
+                  for first in range(0, LONG_EPOCHS, 10)]
+        print(f"rank {rank}, least MiB per ten epochs: {[round(f / 2**20) for f in floors]}")
         print(f"rank {rank}, epochs 5-14: least {rss_early / 2**20:.0f} MiB, median {fds_early} fds and "
               f"{threads_early} threads; epochs {LONG_EPOCHS - 11}-{LONG_EPOCHS - 1}: {rss_late / 2**20:.0f} MiB, "
               f"{fds_late} fds, {threads_late} threads")
