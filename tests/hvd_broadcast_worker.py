@@ -1,6 +1,7 @@
 """Run by tests/e2e/test_horovod_training.py under a launcher with 2 ranks: each rank fills arrays of every dtype
-the kit sends (special floats too) and a ResNet-18 with its own values, then Distributed.broadcast_ and
-broadcast_parameters; saves what each rank had before (<out>/before-rank<r>.npz) and after (after-rank<r>.npz)."""
+the kit sends (special floats too) and two ResNet-18s (on one context, and on two without cpu(0)) with its own
+values, then Distributed.broadcast_ and broadcast_parameters; saves what each rank had before
+(<out>/before-rank<r>.npz) and after (after-rank<r>.npz)."""
 import os
 import sys
 
@@ -21,11 +22,13 @@ def own_arrays(rank):
     """This rank's own values: random, plus the special floats on rank 0 only."""
     rng = np.random.RandomState(rank)
     arrays = {"float64": rng.randn(5), "int32": rng.randint(-9, 9, 6), "uint8": rng.randint(0, 255, 300),
-              "int64": rng.randint(-9, 9, 3), "float16": rng.randn(7), "float32": rng.randn(20)}
+              "int8": rng.randint(-128, 127, 40), "int64": rng.randint(-9, 9, 3), "float16": rng.randn(37),
+              "float32": rng.randn(20)}  # 37 float16: Horovod sums 8 at a time with F16C, the rest one by one
     arrays = {dtype: values.astype(dtype) for dtype, values in arrays.items()}
     if rank == 0:
         arrays["float32"][:len(SPECIAL)] = SPECIAL
         arrays["float16"][:3] = [-0.0, np.nan, np.inf]
+        arrays["float16"][33:36] = [-0.0, np.inf, 6e-8]  # in the scalar tail too; 6e-8: a float16 subnormal
     return arrays
 
 
@@ -33,20 +36,27 @@ def main():
     out = sys.argv[1]
     hvd.init()
     dist = distributed.Distributed(hvd)
-    net = models.get_model("resnet18_v1.5", num_classes=10)
-    net.initialize(mx.init.Xavier(), ctx=mx.cpu())  # no forward pass: oneDNN's reordered weights would not go
-    params = net.collect_params()
     rng = np.random.RandomState(10 + dist.rank)
-    for param in params.values():  # BatchNorm's ones and zeros too: every rank's own values
-        param.set_data(mx.nd.array(rng.randn(*param.shape)))
+    # One context, and two without cpu(0) as a worker's GPUs would be; no forward pass (oneDNN's reordered
+    # weights could not be sent by any Horovod collective).
+    nets = {"param": mx.cpu(), "two_contexts": [mx.cpu(1), mx.cpu(2)]}
+    for prefix, ctx in nets.items():
+        nets[prefix] = net = models.get_model("resnet18_v1.5", num_classes=10)
+        net.initialize(mx.init.Xavier(), ctx=ctx)
+        for param in net.collect_params().values():  # BatchNorm's ones and zeros too: every rank's own values
+            param.set_data(mx.nd.array(rng.randn(*param.shape)))
     arrays = own_arrays(dist.rank)
-    before = {**arrays, **{f"param.{k}": p.data().asnumpy() for k, p in params.items()}}
+    before = dict(arrays)
+    for prefix, net in nets.items():
+        before.update({f"{prefix}.{k}": p.list_data()[0].asnumpy() for k, p in net.collect_params().items()})
     np.savez(os.path.join(out, f"before-rank{dist.rank}.npz"), **before)
     nd_arrays = {dtype: mx.nd.array(values, dtype=dtype) for dtype, values in arrays.items()}
     dist.broadcast_(list(nd_arrays.values()), "test")
-    dist.broadcast_parameters(net)
-    after = {**{k: v.asnumpy() for k, v in nd_arrays.items()},
-             **{f"param.{k}": p.data().asnumpy() for k, p in params.items()}}
+    after = {k: v.asnumpy() for k, v in nd_arrays.items()}
+    for prefix, net in nets.items():
+        dist.broadcast_parameters(net)
+        # the last copy: on two contexts, the one broadcast_parameters copies rank 0's values into
+        after.update({f"{prefix}.{k}": p.list_data()[-1].asnumpy() for k, p in net.collect_params().items()})
     np.savez(os.path.join(out, f"after-rank{dist.rank}.npz"), **after)
     dist.finish()
 

@@ -61,22 +61,30 @@ class Distributed:
             self.hvd.shutdown()
 
     def broadcast_(self, arrays, name):
-        """Rank 0's values of ``arrays`` (NDArrays, changed in place) on every rank, bit for bit: an allreduce to
-        which the other ranks give negative zeros (x + -0.0 is x, a zero's sign included; a NaN stays a NaN), not
-        Horovod's broadcast. Horovod 0.28.1's
-        EnqueueTensorBroadcast logs the tensor's name after queueing it; when its background thread has finished
-        the broadcast by then, MXNet has freed the name and the worker dies of a segfault (docs/design.md)."""
+        """Rank 0's values of ``arrays`` (NDArrays, changed in place) on every rank, bit for bit (a NaN stays a
+        NaN, its bits may not): an allreduce to which the other ranks give -0.0 (x + -0.0 is x, a zero's sign
+        included), not Horovod's broadcast. Horovod 0.28.1's EnqueueTensorBroadcast logs the tensor's name after
+        queueing it; when its background thread has finished the broadcast by then, MXNet has freed the name and
+        the worker dies of a segfault (docs/design.md)."""
         if self.hvd is None or self.size == 1:
             return
         for i, array in enumerate(arrays):
             if self.rank != 0:
-                mx.nd.negative(mx.nd.zeros_like(array), out=array)  # -0.0 (assigning -0.0 stores +0.0)
+                array[:] = 0
+                mx.nd.negative(array, out=array)  # -0.0 (assigning -0.0 stores +0.0)
             self.hvd.allreduce_(array, op=self.hvd.Sum, name=f"{name}.{i}")
 
     def broadcast_parameters(self, net):
-        """Rank 0's weights (each parameter's first copy, as Horovod's broadcast_parameters) on every rank."""
-        params = net.collect_params()
-        self.broadcast_([params[key].data() for key in sorted(params.keys())], "parameters")
+        """Rank 0's weights on every rank and every context of it (rank 0's first copy of each parameter); the
+        parameters must be initialized (train.py ends deferred ones first)."""
+        if self.hvd is None or self.size == 1:
+            return
+        params = [net.collect_params()[key] for key in sorted(net.collect_params().keys())]
+        self.broadcast_([param.list_data()[0] for param in params], "parameters")
+        for param in params:
+            first, *others = param.list_data()
+            for copy in others:
+                first.copyto(copy)
 
 
 def average_over_devices(params):

@@ -115,8 +115,8 @@ def test_last_checkpoint_holds_the_trained_parameters(two_worker_run):
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_rank_zeros_values_reach_every_rank_bit_for_bit(controller, tmp_path):
     """Distributed.broadcast_ (an allreduce: Horovod's own broadcast can crash, see its docstring) gives every rank
-    rank 0's bits: each dtype the kit sends, a zero's sign, infinities, a subnormal, and a ResNet's weights; a NaN
-    stays a NaN (Horovod's float16 sum gives its own NaN's bits)."""
+    rank 0's bits: each dtype the kit sends, a zero's sign, infinities, subnormals, and a ResNet's weights on every
+    context; a NaN stays a NaN (Horovod's float16 sum gives its own NaN's bits)."""
     if controller == "mpi":
         need_mpi()
         command, env = ["mpirun", "-np", "2", "--oversubscribe"], mpirun_root_env()

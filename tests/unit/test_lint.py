@@ -123,17 +123,22 @@ def test_fit_py_stays_the_training_loop():
 
 # --- no Horovod broadcast: in 0.28.1 it can read a freed name and crash the worker (Distributed.broadcast_) ---------
 HOROVOD_BROADCASTS = {"broadcast", "broadcast_", "broadcast_parameters", "broadcast_object",
-                      "broadcast_optimizer_state", "broadcast_variables", "broadcast_global_variables"}
+                      "broadcast_optimizer_state", "broadcast_variables", "broadcast_global_variables",
+                      "alltoall"}  # EnqueueTensorAlltoall logs its name after queueing too
 
 
 def horovod_broadcasts(source, name="<source>"):
-    """Where ``source`` calls one of Horovod's broadcasts (on an object whose name says Horovod: hvd, self.hvd)."""
+    """Where ``source`` calls one of Horovod's broadcasts (on an object whose name says Horovod: hvd, self.hvd) or
+    imports one from a Horovod module."""
     found = []
-    for call in (n for n in ast.walk(ast.parse(source, name)) if isinstance(n, ast.Call)):
-        func = call.func
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("horovod") and \
+                any(alias.name in HOROVOD_BROADCASTS for alias in node.names):
+            found.append(f"{name}:{node.lineno} from {node.module} import ...")
+        func = node.func if isinstance(node, ast.Call) else None
         if isinstance(func, ast.Attribute) and func.attr in HOROVOD_BROADCASTS and \
                 any(word in ast.unparse(func.value) for word in ("hvd", "horovod")):
-            found.append(f"{name}:{call.lineno} {ast.unparse(func)}")
+            found.append(f"{name}:{node.lineno} {ast.unparse(func)}")
     return found
 
 
@@ -145,12 +150,14 @@ def test_nothing_calls_horovods_broadcast():
 
 @pytest.mark.parametrize("source", [
     "hvd.broadcast_parameters(params, root_rank=0)", "self.hvd.broadcast(x, 0, name='n')",
-    "horovod.mxnet.broadcast_(x, 0)", "hvd.broadcast_object(obj)"])
+    "horovod.mxnet.broadcast_(x, 0)", "hvd.broadcast_object(obj)", "from horovod.mxnet import broadcast_",
+    "from horovod.mxnet.mpi_ops import alltoall as a2a"])
 def test_the_broadcast_rule_sees_each_way(source):
     assert horovod_broadcasts(source)
 
 
 @pytest.mark.parametrize("source", ["dist.broadcast_(arrays, 'n')", "dist.broadcast_parameters(net)",
-                                    "mx.nd.broadcast_to(x, shape)", "hvd.allreduce_(x, op=hvd.Sum)"])
+                                    "mx.nd.broadcast_to(x, shape)", "hvd.allreduce_(x, op=hvd.Sum)",
+                                    "from horovod.mxnet import allreduce_"])
 def test_the_broadcast_rule_lets_the_kits_own_pass(source):
     assert not horovod_broadcasts(source)
