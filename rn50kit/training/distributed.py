@@ -79,7 +79,8 @@ class Distributed:
         parameters must be initialized (train.py ends deferred ones first)."""
         if self.hvd is None or self.size == 1:
             return
-        params = [net.collect_params()[key] for key in sorted(net.collect_params().keys())]
+        named = net.collect_params()
+        params = [named[key] for key in sorted(named.keys())]
         self.broadcast_([param.list_data()[0] for param in params], "parameters")
         for param in params:
             first, *others = param.list_data()
