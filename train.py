@@ -4,6 +4,7 @@ Usually started by `runner`, once per worker under horovodrun; it also runs alon
 """
 import argparse
 import dataclasses
+import faulthandler
 import logging
 import math
 import os
@@ -25,6 +26,10 @@ def interrupted_at_once(signum=None, frame=None):
 
 
 if __name__ == "__main__":
+    # A crash in native code (MXNet, Horovod, DALI) prints every thread's Python stack and ends the process by its
+    # signal, before MXNet loads: MXNet sets its own SIGSEGV handler only where none is, and that handler's exit()
+    # can wait forever on an engine lock the crash left held (a worker hung instead of ended).
+    faulthandler.enable()
     for _sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(_sig, lambda signum, frame: EARLY_STOPS.append(signum))
     signal.signal(signal.SIGINT, interrupted_at_once)

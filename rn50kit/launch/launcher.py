@@ -1041,15 +1041,15 @@ def run_srun_task(command, workspace):
     worker = subprocess.Popen(command)
     restore = forward_stop_signals(lambda signum: worker.send_signal(signum))
     status = worker.wait()
+    # srun ends the step's tasks as soon as one worker fails: its SIGTERM waits until the line is out and the
+    # records removed (Slurm's KillWait, 30 s by default, before SIGKILL), then ends this task as before.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     restore()
     if status != 0 and folder is not None:
         report_step_failure(folder, rank, status, worker.pid)
-    elif folder is not None:  # the last task to end removes the folder
-        for remove, path in ((os.remove, os.path.join(folder, f"rank-{rank}.json")), (os.rmdir, folder)):
-            try:
-                remove(path)
-            except OSError:
-                pass
+    elif folder is not None:
+        faults.leave_step(folder, rank)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if status < 0:  # killed by a signal: end the same way
         if -status in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # this process's handlers: the default back
             signal.signal(-status, signal.SIG_DFL)
@@ -1072,4 +1072,4 @@ def report_step_failure(folder, rank, status, pid):
                                known={"rank": rank, "host": socket.gethostname(), "pid": pid},
                                ended="srun ends the step's other tasks")
     print(f"runner: error: {summary}", file=sys.stderr, flush=True)
-    shutil.rmtree(folder, ignore_errors=True)
+    faults.remove_step(folder)

@@ -197,6 +197,11 @@ def who(record):
     return f"rank {record['rank']} (host {record.get('host', '?')}, pid {record.get('pid', '?')})"
 
 
+# The signals a process dies of when its own code fails (train.py's faulthandler prints every thread's stack).
+CRASHES = {"SIGSEGV": "a segmentation fault", "SIGBUS": "a bus error", "SIGABRT": "aborted",
+           "SIGFPE": "an arithmetic fault", "SIGILL": "an illegal instruction"}
+
+
 def signal_name(status):
     """SIGKILL for an exit status 137 (128 + 9, the shell's way) or -9 (Python's), else None."""
     number = -status if status < 0 else status - 128 if status > 128 else None
@@ -228,6 +233,9 @@ def summarize(directory, first_failed=None, known=None, ended="every worker has 
         rank, status = first_failed
         name = signal_name(status)
         record = records.get(rank, {"rank": rank})
+        if name in CRASHES:
+            return (f"{who(record)} crashed ({name}, {CRASHES[name]}; exit status {status}): its Python stack is "
+                    f"above (\"Fatal Python error\"); {ended}; {RESUME}")
         if name and record.get("kind") != "teardown":
             return (f"{who(record)} was killed by {name} (exit status {status}): by hand, by the OOM killer (see "
                     f"`dmesg` on its host) or by the batch system; {ended}; {RESUME}")
@@ -249,6 +257,7 @@ def summarize(directory, first_failed=None, known=None, ended="every worker has 
 
 REPORTED = "reported"  # made by the one task that reports the step's failure
 STEP_PREFIX = ".rn50-faults-"
+REMOVED_SUFFIX = ".removed"  # a step's folder renamed so before its removal: a task killed part-way leaves this name
 STALE_S = 3600.0  # a step's folder untouched this long (no heartbeat, no record) is left from a killed step
 
 
@@ -273,10 +282,38 @@ def remove_stale_steps(directory, now=None):
     for name in names:
         path = os.path.join(parent, name)
         try:
-            if path != directory and (reported(path) or now - os.stat(path).st_mtime > STALE_S):
+            if path != directory and (name.endswith(REMOVED_SUFFIX) or reported(path) or
+                                      now - os.stat(path).st_mtime > STALE_S):
                 shutil.rmtree(path, ignore_errors=True)
         except OSError:
             pass
+
+
+def remove_step(directory):
+    """Remove a step's folder: renamed first (one atomic step), so that a task killed part-way through the removal
+    (srun ends a failed step's tasks at once) leaves a folder the next step's rank 0 knows to remove, never one
+    that looks like a live step's."""
+    doomed = f"{directory}.{os.getpid()}{REMOVED_SUFFIX}"
+    try:
+        os.rename(directory, doomed)
+    except OSError:
+        return  # gone already: another task removed it
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def leave_step(directory, rank):
+    """A task whose worker ended well: its worker's files out of the step's folder (a record being rewritten when
+    the worker exited leaves its temporary file), and the folder removed by the last task to leave it."""
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        if name == f"rank-{rank}.json" or name.startswith(f"rank-{rank}.json."):
+            try:
+                os.remove(os.path.join(directory, name))
+            except OSError:
+                pass
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass  # another task's worker is still running or its task has not left yet
 
 
 def claim_report(directory):

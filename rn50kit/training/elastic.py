@@ -18,6 +18,7 @@ reads the rest, each record once. Nothing here is a pickle: plain values cross a
 import collections
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -367,10 +368,19 @@ class ElasticTraining(State):
     # --- resets ----------------------------------------------------------------------------------------------
 
     def _reset_horovod(self):
+        # The failed operations' errors, stored by the engine, raised once and cleared by a waitall. MXNet 1.9.1's
+        # WaitForAll clears that list without a lock, while an engine thread adds to it whenever an operation on an
+        # array a failed collective wrote runs, its freeing too: arrays in reference cycles (the failure's
+        # traceback) are freed here first, and no other thread's garbage collection frees one during the waitall
+        # (a rank crashed once in that list, CI of stop 52).
+        gc.collect()
+        gc.disable()
         try:
-            mx.nd.waitall()  # the failed operations' errors, stored by the engine, raised once and cleared
+            mx.nd.waitall()
         except mx.base.MXNetError:
             pass
+        finally:
+            gc.enable()
         self.hvd.shutdown()
         self.hvd.init()
 

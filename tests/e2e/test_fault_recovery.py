@@ -247,13 +247,14 @@ def test_a_full_disk_while_saving_ends_the_run_keeping_the_last_checkpoint(digit
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault, launcher", [("SIGKILL", "horovodrun"), ("exception", "horovodrun"),
-                                             ("SIGKILL", "mpi"), ("SIGKILL", "slurm"), ("exception", "slurm")])
+                                             ("segfault", "horovodrun"), ("SIGKILL", "mpi"), ("SIGKILL", "slurm"),
+                                             ("exception", "slurm")])
 def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, digits_data, tmp_path):
     workspace = tmp_path / "ws"
     command, env = launched(runner_command(digits_data, workspace), launcher)
-    if fault == "exception":  # rank 1 raises in its 3rd step of epoch 2
+    if fault != "SIGKILL":  # rank 1 raises (or crashes) in its 3rd step of epoch 2
         env = dict(env, PYTHONPATH=INJECTION + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_RANK="1",
-                   RN50_INJECT_STEP=str(STEPS + 3))
+                   RN50_INJECT_STEP=str(STEPS + 3), RN50_INJECT_KIND=fault)
     process = start(command, tmp_path / "dead", env=env)
     try:
         victim = wait_until(lambda: worker(process, 0, launcher, workspace) and worker(process, 1, launcher, workspace),
@@ -274,6 +275,9 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, di
     assert f", pid {victim.pid}) " in line
     if fault == "SIGKILL":
         assert "was killed by SIGKILL (exit status 137)" in line
+    elif fault == "segfault":  # train.py's faulthandler, not MXNet's handler (exit status 255, or a hang in exit())
+        assert "crashed (SIGSEGV, a segmentation fault; exit status 139): its Python stack is above" in line
+        assert "Fatal Python error: Segmentation fault" in open(tmp_path / "dead.err").read()
     else:
         assert f"failed: RuntimeError: injected fault at step {STEPS + 3}" in line
     assert "the same command resumes" in line or "rerun the same command to resume" in line

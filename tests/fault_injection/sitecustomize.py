@@ -2,7 +2,8 @@
 PYTHONPATH), in train.py's worker processes only; every other process (runner, the launcher) is untouched:
 - RN50_INJECT_RANK: in the worker whose rank (its launcher's mark: HOROVOD_RANK, OMPI_COMM_WORLD_RANK or
   SLURM_PROCID) it names, fit.train_step raises RuntimeError at call RN50_INJECT_STEP, or with
-  RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive but stuck: a hung file system, a GPU fault).
+  RN50_INJECT_KIND=hang sleeps there for an hour (a rank alive but stuck: a hung file system, a GPU fault), or with
+  RN50_INJECT_KIND=segfault crashes there (SIGSEGV, as a bug in a native library).
 - RN50_INJECT_KIND=kill-in-commit with RN50_INJECT_HOST: the worker on that host (horovodrun's HOROVOD_HOSTNAME: an
   elastic run's ranks change) kills itself (SIGKILL) inside its RN50_INJECT_STEP-th in-memory commit (the first is
   the run's start), after the commit's first collective: the others finish theirs and fail in its next one.
@@ -51,6 +52,9 @@ def raise_or_hang(call):
     if os.environ.get("RN50_INJECT_KIND") == "hang":
         import time
         time.sleep(3600)
+    if os.environ.get("RN50_INJECT_KIND") == "segfault":
+        import ctypes
+        ctypes.string_at(0)  # reads address 0: SIGSEGV, as a crash in a native library
     raise RuntimeError(f"injected fault at step {call}")
 
 

@@ -3,6 +3,8 @@ import json
 import os
 import tempfile
 
+import pytest
+
 
 # --- runner's reading of the workers' records (no processes) -------------------------------------------------
 
@@ -66,3 +68,44 @@ def test_one_task_of_an_srun_step_reports_and_stale_steps_are_removed(tmp_path):
     faults.remove_stale_steps(folder, now=1001.0 + faults.STALE_S)
     # the old one and the reported one go; a recent one (another step's) and this step's own (however old) stay
     assert sorted(p.name for p in tmp_path.iterdir()) == [".rn50-faults-64.0.0", ".rn50-faults-66.0.0"]
+
+
+def test_a_step_folder_whose_removal_was_cut_short_is_removed_by_the_next_step(tmp_path, monkeypatch):
+    """srun ends a failed step's tasks at once: the task that reported may die part-way through removing the
+    step's records (its REPORTED mark gone, a record left); the next step's rank 0 still removes what is left."""
+    from rn50kit.reliability import faults
+    failed = str(tmp_path / ".rn50-faults-70.0.0")
+    os.makedirs(failed)
+    for name in ("rank-0.json", "rank-1.json"):
+        open(os.path.join(failed, name), "w").close()
+    assert faults.claim_report(failed)
+
+    def killed_part_way(path, ignore_errors=False):
+        os.remove(os.path.join(path, faults.REPORTED))
+        raise SystemExit("SIGKILL")
+    monkeypatch.setattr(faults.shutil, "rmtree", killed_part_way)
+    with pytest.raises(SystemExit):
+        faults.remove_step(failed)
+    monkeypatch.undo()
+    assert not faults.claim_report(failed)  # the step's name is free: its other tasks do not report again
+    assert len(list(tmp_path.iterdir())) == 1  # what the killed task left
+    following = str(tmp_path / ".rn50-faults-71.0.0")
+    os.makedirs(following)
+    faults.remove_stale_steps(following)
+    assert [p.name for p in tmp_path.iterdir()] == [".rn50-faults-71.0.0"]
+
+
+def test_tasks_whose_workers_ended_well_leave_nothing_of_the_step(tmp_path):
+    """Each task removes its worker's record, and a temporary one its worker was writing as it exited; the last
+    task out removes the folder."""
+    from rn50kit.reliability import faults
+    folder = tmp_path / ".rn50-faults-72.0.0"
+    folder.mkdir()
+    for name in ("rank-0.json", "rank-0.json.4242.tmp", "rank-1.json", "rank-10.json"):
+        (folder / name).touch()
+    faults.leave_step(str(folder), 0)
+    assert sorted(p.name for p in folder.iterdir()) == ["rank-1.json", "rank-10.json"]
+    faults.leave_step(str(folder), 1)
+    faults.leave_step(str(folder), 10)
+    assert not folder.exists()
+    faults.leave_step(str(folder), 2)  # a task whose folder is already gone
