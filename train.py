@@ -448,9 +448,10 @@ def train_iterator_factory(cfg, dist, ctxs, first):
     return make
 
 
-def elastic_training(cfg, net, ctxs, dist):
+def elastic_training(cfg, net, ctxs, dist, lock):
     """An elastic run's driver (rn50kit/training/elastic.py), or None for a run of a fixed world. Its epochs are
-    built here: the training records from the first one not read yet, the batch of the world's plan."""
+    built here: the training records from the first one not read yet, the batch of the world's plan. ``lock``:
+    the workspace's (hold_workspace), which a worker that becomes rank 0 takes."""
     if not dist.elastic:
         return None
     from rn50kit.training import elastic, optimizers
@@ -472,7 +473,8 @@ def elastic_training(cfg, net, ctxs, dist):
     samples = cfg.data.num_examples or len(loaders.open_record_files(cfg.data)["train"])
     return elastic.ElasticTraining(dist.hvd, dist, net, fit_cfg.batch_size * fit_cfg.grad_accum_steps,
                                    max(1, fit_cfg.batch_size // dist.size), samples, make_iterators, make_trainer,
-                                   fit_cfg.commit_every, fit_cfg.elastic_batch == "keep", fit_cfg.grad_accum_steps)
+                                   fit_cfg.commit_every, fit_cfg.elastic_batch == "keep", fit_cfg.grad_accum_steps,
+                                   lock)
 
 
 def hold_workspace(workspace, trains, dist):
@@ -776,11 +778,11 @@ def predict_images(cfg, info, net, ctxs, dist):
     return Outcome(net=model.net, prediction=prediction)
 
 
-def score_or_train(cfg, info, net, ctxs, dist):
-    """--mode val scores the checkpoint; train and train_val train ``net``. Returns (the network, the report,
-    whether a stop signal ended the training)."""
+def score_or_train(cfg, info, net, ctxs, dist, lock):
+    """--mode val scores the checkpoint; train and train_val train ``net`` (``lock``: the workspace's). Returns
+    (the network, the report, whether a stop signal ended the training)."""
     fit_cfg = cfg.fit
-    elastic = elastic_training(cfg, net, ctxs, dist) if fit_cfg.mode != "val" else None
+    elastic = elastic_training(cfg, net, ctxs, dist, lock) if fit_cfg.mode != "val" else None
     if elastic is not None:  # each world builds its own pipelines; fit asks an epoch's steps (the MLPerf log)
         train_iter, val_iter = range(math.ceil(elastic.epoch_samples / fit_cfg.batch_size)), None
     else:
@@ -852,7 +854,7 @@ def main(args, command=None, given=()):
         check_memory(cfg, net, ctxs, dist)
         if cfg.fit.mode == "pred":
             return predict_images(cfg, info, net, ctxs, dist)
-        net, report, stopped = score_or_train(cfg, info, net, ctxs, dist)
+        net, report, stopped = score_or_train(cfg, info, net, ctxs, dist, lock)
     except (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, loaders.DataError,
             predict.PredictionError, pretrained.PretrainedError) as error:
         raise UsageError(str(error))

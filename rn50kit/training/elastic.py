@@ -30,11 +30,14 @@ import numpy as np
 from horovod.common.elastic import State, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from rn50kit.reliability import faults
+from rn50kit.reliability import faults, run_lock
 from rn50kit.training import optimizer_state
 
 log = logging.getLogger("rn50")
 DEFAULT_COMMIT_EVERY = 50  # optimizer steps: a copy of the weights and optimizer state to host memory each time
+# A lost rank 0's lock is free once the kernel (or a shared file system's lock manager) sees it gone; a rank 0
+# only cut off from the others still holds it.
+LOCK_PATIENCE_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,9 +184,10 @@ class ElasticTraining(State):
     has; ``make_trainer()`` a trainer for the current world (Horovod's divides by the world's size when built)."""
 
     def __init__(self, hvd, dist, net, global_batch, max_per_worker, epoch_samples, make_iterators, make_trainer,
-                 commit_every=DEFAULT_COMMIT_EVERY, keep_batch=True, accum=1):
+                 commit_every=DEFAULT_COMMIT_EVERY, keep_batch=True, accum=1, workspace_lock=None):
         super().__init__(bcast_object=self.broadcast_json, get_rank=hvd.rank)
         self.hvd, self.dist, self.net = hvd, dist, net
+        self.workspace_lock = workspace_lock  # run_lock.WorkspaceLock: rank 0's (held), taken by a new rank 0
         self.global_batch, self.max_per_worker, self.epoch_samples = global_batch, max_per_worker, epoch_samples
         self.make_iterators, self.make_trainer, self.commit_every = make_iterators, make_trainer, commit_every
         self.keep_batch, self.accum = keep_batch, accum  # --elastic-batch keep, or scale-lr: the run's own plan
@@ -303,9 +307,22 @@ class ElasticTraining(State):
         self.dist.refresh()
         if self.dist.is_primary and not was_primary:
             self.run.became_primary()
+            self.hold_workspace()
         self.run.state.trainer = self.make_trainer()
         self.validation.clear()  # a failure may have stopped one part-way through its pass
         self.put()
+
+    def hold_workspace(self):
+        """A worker that became rank 0 takes the workspace lock, which went with the lost rank 0: a second run
+        there is refused again, and this worker records how the run ended (run.lock, runner's outcome)."""
+        lock = self.workspace_lock
+        if lock is None or lock.fd is not None:
+            return
+        try:
+            lock.acquire(patience_s=LOCK_PATIENCE_S)
+        except run_lock.WorkspaceBusy as error:
+            log.warning("Elastic: this worker is rank 0 now, but the workspace lock is not free (%s); the run "
+                            "goes on without it", error)
 
     def put(self):
         arrays, values = self.committed

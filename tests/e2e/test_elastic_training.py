@@ -59,6 +59,19 @@ def worker_on(host, workspace):
     return None
 
 
+def first_rank_zero(workspace):
+    """The worker horovodrun started as rank 0 (HOROVOD_RANK is the first world's rank)."""
+    for process in run_members(workspace):
+        try:
+            command = process.cmdline()
+            if process.environ().get("HOROVOD_RANK") == "0" and "python" in os.path.basename(command[0]) \
+                    and any(part.endswith("train.py") for part in command):
+                return process
+        except psutil.Error:
+            pass
+    return None
+
+
 def records(workspace, kind):
     log = workspace / "log.jsonl"
     if not log.exists():
@@ -122,6 +135,37 @@ def test_a_worker_lost_mid_epoch_the_run_goes_on_with_the_global_batch_kept(digi
     print(f"top-1 {final_top1(workspace):.4f} after losing a worker, {uninterrupted:.4f} without; the reset cost "
           f"{change['seconds_lost']:.1f} s ({change['detected_after']:.1f} s until Gloo noticed)")
     assert abs(final_top1(workspace) - uninterrupted) <= TOLERANCE
+
+
+def test_rank_0_lost_a_new_rank_0_writes_the_run_and_holds_the_workspace(digits_data, tmp_path):
+    """Rank 0 writes the run's files and holds the workspace lock; when it is lost, the worker that becomes rank 0
+    of the new world opens the files (the logs go on) and takes the lock: a second run there is refused again, and
+    the lock says how the run ended."""
+    need_ssh_hosts()
+    workspace = tmp_path / "ws"
+    process = start(runner_command(digits_data, workspace, 3, 8, "-H", "hostA:1,hostB:1,localhost:1", "--min-np", "2",
+                                   *ELASTIC), tmp_path / "run")
+    from rn50kit.reliability import run_lock
+    try:
+        victim = wait_until(lambda: first_rank_zero(workspace), "rank 0's worker", HANG_S, process)
+        wait_until(lambda: len(records(workspace, "iter")) >= 10, "step 10 of epoch 1", HANG_S, process)
+        assert run_lock.holder(str(workspace))["pid"] == victim.pid
+        victim.kill()
+        holder = wait_until(lambda: (run_lock.holder(str(workspace)) or {}).get("pid") not in (None, victim.pid) and
+                            run_lock.holder(str(workspace)), "a new holder of the workspace lock", HANG_S, process,
+                            interval=0.5)
+        survivors = [p.pid for p in run_members(workspace) if p.pid != victim.pid]
+        assert holder["pid"] in survivors and holder["state"] == "running"
+    finally:
+        finish(process, workspace)
+    err = open(tmp_path / "run.err").read()
+    assert process.returncode == 0, err[-3000:]
+    [change] = records(workspace, "world_change")  # written by the new rank 0, into the same log
+    assert (change["workers_before"], change["workers"]) == (3, 2) and len(change["hosts_lost"]) == 1
+    steps = records(workspace, "iter")
+    assert [record["epoch"] for record in records(workspace, "epoch")] == [1, 2] and steps[-1]["epoch"] == 2
+    state = run_lock.run_state(str(workspace))
+    assert (state["pid"], state["state"]) == (holder["pid"], "done"), state
 
 
 def test_a_worker_killed_inside_a_commit_the_others_go_on_from_theirs(digits_data, tmp_path):

@@ -285,7 +285,7 @@ def test_a_dead_rank_ends_every_rank_with_one_line_naming_it(fault, launcher, di
     # traceback (Horovod's C++ teardown may still print its own error, or abort)
     assert "[0]<stderr>:Traceback" not in open(tmp_path / "dead.err").read()
     assert_ended_cleanly(process, members, workspace)
-    print(f"{fault} under {launcher}: the run ended {ended:.1f} s after the fault")
+    print(f"{fault} under {launcher}: the run ended {ended:.1f} s after the fault, status {process.returncode}")
     assert_intact(workspace, "0001")
     assert_resumes(command, workspace, "0001", env)
 
