@@ -461,6 +461,10 @@ def elastic_training(cfg, net, ctxs, dist, lock):
         raise UsageError(f"elastic runs read the records with the dali backends (the records not read yet go to the "
                          f"new world); --data-backend {cfg.data.data_backend} cannot: use dali-cpu or dali-gpu")
     fit_cfg = cfg.fit
+    if fit_cfg.horovod_num_groups > 1:  # see optimizers.trainer_for
+        raise UsageError(f"elastic runs allreduce the gradients as one group (a lost worker fails every collective "
+                         f"in flight at once, which MXNet 1.9.1 does not survive when there are several); leave out "
+                         f"--horovod-num-groups {fit_cfg.horovod_num_groups}")
 
     def make_iterators(plan, epoch, start, steps, with_val):
         changes = epoch_reader(cfg, epoch, fit_cfg.seed or 0, fit__batch_size=plan.micro_batch,

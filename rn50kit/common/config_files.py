@@ -69,6 +69,7 @@ def key_lines(path):
         header = re.match(r"\s*\[\s*([^\]\s]+)\s*\]", line)
         if header:
             table = dest_of(header[1].strip("\"'"))
+            lines.setdefault(("", table), number)  # a table read as one value ([lr_points]) is named by its header
             continue
         key = re.match(r"\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*=", line)
         if key:

@@ -47,6 +47,23 @@ def positive_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
+def read_lr_points(settings):
+    """A recipe's [lr_points] table as {global batch: LR}; a ConfigError naming the line of a bad entry."""
+    table = settings.values["lr_points"]
+    example = "[lr_points] maps global batches to LRs, e.g. 1632 = 7.4"
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"{settings.where('lr_points')}: {example}")
+    points = {}
+    for batch, lr in table.items():
+        if not (batch.isdigit() and int(batch) > 0 and positive_number(lr)):
+            line = settings.lines.get(("lr_points", config_files.dest_of(batch)))
+            where = f"{settings.path} line {line}" if line else str(settings.path)
+            raise ConfigError(f"{where}: [lr_points] {batch} = {config_files.show(lr)}: {example} (a positive "
+                              "whole batch, a positive LR)")
+        points[int(batch)] = float(lr)
+    return points
+
+
 @lru_cache(maxsize=None)
 def load_recipe(name):
     """A recipe's fields (the flags' defaults, plus lr_per_256 or lr_points and num_epochs), read from its file;
@@ -58,11 +75,7 @@ def load_recipe(name):
     settings = config_files.read(path, "--recipe")
     fields = dict(settings.values)
     if "lr_points" in fields:
-        try:
-            fields["lr_points"] = {int(batch): float(lr) for batch, lr in fields["lr_points"].items()}
-        except (AttributeError, TypeError, ValueError):
-            raise ConfigError(f"{settings.where('lr_points')}: [lr_points] maps global batches to LRs, e.g. "
-                              "1632 = 7.4")
+        fields["lr_points"] = read_lr_points(settings)
     if ("lr_per_256" in fields) == ("lr_points" in fields):
         raise ConfigError(f"{path}: a recipe gives its LR as lr_per_256 = X (per 256 images) or as an "
                           "[lr_points] table (global batch = LR), one of the two")

@@ -44,9 +44,21 @@ class Distributed:
         """Average parameters (or NDArrays) in place over all ranks (BatchNorm running statistics)."""
         if self.hvd is None or self.size == 1:
             return
-        for i, array in enumerate(arrays):
-            array = array.data() if isinstance(array, gluon.Parameter) else array
-            self.hvd.allreduce_(array, op=self.hvd.Average, name=f"{name}.{i}")
+        self._one_at_a_time([a.data() if isinstance(a, gluon.Parameter) else a for a in arrays], self.hvd.Average,
+                            name)
+
+    def _one_at_a_time(self, arrays, op, name):
+        """Allreduce ``arrays`` in place: one grouped collective per dtype, each waited for before the next.
+        When a peer is lost, every collective in flight fails at once, and MXNet 1.9.1's engine records each
+        failure in one unlocked list from several threads (ThreadedEngine::AddToGlobalExceptions): entries race,
+        the list is corrupted and the next waitall segfaults (docs/design.md). One in flight at a time."""
+        by_dtype = {}
+        for array in arrays:
+            by_dtype.setdefault(np.dtype(array.dtype).name, []).append(array)
+        for dtype, group in by_dtype.items():
+            self.hvd.grouped_allreduce_(group, op=op, name=f"{name}.{dtype}")
+            for array in group:
+                array.wait_to_read()
 
     def finish(self):
         """Before a worker exits: its queued collectives done, and every rank at this point (so no rank's
@@ -68,11 +80,11 @@ class Distributed:
         the worker dies of a segfault (docs/design.md)."""
         if self.hvd is None or self.size == 1:
             return
-        for i, array in enumerate(arrays):
-            if self.rank != 0:
+        if self.rank != 0:
+            for array in arrays:
                 array[:] = 0
                 mx.nd.negative(array, out=array)  # -0.0 (assigning -0.0 stores +0.0)
-            self.hvd.allreduce_(array, op=self.hvd.Sum, name=f"{name}.{i}")
+        self._one_at_a_time(arrays, self.hvd.Sum, name)
 
     def broadcast_parameters(self, net):
         """Rank 0's weights on every rank and every context of it (rank 0's first copy of each parameter); the

@@ -263,6 +263,8 @@ def zero_accumulated(params):
 
 
 def trainer_for(net, dist, cfg):
-    """make_trainer with a FitConfig's optimizer flags (a fresh run's, and an elastic run's after each reset)."""
+    """make_trainer with a FitConfig's optimizer flags (a fresh run's, and an elastic run's after each reset).
+    An elastic run allreduces the gradients as one group (one collective per dtype): a lost peer fails every
+    collective in flight at once, which corrupts MXNet 1.9.1's engine when there are several (docs/design.md)."""
     return make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
-                        cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps)
+                        1 if dist.elastic else cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps)

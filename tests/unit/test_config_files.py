@@ -76,6 +76,12 @@ def test_a_users_recipe_file_gives_the_defaults(tmp_path):
     ('lr_per_256 = 0.1\nnum_epochs = 3\nmom = "high"\n', 'line 3: mom = "high": expected a number (--mom)'),
     ('lr_per_256 = 0.1\n', "a recipe needs num_epochs = N"),
     ('num_epochs = 3\n', "lr_per_256 = X"),
+    ('num_epochs = 3\n[lr_points]\n1632 = 7.4\nbig = 9.0\n', "line 4: [lr_points] big = 9.0: [lr_points] maps"),
+    ('num_epochs = 3\n[lr_points]\n# the LR at 1632\n1632 = "7.4"\n', 'line 4: [lr_points] 1632 = "7.4": '),
+    ('num_epochs = 3\n[lr_points]\n1632 = true\n', "line 3: [lr_points] 1632 = true: "),
+    ('num_epochs = 3\n[lr_points]\n0 = 0.1\n', "line 3: [lr_points] 0 = 0.1: "),
+    ('num_epochs = 3\nlr_points = 5\n', "line 2: [lr_points] maps global batches to LRs"),
+    ('num_epochs = 3\n\n[lr_points]\n', "line 3: [lr_points] maps global batches to LRs"),
 ])
 def test_a_bad_recipe_file_is_one_line(tmp_path, capsys, text, says):
     path = write(tmp_path / "bad.toml", text)

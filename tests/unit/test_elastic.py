@@ -157,3 +157,22 @@ def test_plans_cover_every_small_world():
     for global_batch, workers in itertools.product(range(1, 40), range(1, 6)):
         plan = plan_world(global_batch, workers, max(1, global_batch // 2))
         assert plan.per_worker >= 1 and plan.accum >= 1
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--data-backend", "mxnet"], "--data-backend mxnet cannot: use dali-cpu or dali-gpu"),
+    (["--horovod-num-groups", "4"], "elastic runs allreduce the gradients as one group"),
+])
+def test_an_elastic_worker_refuses_what_an_elastic_run_cannot_do_in_one_line(tmp_path, flags, says):
+    """Checked in the worker (train.elastic_training), before the network or any collective."""
+    import mxnet as mx
+
+    import train
+    from rn50kit.training.distributed import Distributed
+    argv = ["--data-train", str(tmp_path / "train.rec"), "--kv-store", "horovod", *flags]
+    cfg = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
+    dist = Distributed(None)
+    dist.elastic = True
+    with pytest.raises(train.UsageError) as refused:
+        train.elastic_training(cfg, None, [mx.cpu()], dist, None)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
