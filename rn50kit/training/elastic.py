@@ -321,8 +321,8 @@ class ElasticTraining(State):
         try:
             lock.acquire(patience_s=LOCK_PATIENCE_S)
         except run_lock.WorkspaceBusy as error:
-            log.warning("Elastic: this worker is rank 0 now, but the workspace lock is not free (%s); the run "
-                            "goes on without it", error)
+            log.warning("Elastic: this worker is rank 0 now, but the workspace lock is not free (%s); the run goes "
+                        "on without it", error)
 
     def put(self):
         arrays, values = self.committed
@@ -385,11 +385,10 @@ class ElasticTraining(State):
     # --- resets ----------------------------------------------------------------------------------------------
 
     def _reset_horovod(self):
-        # The failed operations' errors, stored by the engine, raised once and cleared by a waitall. MXNet 1.9.1's
-        # WaitForAll clears that list without a lock, while an engine thread adds to it whenever an operation on an
-        # array a failed collective wrote runs, its freeing too: arrays in reference cycles (the failure's
-        # traceback) are freed here first, and no other thread's garbage collection frees one during the waitall
-        # (a rank crashed once in that list, CI of stop 52).
+        # The failed operations' errors, kept by the engine in one unlocked list, raised once and cleared by a
+        # waitall. Arrays in reference cycles (the failure's traceback) are freed before it, not by another
+        # thread's garbage collection while the waitall walks that list; the list is kept whole by one collective
+        # failing at a time (Distributed, optimizers.trainer_for; docs/design.md).
         gc.collect()
         gc.disable()
         try:

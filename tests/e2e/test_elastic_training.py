@@ -46,30 +46,22 @@ def start(command, log_prefix, **environ):
                             stdin=subprocess.DEVNULL)
 
 
+def worker_with(workspace, variable, value):
+    """The training process (Python running train.py, not the shell around it) whose environment has ``variable``
+    = ``value``: HOROVOD_HOSTNAME, the host horovodrun placed it on; HOROVOD_RANK, its rank in the first world."""
+    for process in run_members(workspace):
+        try:
+            command = process.cmdline()
+            if process.environ().get(variable) == value and "python" in os.path.basename(command[0]) \
+                    and any(part.endswith("train.py") for part in command):
+                return process
+        except psutil.Error:
+            pass
+    return None
+
+
 def worker_on(host, workspace):
-    """The training process horovodrun placed on ``host`` (Python running train.py, not the shell around it)."""
-    for process in run_members(workspace):
-        try:
-            command = process.cmdline()
-            if process.environ().get("HOROVOD_HOSTNAME") == host and "python" in os.path.basename(command[0]) \
-                    and any(part.endswith("train.py") for part in command):
-                return process
-        except psutil.Error:
-            pass
-    return None
-
-
-def first_rank_zero(workspace):
-    """The worker horovodrun started as rank 0 (HOROVOD_RANK is the first world's rank)."""
-    for process in run_members(workspace):
-        try:
-            command = process.cmdline()
-            if process.environ().get("HOROVOD_RANK") == "0" and "python" in os.path.basename(command[0]) \
-                    and any(part.endswith("train.py") for part in command):
-                return process
-        except psutil.Error:
-            pass
-    return None
+    return worker_with(workspace, "HOROVOD_HOSTNAME", host)
 
 
 def records(workspace, kind):
@@ -147,7 +139,8 @@ def test_rank_0_lost_a_new_rank_0_writes_the_run_and_holds_the_workspace(digits_
                                    *ELASTIC), tmp_path / "run")
     from rn50kit.reliability import run_lock
     try:
-        victim = wait_until(lambda: first_rank_zero(workspace), "rank 0's worker", HANG_S, process)
+        victim = wait_until(lambda: worker_with(workspace, "HOROVOD_RANK", "0"), "rank 0's worker", HANG_S,
+                            process)
         wait_until(lambda: len(records(workspace, "iter")) >= 10, "step 10 of epoch 1", HANG_S, process)
         assert run_lock.holder(str(workspace))["pid"] == victim.pid
         victim.kill()
