@@ -13,8 +13,9 @@ validation split, chosen by --seed; both lists are shuffled, so no record file i
 
 OUT receives train.lst/.rec/.idx, val.lst/.rec/.idx, classes.txt (one class name per line in label order: train.py finds
 it beside train.rec and saves the names in its checkpoints) and prepare.json (the split per class, the images left out).
-Outputs are written under temporary names and renamed when complete; a rerun rebuilds them (the same seed gives the same
-split).
+Outputs are written under temporary names and renamed when complete. An OUT that already holds a dataset is refused
+(its records would be replaced, and a workspace trained on them would resume on other data): give an empty or new
+folder, or --force to rebuild it (the same seed gives the same split).
 """
 import argparse
 import collections
@@ -38,6 +39,7 @@ from rn50kit.data.records import IR_HEADER  # noqa: E402
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 LIMITS = (32, 8192, 8.0)  # check_dataset's default size warnings: shorter side, longer side, aspect ratio
 MAX_LISTED = 20
+DATASET_FILES = ("train.rec", "train.idx", "train.lst", "val.rec", "val.idx", "val.lst", "classes.txt", "prepare.json")
 
 
 class PrepareError(Exception):
@@ -158,8 +160,25 @@ def pack(split_name, entries, out, staging, python, im2rec, threads):
         os.replace(part + suffix, os.path.join(out, split_name + suffix))
 
 
-def prepare(root, out, val_fraction=0.1, seed=0, threads=None, jobs=None, quality=95, python=None, log=print):
-    """Check, split and pack ``root`` into ``out``; returns the summary written to OUT/prepare.json."""
+def existing_dataset_problem(out):
+    """The one-line refusal of an OUT that already holds a dataset's files (None: nothing there to replace)."""
+    held = [name for name in DATASET_FILES if os.path.exists(os.path.join(out, name))]
+    if not held:
+        return None
+    source = ""
+    try:
+        with open(os.path.join(out, "prepare.json")) as f:
+            source = f" (packed from {json.load(f)['root']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return (f"{out} already holds a dataset{source}: {', '.join(held[:4])}{' ...' if len(held) > 4 else ''}; "
+            f"give an empty or new folder, or pass --force to replace it")
+
+
+def prepare(root, out, val_fraction=0.1, seed=0, threads=None, jobs=None, quality=95, python=None, log=print,
+            force=False):
+    """Check, split and pack ``root`` into ``out``; returns the summary written to OUT/prepare.json. ``force``:
+    replace a dataset already in ``out`` (refused otherwise)."""
     root, out = os.path.abspath(root), os.path.abspath(out)
     if not os.path.isdir(root):
         raise PrepareError(f"{root} is not a folder; give ROOT/<class>/<image>")
@@ -167,6 +186,8 @@ def prepare(root, out, val_fraction=0.1, seed=0, threads=None, jobs=None, qualit
         raise PrepareError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     if out == root or out.startswith(root + os.sep):
         raise PrepareError(f"OUT ({out}) must not be inside ROOT ({root}): its files would be taken for images")
+    if not force and existing_dataset_problem(out):
+        raise PrepareError(existing_dataset_problem(out))
     classes, others, loose = find_images(root)
     if not classes:
         raise PrepareError(f"{root} has no class folders with images ({', '.join(IMAGE_EXTENSIONS)}); expected "
@@ -247,9 +268,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="im2rec threads (default: up to 8 cores)")
     parser.add_argument("--jobs", type=int, default=None, help="processes checking images (default: all cores)")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoded (non-JPEG) images")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the dataset OUT already holds (refused otherwise)")
     args = parser.parse_args(argv)
     try:
-        summary = prepare(args.root, args.out, args.val_fraction, args.seed, args.threads, args.jobs, args.quality)
+        summary = prepare(args.root, args.out, args.val_fraction, args.seed, args.threads, args.jobs, args.quality,
+                          force=args.force)
     except PrepareError as error:
         print(f"prepare_folder.py: error: {error}", file=sys.stderr)
         return 1

@@ -153,3 +153,23 @@ def test_lists_are_the_seeded_split(prepared):
     other = prepare_folder.split(classes, 0.2, seed=1)
     assert sorted(label for label, _ in other["val"]) == sorted(label for label, _ in expected["val"])
     assert sorted(other["val"]) != sorted(expected["val"])
+
+
+@pytest.mark.slow
+def test_rerun_over_a_dataset_is_refused_and_force_rebuilds(prepared, tmp_path):
+    """Issue 58: the command typed again over OUT is refused in one line, the records untouched; --force rebuilds."""
+    base, _ = prepared
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("train.rec", "train.idx", "classes.txt"):
+        (out / name).write_bytes((base / "out" / name).read_bytes())
+    before = (out / "train.rec").read_bytes()
+    command = [sys.executable, SCRIPT, str(base / "raw"), str(out), "--val-fraction", "0.2", "--threads", "1",
+               "--jobs", "1"]
+    refused = subprocess.run(command, capture_output=True, text=True, env=venv_env())
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "already holds a dataset" in refused.stderr and "Traceback" not in refused.stderr
+    assert (out / "train.rec").read_bytes() == before and not (out / "val.rec").exists()
+    forced = subprocess.run(command + ["--force"], capture_output=True, text=True, env=venv_env())
+    assert forced.returncode == 0, forced.stderr
+    assert (out / "val.rec").exists() and (out / "prepare.json").exists()

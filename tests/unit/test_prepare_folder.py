@@ -35,3 +35,23 @@ def test_refusals(tmp_path):
     with pytest.raises(prepare_folder.PrepareError, match="a have no readable image"):
         prepare_folder.prepare(str(tmp_path / "raw"), str(tmp_path / "out"), log=lambda line: None)
     assert prepare_folder.main([str(tmp_path / "missing"), str(tmp_path / "out")]) == 1
+
+
+def test_a_folder_holding_a_dataset_is_refused_unless_forced(tmp_path, capsys):
+    """Issue 58: OUT with another dataset's records was replaced without a word; now one line, nothing touched."""
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "x.jpg").write_bytes(b"garbage")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.rec").write_bytes(b"the digits")
+    (out / "prepare.json").write_text('{"root": "/data/digits/raw"}')
+    assert prepare_folder.main([str(tmp_path / "raw"), str(out)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "already holds a dataset (packed from /data/digits/raw)" in error
+    assert "--force" in error and (out / "train.rec").read_bytes() == b"the digits"
+    with pytest.raises(prepare_folder.PrepareError, match="no readable image"):  # --force goes on to the images
+        prepare_folder.prepare(str(tmp_path / "raw"), str(out), log=lambda line: None, force=True)
+    (out / "train.rec").unlink()
+    (out / "prepare.json").unlink()
+    with pytest.raises(prepare_folder.PrepareError, match="no readable image"):  # an empty OUT is fine
+        prepare_folder.prepare(str(tmp_path / "raw"), str(out), log=lambda line: None)
