@@ -17,6 +17,7 @@ from mxnet import autograd, gluon
 from models import running_stats
 from rn50kit.common import schedules
 from rn50kit.config import settings
+from rn50kit.data import identity
 from rn50kit.reporting import outputs
 from rn50kit.reporting.mlperf_log import MLPerfLog
 from rn50kit.reporting.outputs import Outputs, Step
@@ -136,6 +137,10 @@ def resume(state, checkpoint_state, run, net, ctxs, dist):
     problem = settings.resume_problem(checkpoint_state.get("args"), run.record.get("args"),
                                       checkpoint_state.get("state_path"))
     if problem:  # another dtype, layout or channel count: refused before anything is loaded
+        raise TrainingError(problem)
+    problem = identity.changed_records_problem(checkpoint_state.get("train_records"), run.record.get("train_records"),
+                                               checkpoint_state["state_path"])
+    if problem:  # the data set was rebuilt or swapped under the workspace
         raise TrainingError(problem)
     paths = checkpoint_state["paths"]
     checkpoint.load_params(net, paths["params"], ctxs)  # on every device: MXNet asserts the set

@@ -72,7 +72,7 @@ from rn50kit.common import cli
 from rn50kit.common import config_files
 from rn50kit.common.cli import OneLineParser, UsageError
 from rn50kit.config import train_config
-from rn50kit.data import loaders
+from rn50kit.data import identity, loaders
 from rn50kit.launch import devices
 from rn50kit.training.distributed import Distributed
 from rn50kit.reliability import faults
@@ -265,6 +265,8 @@ def run_info(cfg, resolved, typed, given, command):
         if names:
             record["class_names"] = names
             report_info["class_names"] = predict.readable(names)
+        # which records it trains on, so a resume on other ones is refused (fit.resume)
+        record["train_records"] = identity.records_identity(cfg.data.data_train, cfg.data.data_train_idx)
     return state.RunInfo(model_name=model_name, arch=cfg.model.arch, command=list(command), report_path=report_path,
                        record=record, report_info=report_info)
 

@@ -173,3 +173,20 @@ def test_bad_input_is_one_line_and_overwrites_nothing(full_run, digits_data, ext
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert digest(full_run) == before
+
+
+def test_resume_on_other_records_is_refused(full_run, digits_data, tmp_path):
+    """Issue 58: a workspace rerun after its records were rebuilt (prepare_folder.py over the same folder) went on
+    with other data without a word; the records' sizes and index checksum in the state refuse it in one line."""
+    before = digest(full_run)
+    other = tmp_path / "data"
+    other.mkdir()
+    for name in ("train", "val"):  # other records at the names the workspace trained on: the validation images
+        for ext in ("rec", "idx"):
+            (other / f"{name}.{ext}").write_bytes((digits_data / f"val.{ext}").read_bytes())
+    result = run(train_command(other, full_run, "--num-epochs", str(EPOCHS + 1)))
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "the training records changed since" in errors[0], result.stderr[-2000:]
+    assert "--resume none" in errors[0] and "Traceback" not in result.stderr
+    assert digest(full_run) == before
