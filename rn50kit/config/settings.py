@@ -157,7 +157,8 @@ def complete(args, given, num_gpus):
     Returns the checkpoint path scored or predicted with (or None). Raises ValueError for bad input."""
     machine_defaults(args, num_gpus, given)
     fill_data_files(args)
-    if args.workspace is None:
+    workspace_given = args.workspace is not None
+    if not workspace_given:
         args.workspace = default_workspace(models.model_name_from_args(args))
     devices.apply_float16_gpu_defaults(args, given, num_gpus)  # NHWC, 4 channels: not flags the user typed
     if args.mode not in ("val", "pred"):
@@ -178,6 +179,8 @@ def complete(args, given, num_gpus):
         apply_trained_settings(args, state, given, path)
         devices.apply_float16_gpu_defaults(args, given, num_gpus)  # the 4th channel over the checkpoint's shape
     args.load = path
+    if args.mode == "pred" and not workspace_given:  # the default predictions.csv goes beside the checkpoint, not
+        args.workspace = os.path.dirname(os.path.abspath(path))  # into the default model's runs/resnet50_v1.5
     if args.report is None and args.mode == "val":
         args.report = os.path.abspath(score_report_beside(path, score_tag(args.dtype, args.calib_mode,
                                                                           args.calib_batches)))

@@ -2,8 +2,8 @@
 replays): a training run's <workspace>/config.toml, written by rank 0 when training starts, once the run has passed
 every check, resume's included, so a refused command leaves an earlier run's file as it was. Scoring and prediction
 write theirs beside their output (train.py). Paths from the current directory are written absolute, so the file
-replays from any directory; those inside the workspace (model_prefix, report, json_log, mllog, tensorboard,
-pred_out) stay as given, so a replay with --workspace elsewhere writes there."""
+replays from any directory; those inside the workspace (model_prefix, report, json_log, mllog,
+tensorboard) stay as given, so a replay with --workspace elsewhere writes there."""
 import os
 
 from rn50kit.common import config_files
@@ -13,7 +13,7 @@ RESOLVED_CONFIG = "config.toml"
 # {table: fields} naming files or folders from the current directory (--recipe PATH.toml is absolute already)
 FROM_CURRENT_DIRECTORY = {"data": ("data_root", "data_train", "data_train_idx", "data_val", "data_val_idx"),
                           "fit": ("workspace", "load"), "finetune": ("pretrained",),
-                          "predict": ("data_pred", "class_names")}
+                          "predict": ("data_pred", "pred_out", "class_names")}
 
 
 def with_absolute_paths(tables):

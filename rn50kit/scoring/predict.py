@@ -33,8 +33,9 @@ def add_pred_args(parser):
                             ".lst: a path per line, relative to the list's folder), written to --pred-out")
     group.add_argument("--pred-out", metavar="FILE",
                        help="pred: the predictions, one row per image (path, error, top-k names and probabilities): "
-                            "CSV, or JSON for a .json name (relative: inside --workspace; default predictions.csv "
-                            "when --data-pred names many images)")
+                            "CSV, or JSON for a .json name (relative: from the current directory; default "
+                            "predictions.csv beside the checkpoint, or in --workspace, when --data-pred names many "
+                            "images)")
     group.add_argument("--pred-top-k", type=int, help="pred: the classes listed per image (default 5)")
     group.add_argument("--class-names",
                        help="file with one class name per line, in label order (default: the names saved with the "

@@ -297,12 +297,15 @@ def score(cfg, run, model, val_iter, ctxs, dist):
 
 
 def predictions_file(cfg):
-    """The file --mode pred writes its rows to (--pred-out, inside --workspace when relative; predictions.csv for
-    many images without it), or None for one image's top classes, printed."""
+    """The file --mode pred writes its rows to (--pred-out, a relative one from the current directory as any path
+    typed; for many images without it, predictions.csv in --workspace, by default the checkpoint's folder), or
+    None for one image's top classes, printed."""
     pcfg = cfg.predict
-    if not (pcfg.pred_out or predict_many.is_many(pcfg.data_pred)):
+    if pcfg.pred_out:
+        return os.path.abspath(pcfg.pred_out)
+    if not predict_many.is_many(pcfg.data_pred):
         return None
-    return workspace_path(cfg.fit.workspace, pcfg.pred_out or predict_many.DEFAULT_OUT)
+    return workspace_path(cfg.fit.workspace, predict_many.DEFAULT_OUT)
 
 
 def predict_image(cfg, model, ctxs):

@@ -203,8 +203,9 @@ def planned_worker_config(argv):
 
 
 def test_a_prediction_writes_its_config_and_runner_replays_it_from_another_directory(tmp_path, monkeypatch):
-    """Relative paths as a user types them: the prediction's config.toml (beside its CSV; one image's beside the
-    checkpoint) holds them absolute, so runner replays it from another directory, with --workspace elsewhere."""
+    """Relative paths as a user types them: the prediction's config.toml (beside its CSV, a relative --pred-out
+    from the current directory; one image's beside the checkpoint) holds them absolute, so runner replays it from
+    another directory, with --workspace elsewhere."""
     config = tmp_path / "run.toml"
     config.write_text("\n".join(TINY + ["num_epochs = 1", "num_examples = 32", "batch_size = 16", "seed = 4"]) + "\n")
     trained = run([sys.executable, os.path.join(ROOT, "train.py"), "--config", "run.toml", "--workspace", "ws"],
@@ -216,12 +217,13 @@ def test_a_prediction_writes_its_config_and_runner_replays_it_from_another_direc
     for argv in (many, one):
         predicted = run([os.path.join(ROOT, "runner"), *argv], cwd=tmp_path)
         assert predicted.returncode == 0 and "Traceback" not in predicted.stderr, predicted.stderr[-3000:]
-    beside_rows, beside_checkpoint = tmp_path / "ws" / "out" / "rows.config.toml", \
+    beside_rows, beside_checkpoint = tmp_path / "out" / "rows.config.toml", \
         tmp_path / "ws" / "model-0001.float32.pred.config.toml"
     assert beside_rows.is_file() and beside_checkpoint.is_file() and not list(tmp_path.rglob("*.tmp-*"))
     with open(beside_rows, "rb") as f:
         written = tomllib.load(f)
-    assert written["predict"]["data_pred"] == str(photos) and written["predict"]["pred_out"] == "out/rows.csv"
+    assert written["predict"]["data_pred"] == str(photos)
+    assert written["predict"]["pred_out"] == str(tmp_path / "out" / "rows.csv")
     assert written["fit"]["load"] == str(tmp_path / "ws" / "model-0001.params") and "version" in written["kit"]
 
     # The reference: what runner plans and the worker builds from each prediction's own command line, typed in
@@ -237,14 +239,18 @@ def test_a_prediction_writes_its_config_and_runner_replays_it_from_another_direc
         assert replayed.fit.workspace == "again" and replayed.fit.mode == "pred"
     assert used["one"].predict.pred_top_k == 3 and used["many"].predict.pred_out == "out/rows.csv"
 
-    # And replayed for real from there: the same rows, into the new workspace.
+    # And replayed for real from there: the same rows, into the file the prediction named.
+    rows = {}
+
+    def read_rows(where):
+        with open(tmp_path / "out" / "rows.csv", newline="") as f:
+            rows[where] = [{**row, "path": os.path.normpath(os.path.join(tmp_path, row["path"]))}
+                           for row in csv.DictReader(f)]
+    read_rows("first")
+    (tmp_path / "out" / "rows.csv").unlink()
     again = run([os.path.join(ROOT, "runner"), "--config", str(beside_rows), "--workspace", "again"], cwd=elsewhere)
     assert again.returncode == 0, again.stderr[-3000:]
-    rows = {}
-    for where, folder in (("first", tmp_path), ("again", elsewhere)):
-        with open(folder / ("ws" if where == "first" else "again") / "out" / "rows.csv", newline="") as f:
-            rows[where] = [{**row, "path": os.path.normpath(os.path.join(folder, row["path"]))}
-                           for row in csv.DictReader(f)]
+    read_rows("again")
     assert rows["again"] == rows["first"] and len(rows["first"]) == 8  # the broken image's row too
 
 

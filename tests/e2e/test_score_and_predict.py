@@ -156,3 +156,24 @@ def test_pred_over_a_folder_writes_a_row_per_image_and_names_the_corrupt_one(nam
     printed = [line.rsplit("-> ", 1)[1] for line in alone.splitlines() if "% -> " in line]
     row = rows[found.index(gray)]
     assert printed[:3] == [row[f"name_{k}"] for k in range(1, 4)] and set(printed) <= set(NAMES)
+
+
+def test_pred_writes_where_the_user_stands_and_beside_its_checkpoint(named_run, tmp_path):
+    """Issue 58: own-images.md's `--pred-out runs/digits/predictions.csv` landed in
+    runs/resnet50_v1.5/runs/digits/, and a ResNet-18 checkpoint's default predictions under runs/resnet50_v1.5.
+    A relative --pred-out is from the current directory; the default goes beside the checkpoint."""
+    out, _ = named_run
+    photos = photo_folder(tmp_path / "photos")
+    checkpoint_dir = tmp_path / "ck"
+    checkpoint_dir.mkdir()
+    for path in (out / "run").iterdir():  # the ResNet-18 run's checkpoints, where the user keeps them
+        os.symlink(path, checkpoint_dir / path.name)
+    predict_command = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "pred", "--load",
+                       "ck/model-best.params", "--data-pred", "photos"]
+    typed = run(predict_command + ["--pred-out", "preds/digits.csv"], cwd=tmp_path)
+    assert typed.returncode == 0 and "Traceback" not in typed.stderr, typed.stderr[-2000:]
+    assert (tmp_path / "preds" / "digits.csv").is_file()
+    default = run(predict_command, cwd=tmp_path)
+    assert default.returncode == 0, default.stderr[-2000:]
+    assert (checkpoint_dir / "predictions.csv").is_file()
+    assert not (tmp_path / "runs").exists()  # nothing under runs/resnet50_v1.5
