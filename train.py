@@ -745,6 +745,23 @@ def prepare_workspace(cfg, info, dist):
     return hold_workspace(fit_cfg.workspace, trains, dist)
 
 
+def drawn_seed(cfg, dist):
+    """The seed a training run without --seed runs with, as if typed: config.toml and the checkpoints record it,
+    so replaying the run replays its draws (issue 58). A resumed run keeps the one its newest checkpoint recorded.
+    Rank 0 draws and every rank takes it. None: a seed was given, the run does not train, or it is elastic (no
+    collective before an elastic run's first sync; its readers are seeded 0 without --seed)."""
+    fit_cfg = cfg.fit
+    if fit_cfg.seed is not None or fit_cfg.mode not in ("train", "train_val") or cfg.data.test_io or dist.elastic:
+        return None
+    seed = 0
+    if dist.is_primary:
+        saved = checkpoint.list_complete(checkpoint.workspace_path(fit_cfg.workspace, fit_cfg.model_prefix)) \
+            if fit_cfg.resume == "auto" else []
+        seed = saved[-1].get("seed") if saved and isinstance(saved[-1].get("seed"), int) else \
+            random.SystemRandom().randrange(1, 2 ** 31)
+    return int(dist.sum([seed], "seed.drawn")[0])  # float64: exact below 2**53
+
+
 def seed_everything(seed):
     """--seed: Python's, MXNet's and NumPy's generators."""
     if seed is None:
@@ -846,6 +863,9 @@ def main(args, command=None, given=()):
     check_run(cfg)
     ctxs = contexts(cfg.fit, dist.local_rank, dist.local_size)
     check_devices(cfg, ctxs, dist)
+    seed = drawn_seed(cfg, dist)
+    if seed is not None:  # as if typed, so config.toml and the checkpoints record it
+        cfg, args.seed = cfg.replace(fit__seed=seed), seed
     info = run_info(cfg, json_values(args), typed, given, command)
     lock = prepare_workspace(cfg, info, dist)
     if lock is not None:  # a training run: its configuration goes into its workspace once training starts

@@ -86,7 +86,9 @@ def add_run_args(parser):
     group.add_argument("--config", metavar="FILE.toml",
                        help="settings from a TOML file: keys are the flags' long names, at the top level or in a "
                             "table named for their group; over the recipe, under the command line")
-    group.add_argument("--seed", type=int, help="random seed (python, numpy, MXNet and DALI)")
+    group.add_argument("--seed", type=int,
+                       help="random seed (python, numpy, MXNet and DALI; default: one drawn and recorded in the "
+                            "workspace's config.toml, so a replay is the same run)")
     group.add_argument("--kv-store", choices=cli.KV_STORES,
                        help="horovod: one process per device; device/local: one process, all --gpus")
     group.add_argument("--gpus", help="device mode: GPU ids, e.g. 0,1,2,3 (default: all)")

@@ -262,3 +262,18 @@ def test_runner_names_a_bad_key_before_the_plan_it_led_to(tmp_path):
     lines = ran.stderr.strip().splitlines()
     assert ran.returncode == 2 and len(lines) == 1 and "Traceback" not in ran.stderr, ran.stderr
     assert f"{tmp_path / 'run.toml'} line 4: unknown key 'momentum'" in lines[0], lines[0]
+
+
+def test_a_run_without_a_seed_records_the_one_drawn_and_its_replay_is_the_same_run(tmp_path):
+    """Issue 58: a run without --seed recorded none in config.toml, so its replay drew other weights and batches."""
+    config = tmp_path / "run.toml"
+    config.write_text("\n".join(TINY + ["num_epochs = 1", "num_examples = 64", "batch_size = 16"]) + "\n")
+    losses = {}
+    for workspace, argv in (("first", ["--config", "run.toml"]), ("again", ["--config", "first/config.toml"])):
+        ran = run([sys.executable, os.path.join(ROOT, "train.py"), *argv, "--workspace", workspace], cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        losses[workspace] = json.load(open(tmp_path / workspace / "report.json"))["metrics"]["train.loss"]
+    with open(tmp_path / "first" / "config.toml", "rb") as f:
+        seed = tomllib.load(f)["fit"]["seed"]
+    assert isinstance(seed, int)
+    assert losses["again"] == losses["first"]  # the same draws: weights, batches, augmentation
