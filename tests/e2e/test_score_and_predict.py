@@ -163,7 +163,7 @@ def test_pred_writes_where_the_user_stands_and_beside_its_checkpoint(named_run, 
     runs/resnet50_v1.5/runs/digits/, and a ResNet-18 checkpoint's default predictions under runs/resnet50_v1.5.
     A relative --pred-out is from the current directory; the default goes beside the checkpoint."""
     out, _ = named_run
-    photos = photo_folder(tmp_path / "photos")
+    photo_folder(tmp_path / "photos")
     checkpoint_dir = tmp_path / "ck"
     checkpoint_dir.mkdir()
     for path in (out / "run").iterdir():  # the ResNet-18 run's checkpoints, where the user keeps them

@@ -73,13 +73,15 @@ def test_a_folder_gives_the_rows_of_scoring_each_image_alone(net, photos, tmp_pa
 def test_a_list_a_glob_and_json_name_the_same_predictions(net, photos, tmp_path):
     listed = tmp_path / "images.txt"
     listed.write_text(f"{photos}/b/3.jpg\n\n# a comment\n{photos}/a/deep/2.png\n{photos}/missing.jpg\n")
-    rows = scoring.predict_image(config(tmp_path, listed, str(tmp_path / "out.json"), batch=2), scoring.Scorable(net), CPU)
+    rows = scoring.predict_image(config(tmp_path, listed, str(tmp_path / "out.json"), batch=2), scoring.Scorable(net),
+                                 CPU)
     saved = json.load(open(tmp_path / "out.json"))
     assert [row["path"] for row in saved] == [f"{photos}/b/3.jpg", f"{photos}/a/deep/2.png", f"{photos}/missing.jpg"]
     assert saved[2]["error"] and saved[2]["top"] == []
     assert [[(t["probability"], t["class"], t["name"]) for t in row["top"]] for row in saved] == \
         [row["top"] for row in rows]
-    globbed = scoring.predict_image(config(tmp_path, f"{photos}/**/*.png", str(tmp_path / "png.csv")), scoring.Scorable(net), CPU)
+    globbed = scoring.predict_image(config(tmp_path, f"{photos}/**/*.png", str(tmp_path / "png.csv")),
+                                    scoring.Scorable(net), CPU)
     assert [row["path"] for row in globbed] == [f"{photos}/5.png", f"{photos}/a/deep/2.png"]
     by_path = {row["path"]: row["top"] for row in rows}
     deep = by_path[f"{photos}/a/deep/2.png"]
