@@ -7,6 +7,7 @@ shape, resize, normalisation), which a contradicting flag cannot silently overri
 """
 import argparse
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -146,6 +147,20 @@ def score_tag(dtype, calib_mode=None, calib_batches=None):
     return f"int8-{calib_mode}-{calib_batches}" if dtype == "int8" else dtype
 
 
+def score_variant(val_tta, data_val, state):
+    """What else a score depends on, for its file name: flip TTA (".flip"), and validation records from another
+    folder than the checkpoint's run trained on (".on-<folder>-<hash of the path>"), so neither overwrites the
+    plain score. ``state``: the checkpoint's (trained_settings), or None."""
+    parts = [val_tta] if val_tta and val_tta != "none" else []
+    trained = ((state or {}).get("train_records") or {}).get("rec") or ((state or {}).get("args") or {}).get(
+        "data_val")  # the records' absolute path (checkpoints since issue 58), else the run's --data-val
+    if data_val and trained and os.path.dirname(os.path.abspath(data_val)) != os.path.dirname(
+            os.path.abspath(trained)):
+        folder = os.path.dirname(os.path.abspath(data_val))
+        parts.append(f"on-{os.path.basename(folder) or 'data'}-{hashlib.sha256(folder.encode()).hexdigest()[:6]}")
+    return "".join(f".{part}" for part in parts)
+
+
 def score_report_beside(params_path, tag):
     """runs/x/model-0016.params -> runs/x/model-0016.float32.score.json (``tag``: score_tag): each checkpoint's
     score beside it, one per dtype and calibration (an INT8 score does not overwrite the float32 one)."""
@@ -183,7 +198,8 @@ def complete(args, given, num_gpus):
         args.workspace = os.path.dirname(os.path.abspath(path))  # into the default model's runs/resnet50_v1.5
     if args.report is None and args.mode == "val":
         args.report = os.path.abspath(score_report_beside(path, score_tag(args.dtype, args.calib_mode,
-                                                                          args.calib_batches)))
+                                                                          args.calib_batches) +
+                                                          score_variant(args.val_tta, args.data_val, state)))
     return path
 
 

@@ -262,6 +262,19 @@ def for_scoring(cfg, net, ctxs, dist, calibration_batches=None):
     return Scorable(net, load_weights(net, cfg.fit, cfg.data.data_backend, ctxs, dist))
 
 
+def other_class_names(weights, data_val):
+    """One line when the class names beside ``data_val`` (classes.txt, the .lst's folders) are not those the
+    checkpoint ``weights`` was trained on: its scores count its labels, which there mean other classes."""
+    saved, found = predict.checkpoint_class_names(weights), predict.dataset_class_names(data_val)
+    if not saved or not found or list(saved) == list(found):
+        return None
+    differ = [f"{i}: {mine} here, {theirs} in training" for i, (mine, theirs) in enumerate(zip(found, saved))
+              if mine != theirs][:3]
+    return (f"the classes of {data_val} are not those {weights} was trained on ({len(found)} against "
+            f"{len(saved)} classes; {'; '.join(differ) or 'one list longer'}): label i counts as its class i; "
+            "score it on data of the same classes")
+
+
 def score(cfg, run, model, val_iter, ctxs, dist):
     """--mode val: --num-epochs passes over the validation data (with --benchmark-iters, that many batches per
     pass, the set cycled) of ``model`` (a Scorable); returns the report, which names the weights scored."""
@@ -274,10 +287,14 @@ def score(cfg, run, model, val_iter, ctxs, dist):
                     untimed_iters=fit_cfg.untimed_iters)
     report.weights = os.path.abspath(model.weights) if model.weights else "fresh"
     report.info.update(model.info)
+    report.info.update(val_tta=fit_cfg.val_tta, data_val=cfg.data.data_val and os.path.abspath(cfg.data.data_val))
     names = predict.class_names(cfg.predict.class_names, cfg.data.data_val or cfg.data.data_train, model.weights,
                                 cfg.model.num_classes)
     if names:
         report.info["class_names"] = names
+    problem = other_class_names(model.weights, cfg.data.data_val)
+    if problem and dist.is_primary:
+        log.warning("%s", problem)
     start = time.time()
     net = with_tta(net, fit_cfg.val_tta, cfg.data.input_layout)
     for epoch in range(fit_cfg.num_epochs):

@@ -170,10 +170,39 @@ def test_pred_writes_where_the_user_stands_and_beside_its_checkpoint(named_run, 
         os.symlink(path, checkpoint_dir / path.name)
     predict_command = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "pred", "--load",
                        "ck/model-best.params", "--data-pred", "photos"]
-    typed = run(predict_command + ["--pred-out", "preds/digits.csv"], cwd=tmp_path)
+    typed = subprocess.run(predict_command + ["--pred-out", "preds/digits.csv"], cwd=tmp_path, env=venv_env(),
+                           capture_output=True, text=True, timeout=LONG_HANG_S)
     assert typed.returncode == 0 and "Traceback" not in typed.stderr, typed.stderr[-2000:]
     assert (tmp_path / "preds" / "digits.csv").is_file()
-    default = run(predict_command, cwd=tmp_path)
+    default = subprocess.run(predict_command, cwd=tmp_path, env=venv_env(), capture_output=True, text=True,
+                             timeout=LONG_HANG_S)
     assert default.returncode == 0, default.stderr[-2000:]
     assert (checkpoint_dir / "predictions.csv").is_file()
     assert not (tmp_path / "runs").exists()  # nothing under runs/resnet50_v1.5
+
+
+def test_tta_and_other_data_scores_keep_the_plain_one_and_other_classes_warn(named_run, tmp_path):
+    """Issue 58: --val-tta flip and another data set replaced model-0002.float32.score.json, which did not say TTA
+    was used; scoring on data whose class names differ said nothing."""
+    out, common = named_run
+    checkpoint_dir = tmp_path / "ck"
+    checkpoint_dir.mkdir()
+    for path in (out / "run").iterdir():
+        os.symlink(path, checkpoint_dir / path.name)
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("val.rec", "val.idx"):
+        os.symlink(out / "data" / name, other / name)
+    (other / "classes.txt").write_text("\n".join(reversed(NAMES)) + "\n")
+    score = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "val", "--load",
+             str(checkpoint_dir / "model-0002.params"), *common]
+    run(score)
+    run(score + ["--val-tta", "flip"])
+    elsewhere = run([str(other / "val.rec") if arg.endswith("data/val.rec") else arg for arg in score])
+    plain, flip = (load(checkpoint_dir / f"model-0002.float32{tag}.score.json") for tag in ("", ".flip"))
+    assert plain["info"]["val_tta"] == "none" and flip["info"]["val_tta"] == "flip"
+    assert plain["metrics"]["val.loss"] != flip["metrics"]["val.loss"]
+    on_other = list(checkpoint_dir.glob("model-0002.float32.on-other-*.score.json"))
+    assert len(on_other) == 1 and load(on_other[0])["info"]["data_val"] == str(other / "val.rec")
+    warned = [line for line in elsewhere.stderr.splitlines() if "are not those" in line]
+    assert len(warned) == 1 and "0: nine here, zero in training" in warned[0], elsewhere.stderr[-2000:]

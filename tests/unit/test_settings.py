@@ -1,6 +1,7 @@
 """settings in process: which flags were typed, the data files a --data-root gives, the settings a scored
 checkpoint brings, machine defaults, and the files of an abandoned run moved aside."""
 import os
+import re
 import pytest
 
 import train
@@ -56,6 +57,24 @@ def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp
         reports.add(os.path.basename(args.report))
     assert reports == {"model-0002.float32.score.json", "model-0002.int8-naive-10.score.json",
                        "model-0002.int8-entropy-10.score.json"}
+
+
+def test_flip_tta_and_other_data_scores_do_not_overwrite_the_plain_score(tmp_path):
+    """Issue 58: --val-tta flip and another --data-val replaced model-0002.float32.score.json."""
+    from rn50kit.config import settings
+    from conftest import fake_checkpoint
+    for folder in ("digits", "photos"):
+        (tmp_path / folder).mkdir()
+        touch(tmp_path / folder / "val.rec")
+    fake_checkpoint(tmp_path, 2, num_classes=10, image_shape=[3, 32, 32], data_val=str(tmp_path / "digits" / "val.rec"))
+    reports = []
+    for flags in (["--data-val", tmp_path / "digits" / "val.rec"], ["--data-val", tmp_path / "digits" / "val.rec",
+                  "--val-tta", "flip"], ["--data-val", tmp_path / "photos" / "val.rec"]):
+        args, given = parse("--mode", "val", "--data-backend", "synthetic", "--workspace", tmp_path, *flags)
+        settings.complete(args, given, num_gpus=0)
+        reports.append(os.path.basename(args.report))
+    assert reports[:2] == ["model-0002.float32.score.json", "model-0002.float32.flip.score.json"]
+    assert re.fullmatch(r"model-0002\.float32\.on-photos-[0-9a-f]{6}\.score\.json", reports[2]), reports[2]
 
 
 def test_a_data_root_naming_the_rec_file_says_give_its_folder(tmp_path):
