@@ -38,7 +38,28 @@ def data_root_problem(root, layout):
         listed = "/".join(name.rstrip("/") for name in layout.data_names())
         return (f"data root {root} does not exist; give --data-root DIR (with {listed}) or "
                 f"--data-train/--data-val; {PREPARE_HINT}")
+    if not any(os.path.exists(os.path.join(root, name)) for name in layout.data_names()) and \
+            holds_class_folders(root):
+        return (f"--data-root {root} holds folders of images, not {' and '.join(layout.data_names())}: pack them "
+                f"with `python tools/prepare_folder.py {root} OUT` (docs/own-images.md) and give --data-root OUT")
     return None
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")  # tools/prepare_folder.py's
+
+
+def holds_class_folders(root, folders=20):
+    """Whether ``root`` looks like ROOT/<class>/<image>: one of its first ``folders`` folders holds an image."""
+    try:
+        with os.scandir(root) as entries:
+            subfolders = sorted(entry.path for entry in entries if entry.is_dir())[:folders]
+        for folder in subfolders:
+            with os.scandir(folder) as entries:
+                if any(entry.is_file() and entry.name.lower().endswith(IMAGE_SUFFIXES) for entry in entries):
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 PYTHON_VARIABLE = "RN50_PYTHON"  # the Python runner and benchmark.py run under, when set

@@ -316,9 +316,28 @@ def named(path):
     return None, f"{path} is not a <prefix>-NNNN[-stepSSSSSS].params or {STATE_SUFFIX} file"
 
 
+def not_parameters(path):
+    """What the kit's other files are when named where its .params is wanted (--load), and what to pass instead;
+    None for any other file (a .states file loads as NDArrays and then looked like another architecture, an export
+    like a damaged file)."""
+    base = re.sub(r"(\.states|\.state\.json|-symbol\.json)$", "", path)
+    if path.endswith((".states", STATE_SUFFIX)):
+        return (f"{path} is a checkpoint's {'optimizer state' if path.endswith('.states') else 'state file'}, not "
+                f"its weights: pass --load {base}.params")
+    if path.endswith("-symbol.json"):
+        return f"{path} is a checkpoint's graph, not its weights: pass --load {base}-NNNN.params or {base}-best.params"
+    if path.lower().endswith((".safetensors", ".pth", ".pt")):
+        return (f"{path} is exported weights (tools/export_weights.py, or another library's), not the kit's "
+                f".params: --load the .params it was exported from, or train from it with --pretrained {path}")
+    return None
+
+
 def check_loadable(params_path):
-    """Refuse (CheckpointError) a named parameter file that is damaged: checked against its state file when
-    one is beside it, else by reading it (a truncated or foreign file does not load)."""
+    """Refuse (CheckpointError) a named parameter file that is damaged or not one (not_parameters): checked
+    against its state file when one is beside it, else by reading it (a truncated or foreign file does not load)."""
+    problem = not_parameters(params_path)
+    if problem:
+        raise CheckpointError(problem)
     name = params_path[:-len(".params")] if params_path.endswith(".params") else None
     if name and name.endswith("-ema"):
         name = name[:-len("-ema")]

@@ -163,6 +163,8 @@ def digest(folder):
     (["--num-layers", "34"], "another architecture"),
     (["--resume", "nothing-here.params"], "--resume nothing-here.params: no such file; "),
     (["--mode", "val", "--load", "{ws}/model-0003.params", "--num-layers", "34"], "another architecture"),
+    (["--mode", "val", "--load", "{ws}/model-0003.states"],  # issue 58: it blamed "another architecture"
+     "model-0003.states is a checkpoint's optimizer state, not its weights: pass --load "),
 ])
 def test_bad_input_is_one_line_and_overwrites_nothing(full_run, digits_data, extra, message):
     before = digest(full_run)
@@ -190,3 +192,15 @@ def test_resume_on_other_records_is_refused(full_run, digits_data, tmp_path):
     assert len(errors) == 1 and "the training records changed since" in errors[0], result.stderr[-2000:]
     assert "--resume none" in errors[0] and "Traceback" not in result.stderr
     assert digest(full_run) == before
+
+
+def test_load_of_the_kits_own_export_says_what_it_is(full_run, digits_data, tmp_path):
+    """Issue 58: --load of tools/export_weights.py's .safetensors called it damaged."""
+    exported = tmp_path / "digits.safetensors"
+    made = run([sys.executable, os.path.join(ROOT, "tools", "export_weights.py"), str(full_run / "model-0003.params"),
+                str(exported)])
+    assert made.returncode == 0, made.stderr[-2000:]
+    result = run(train_command(digits_data, full_run, "--mode", "val", "--load", str(exported)))
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert result.returncode != 0 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "is exported weights" in errors[0] and f"--pretrained {exported}" in errors[0] and "damaged" not in errors[0]

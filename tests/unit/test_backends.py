@@ -179,3 +179,14 @@ def test_a_new_row_is_honoured_without_changing_the_checks(tmp_path, class_folde
     assert train_py_data(root, class_folders, "train")[0] == f"{root}/train/ is missing; {cli.PREPARE_HINT}"
     assert cli.data_root_problem(root / "nowhere", CLASS_FOLDERS.root_layout).startswith(
         f"data root {root}/nowhere does not exist; give --data-root DIR (with train/val)")
+
+
+def test_a_root_of_class_folders_suggests_prepare_folder(tmp_path):
+    """Issue 58: --data-root at the user's class folders suggested tools/prepare_imagenet.sh."""
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "1.jpg").write_bytes(b"x")
+    expected = (f"--data-root {tmp_path} holds folders of images, not train.rec and val.rec: pack them with "
+                f"`python tools/prepare_folder.py {tmp_path} OUT`")
+    assert runner_refuses(tmp_path, "dali-cpu", "train").startswith(expected)
+    assert train_py_data(tmp_path, "dali-cpu", "train")[0].startswith(expected)
