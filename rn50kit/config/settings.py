@@ -211,11 +211,8 @@ def class_count_problem(data_train, data_val, num_classes, record_labels=()):
     for rec in (data_train, data_val):
         lst = os.path.splitext(rec)[0] + ".lst" if rec else ""
         if lst and os.path.isfile(lst):
-            with open(lst) as f:
-                for line in f:  # im2rec: index \t label \t path
-                    parts = line.split("\t")
-                    if len(parts) >= 3:
-                        labels.add(int(float(parts[1])))
+            from rn50kit.data.records import lst_classes  # im2rec: index \t label \t path, read once per process
+            labels.update(lst_classes(lst))
     if not labels:
         return None, None
     if min(labels) < 0:

@@ -375,7 +375,10 @@ class RecordIterator(BatchIterator):
 def describe_failure(failing_record, error):
     """One line for a pipeline ``error``: the record that does not decode (found by ``failing_record()``, which
     returns (RecordFile, record number) or None), else the last line of the library's message."""
-    found = failing_record() if failing_record else None
+    try:
+        found = failing_record() if failing_record else None
+    except records.RecordFileError as damaged:  # a record the start-up did not check, found damaged where read
+        return str(damaged)
     if found:
         record_file, i = found
         return f"{record_file.describe(i)} does not decode as an image; {records.fix_hint(record_file.rec_path)}"
@@ -523,8 +526,9 @@ class ShuffledShardSource:
     buffers, reused: DALI copies a batch when the call returns (``no_copy`` is off), before the next call.
     """
 
-    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=2, start=None):
-        self.records = record_file
+    def __init__(self, record_file, shard_id, num_shards, batch_size, seed, remember=16, ahead=2, start=None,
+                 num_classes=None):
+        self.records, self.num_classes = record_file, num_classes
         self.order = records.ShardOrder(len(record_file), shard_id, num_shards, seed) if start is None else \
             records.ElasticOrder(len(record_file), shard_id, num_shards, batch_size, seed, start)
         self.batch_size = batch_size
@@ -533,30 +537,38 @@ class ShuffledShardSource:
         self._buffers = [np.empty(0, dtype=np.uint8) for _ in range(ahead + 1)]
         self._pending = collections.deque()  # (picks, buffer number, future) of the batches being read, in order
         self._next_buffer = 0
+        self.read_error = None  # a damaged record met in reading (records.RecordFileError)
 
     def __call__(self):
         while len(self._pending) < len(self._buffers):  # the buffer of the batch last returned is free again
             picks = self.order.take(self.batch_size)
             number, self._next_buffer = self._next_buffer, (self._next_buffer + 1) % len(self._buffers)
             self._pending.append((picks, number, self._reader.submit(
-                read_batch, self.records, picks, self._buffers[number])))
+                read_batch, self.records, picks, self._buffers[number], self.num_classes)))
         picks, number, future = self._pending[0]
-        buffer, images, labels = future.result()  # a reading error is raised here, in the call of its batch
+        try:
+            buffer, images, labels = future.result()  # a reading error is raised here, in the call of its batch
+        except records.RecordFileError as damaged:  # DALI wraps it in a page of its own: failing_record names it
+            self.read_error = damaged
+            raise
         self._pending.popleft()
         self._buffers[number] = buffer  # grown, when the batch did not fit
         self.recent.append(picks)
         return images, labels
 
     def failing_record(self):
-        """(record file, record number) of the batches in flight that does not decode, or None."""
+        """(record file, record number) of the batches in flight that does not decode, or None; raises the
+        RecordFileError of a damaged record met in reading."""
+        if self.read_error is not None:
+            raise self.read_error
         return undecodable_for_dali(self.records, [i for batch in self.recent for i in batch])
 
 
-def read_batch(record_file, picks, buffer):
+def read_batch(record_file, picks, buffer, num_classes=None):
     """Records ``picks``' images copied into ``buffer`` (a larger one when they do not fit): (buffer, the images as
     views into it, labels). The copies touch the mapped file (page faults, outside the GIL), or read it with
     use_mmap=False, on the thread that calls this."""
-    images = [record_file.image(i) for i in picks]
+    labels, images = zip(*(record_file.record(i) for i in picks)) if picks else ((), ())
     need = sum(len(image) for image in images)
     if len(buffer) < need:
         buffer = np.empty(need + need // 4, dtype=np.uint8)  # room for larger batches to come
@@ -566,8 +578,24 @@ def read_batch(record_file, picks, buffer):
         buffer[start:end] = image
         views.append(buffer[start:end])
         start = end
-    labels = record_file.labels[picks].astype(np.float32).reshape(-1, 1)
-    return buffer, views, labels
+    if num_classes:
+        check_batch_labels(record_file, picks, np.array(labels, dtype=np.float64), num_classes)
+    return buffer, views, np.array(labels, dtype=np.float32).reshape(-1, 1)
+
+
+def check_batch_labels(record_file, picks, labels, num_classes):
+    """Raise RecordReadError naming the first of records ``picks`` whose label is not a class 0 to ``num_classes``
+    - 1, as label_problem does for the records the start-up read (records with extra labels are not judged)."""
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(~((labels == np.floor(labels)) & (labels >= 0) & (labels < num_classes)))
+    for position in bad:
+        i = picks[position]
+        payload = record_file.payload(i)
+        if len(payload) >= 4 and payload[:4].view("<u4")[0]:  # extra labels: not a classification label
+            continue
+        raise records.RecordReadError(
+            f"{record_file.describe(i)} has label {labels[position]:g}, not a class 0 to {num_classes - 1} "
+            f"(--num-classes {num_classes}); {records.fix_hint(record_file.rec_path)}")
 
 
 class RecordReader:
@@ -670,7 +698,7 @@ def get_dali_iterators(cfg, feed, rank, num_workers, local_rank, local_size, ctx
         source = ShuffledShardSource(train_records, rank, num_workers, local_batch,
                                      seed=0 if feed.seed is None else feed.seed,
                                      remember=cfg.dali_prefetch_queue + 4,  # the batches DALI may hold
-                                     ahead=cfg.dali_read_ahead, start=feed.start)
+                                     ahead=cfg.dali_read_ahead, start=feed.start, num_classes=feed.num_classes)
         train_common = dict(common, image_shape=train_shape(cfg))
         pipe = dali.train_pipeline(
             source=source, random_area=(cfg.min_random_area, cfg.max_random_area),
@@ -757,7 +785,8 @@ def open_record_files(cfg):
 
 def record_labels(cfg):
     """The distinct class labels of a DataConfig's record files, read from the record headers by the index
-    check (cached: the pipelines reuse the opened files); empty for a backend that makes its own data."""
+    check (every record of a small file, a sample of a large one: records.checked_records; cached: the pipelines
+    reuse the opened files); empty for a backend that makes its own data."""
     if not backends.reads_records(cfg.data_backend):
         return set()
     labels = set()
@@ -770,7 +799,9 @@ def record_labels(cfg):
 def label_problem(cfg, num_classes):
     """One line naming the file and the first record whose label is not a class 0 to ``num_classes`` - 1 (not an
     integer, NaN, negative, too large, infinite), or None. A reader would pass such a label on as it is (2.5, 1e-38),
-    and the loss would take it for another class. Records with extra labels (NaN here) are not judged."""
+    and the loss would take it for another class. Records with extra labels (NaN here) are not judged. The records
+    judged are those the index check read (records.checked_records); the training pipelines judge the others
+    as they read them (check_batch_labels)."""
     if not backends.reads_records(cfg.data_backend):
         return None
     for records_file in open_record_files(cfg).values():
@@ -780,7 +811,7 @@ def label_problem(cfg, num_classes):
                                                                (labels < 0) | (labels >= num_classes)))
         if not len(bad):
             continue
-        first, top, where = bad[0], np.nanmax(labels), records_file.describe(bad[0])
+        first, top, where = bad[0], np.nanmax(labels), records_file.describe(records_file.checked[bad[0]])
         integers = labels[bad] == np.floor(labels[bad])
         if np.isfinite(top) and np.all(integers & (labels[bad] >= num_classes)):  # likely a wrong --num-classes
             return (f"the data has labels up to {int(top)} but --num-classes is {num_classes}; use --num-classes "

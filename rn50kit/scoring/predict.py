@@ -76,12 +76,8 @@ def read_names_file(path):
 def names_from_lst(lst):
     """The class folders of an im2rec .lst (index, label, relative/path; tab-separated), in label order; None when
     it has no entries."""
-    names = {}
-    with open(lst) as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) >= 3:
-                names[int(float(parts[1]))] = parts[-1].replace("\\", "/").split("/")[0]
+    from rn50kit.data.records import lst_classes  # parsed once per process: train.py's class-count check reads it
+    names = lst_classes(lst)
     return [names.get(i, str(i)) for i in range(max(names) + 1)] if names else None
 
 

@@ -292,7 +292,7 @@ def test_a_reading_error_is_raised_in_the_call_of_its_batch(unique_label_rec):
     source = loaders.ShuffledShardSource(record_file, 0, 1, BATCH, seed=4, ahead=3)
     assert source()[1].ravel().astype(int).tolist() == first
     for _ in range(2):  # and again in later calls, rather than a wait for a batch that never comes
-        with pytest.raises(ValueError, match="offset"):
+        with pytest.raises(records.RecordFileError, match=f"record {second[2]} .* points past the end of the file"):
             source()
     assert list(source.recent) == [first]
 
