@@ -10,7 +10,6 @@ import logging
 import math
 import time
 
-import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
@@ -36,7 +35,7 @@ from rn50kit.training.precision import StatsGuard, grads_finite, make_loss_scale
 from rn50kit.training.state import (EpochStats, TrainState, changed_on_resume, gather_partial, resumed_partial,
                                     sum_partial)
 from rn50kit.training.stop_signals import StopFlag
-from rn50kit.training.targets import make_loss, make_targets
+from rn50kit.training.targets import make_loss, make_targets, mean_loss
 from rn50kit.weights.pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
 
 log = logging.getLogger("rn50")
@@ -70,6 +69,13 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
     autograd.backward(scaled)
     if not update:
         return mean_loss(losses), outputs, None
+    loss, finite = apply_step(trainer, scaler, losses, batch_size, guard, vote, scan_grads, earlier_ok)
+    return loss, outputs, finite
+
+
+def apply_step(trainer, scaler, losses, batch_size, guard=None, vote=None, scan_grads=True, earlier_ok=True):
+    """train_step after backward: allreduce (an elastic run's returns done, the vote then the only collective in
+    flight: optimizers.one_dtype_at_a_time), vote, scan, update (or not); returns (mean loss, applied)."""
     trainer.allreduce_grads()
     # Reading the loss waits for the forward pass only: backward and allreduce are queued and keep the device
     # busy meanwhile. The gradient scan waits for them, as the update needs. Nothing waits for the update: the
@@ -84,14 +90,7 @@ def train_step(net, trainer, scaler, loss_fn, datas, targets, batch_size, guard=
         guard.restore_if_bad()
     zero_accumulated(trainer._params)
     scaler.update(finite)
-    return loss, outputs, finite
-
-
-def mean_loss(losses):
-    """The mean of the per-device loss vectors, read from the devices at once."""
-    sums = [loss.sum().as_in_context(mx.cpu()) for loss in losses]
-    total = sums[0] if len(sums) == 1 else mx.nd.add_n(*sums)
-    return total.asscalar() / sum(loss.shape[0] for loss in losses)
+    return loss, finite
 
 
 def resume_state(resume, prefix, warn=None):

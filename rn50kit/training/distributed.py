@@ -44,19 +44,20 @@ class Distributed:
         """Average parameters (or NDArrays) in place over all ranks (BatchNorm running statistics)."""
         if self.hvd is None or self.size == 1:
             return
-        self._one_at_a_time([a.data() if isinstance(a, gluon.Parameter) else a for a in arrays], self.hvd.Average,
-                            name)
+        self.one_at_a_time([a.data() if isinstance(a, gluon.Parameter) else a for a in arrays], name,
+                           op=self.hvd.Average)
 
-    def _one_at_a_time(self, arrays, op, name):
-        """Allreduce ``arrays`` in place: one grouped collective per dtype, each waited for before the next.
-        When a peer is lost, every collective in flight fails at once, and MXNet 1.9.1's engine records each
-        failure in one unlocked list from several threads (ThreadedEngine::AddToGlobalExceptions): entries race,
-        the list is corrupted and the next waitall segfaults (docs/design.md). One in flight at a time."""
+    def one_at_a_time(self, arrays, name, **options):
+        """Allreduce ``arrays`` in place (``options``: grouped_allreduce_'s op or average, scale factors...): one
+        grouped collective per dtype, each waited for before the next. When a peer is lost, every collective in
+        flight fails at once, and MXNet 1.9.1's engine records each failure in one unlocked list from several
+        threads (ThreadedEngine::AddToGlobalExceptions): entries race, the list is corrupted and the next waitall
+        segfaults (docs/design.md). One in flight at a time; it returns with all of them done."""
         by_dtype = {}
         for array in arrays:
             by_dtype.setdefault(np.dtype(array.dtype).name, []).append(array)
         for dtype, group in by_dtype.items():
-            self.hvd.grouped_allreduce_(group, op=op, name=f"{name}.{dtype}")
+            self.hvd.grouped_allreduce_(group, name=f"{name}.{dtype}", **options)
             for array in group:
                 array.wait_to_read()
 
@@ -84,7 +85,7 @@ class Distributed:
             for array in arrays:
                 array[:] = 0
                 mx.nd.negative(array, out=array)  # -0.0 (assigning -0.0 stores +0.0)
-        self._one_at_a_time(arrays, self.hvd.Sum, name)
+        self.one_at_a_time(arrays, name, op=self.hvd.Sum)
 
     def broadcast_parameters(self, net):
         """Rank 0's weights on every rank and every context of it (rank 0's first copy of each parameter); the

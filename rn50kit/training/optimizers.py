@@ -243,10 +243,34 @@ def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=Fal
     if kvstore == "horovod":
         hvd = dist.hvd
         compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
-        return hvd.DistributedTrainer(params, optimizer, optimizer_params_, compression=compression,
-                                      num_groups=num_groups)
+        trainer_class = one_dtype_at_a_time(dist) if dist.elastic else hvd.DistributedTrainer
+        return trainer_class(params, optimizer, optimizer_params_, compression=compression, num_groups=num_groups)
     store = mx.kvstore.create(kvstore) if kvstore else None
     return gluon.Trainer(params, optimizer, optimizer_params_, kvstore=store, update_on_kvstore=False)
+
+
+def one_dtype_at_a_time(dist):
+    """Horovod's DistributedTrainer allreducing the gradients one dtype at a time, each collective waited for
+    before the next, for elastic runs: a lost peer then fails one collective, not several at once (MXNet 1.9.1's
+    engine records failures in an unlocked list: Distributed.one_at_a_time, docs/design.md). Horovod 0.28.1's own
+    _allreduce_grads (horovod/mxnet/__init__.py) enqueues one grouped allreduce per dtype without waiting: a
+    float16 network's float16 gradients and its BatchNorm's float32 ones were two collectives in flight, and the
+    step's vote a third. Its arguments are theirs: average or sum (the average taken in the framework, by
+    ``_scale``, without NCCL 2.10+), the scale factors, the process set, the compression."""
+    class OneDtypeAtATime(dist.hvd.DistributedTrainer):
+        def _allreduce_grads(self):
+            if self._process_set.size() == 1 or not self._process_set.included():
+                return
+            grads = [param.list_grad()[0] for param in self._params if param.grad_req != "null"]
+            packed = [self._compression.compress(grad) for grad in grads]
+            dist.one_at_a_time([tensor for tensor, _ in packed], self._prefix + "grads",
+                               average=not self._average_in_framework,
+                               prescale_factor=1.0 / self._gradient_predivide_factor,
+                               postscale_factor=self._postscale_factor, process_set=self._process_set)
+            if self._compression is not dist.hvd.Compression.none:
+                for grad, (tensor, ctx) in zip(grads, packed):
+                    grad[:] = self._compression.decompress(tensor, ctx)
+    return OneDtypeAtATime
 
 
 def accumulate_gradients(params):
@@ -264,7 +288,8 @@ def zero_accumulated(params):
 
 def trainer_for(net, dist, cfg):
     """make_trainer with a FitConfig's optimizer flags (a fresh run's, and an elastic run's after each reset).
-    An elastic run allreduces the gradients as one group (one collective per dtype): a lost peer fails every
-    collective in flight at once, which corrupts MXNet 1.9.1's engine when there are several (docs/design.md)."""
+    An elastic run allreduces the gradients one dtype at a time, each waited for (one_dtype_at_a_time): a lost
+    peer fails every collective in flight at once, which corrupts MXNet 1.9.1's engine when there are several
+    (docs/design.md)."""
     return make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
                         1 if dist.elastic else cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps)

@@ -66,3 +66,10 @@ def make_loss(cfg):
     if cfg.loss == "bce":
         return BinaryCrossEntropy(cfg.bce_target_thresh)
     return gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
+
+
+def mean_loss(losses):
+    """The mean of the per-device loss vectors, read from the devices at once."""
+    sums = [loss.sum().as_in_context(mx.cpu()) for loss in losses]
+    total = sums[0] if len(sums) == 1 else mx.nd.add_n(*sums)
+    return total.asscalar() / sum(loss.shape[0] for loss in losses)
