@@ -135,14 +135,18 @@ def as_text(value):
 
 
 def convert(action, value, where, key, as_flag=False):
-    """``value`` of a file converted as the parser converts the flag ``action`` (its type and choices). A switch's
-    value is its destination's (zero_init_last_gamma = false), or with ``as_flag`` whether the flag is given
-    (no-zero-init-last-gamma = true)."""
+    """``value`` of a file converted as the parser converts the flag ``action`` (its type and choices). One rule:
+    a key takes what its flag takes on the command line, written in TOML: a number or its text (batch_size = 32 or
+    "32"), and true/false for a yes-or-no setting, a switch's or a 0/1 flag's (random_mirror = false is 0). A
+    switch's value is its destination's (zero_init_last_gamma = false), or with ``as_flag`` whether the flag is
+    given (no-zero-init-last-gamma = true)."""
     flag = action.option_strings[-1]
     if action.nargs == 0:  # --fp16-allreduce and the like: true or false
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} = {show(value)}: expected true or false ({flag} is a switch)")
         return (action.const if value else action.default) if as_flag else value
+    if isinstance(value, bool) and action.choices is not None and sorted(action.choices) == [0, 1]:
+        return int(value)  # --random-mirror 0/1 and the like: yes or no, as a switch's
     if isinstance(value, bool) or isinstance(value, (dict,)) or value is None:
         raise ConfigError(f"{where}: {key} = {show(value)}: expected {expected(action)} ({flag})")
     if value == [] and takes_a_list(action):  # an empty list: the flag's "none" (--lr-steps "", --train-size)

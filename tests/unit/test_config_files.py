@@ -113,6 +113,14 @@ def test_a_switch_is_its_destination_or_its_flag(tmp_path):
     assert train.parse_args(["--config", str(tmp_path / "b.toml"), "--dtype", "float32"]).zero_init_last_gamma is False
 
 
+def test_one_rule_for_types_numbers_or_their_text_and_true_false_for_yes_or_no(tmp_path):
+    """Issue 58: batch_size = "32" was taken while random_mirror = false was refused."""
+    text = 'batch_size = "32"\nrandom_mirror = false\nfuse_bn_relu = true\n'
+    args = train.parse_args(["--config", write(tmp_path / "a.toml", text)])
+    assert (args.batch_size, args.random_mirror, args.fuse_bn_relu) == (32, 0, 1)
+    assert train.parse_args(["--config", write(tmp_path / "b.toml", "random_mirror = 1\n")]).random_mirror == 1
+
+
 def worker_config(train_argv, num_gpus):
     """The RunConfig a worker builds from its command line (train.run's steps before any device is touched)."""
     args = train.parse_args(train_argv)
