@@ -26,6 +26,7 @@ import numpy as np
 from mxnet.gluon import nn
 
 from rn50kit.common.cli import config_defaults, config_from
+from rn50kit.launch import devices
 
 log = logging.getLogger("rn50")
 
@@ -47,13 +48,14 @@ _NAME_RE = re.compile(r"^resnet(\d+)_v(1|1\.5)$|^resnext(\d+)_(\d+)x(\d+)d(?:_v(
 
 
 def fused_bn_relu_available():
-    """Upstream MXNet (1.6+) has `nn.BatchNormReLU` (the `contrib.BatchNormWithReLU` op); older builds do not."""
-    return hasattr(nn, "BatchNormReLU") and hasattr(mx.sym.contrib, "BatchNormWithReLU")
+    """A fused BatchNorm+ReLU: NVIDIA's builds' BatchNorm(act_type='relu') (any axis; GPUs), or upstream MXNet's
+    (1.6+) `nn.BatchNormReLU` (the `contrib.BatchNormWithReLU` op: oneDNN, axis 1)."""
+    return devices.nvidia_bn_relu() or (hasattr(nn, "BatchNormReLU") and hasattr(mx.sym.contrib, "BatchNormWithReLU"))
 
 
 def fused_bn_add_relu_available():
-    """`BatchNormAddRelu` exists only in NVIDIA's container builds of MXNet, never upstream."""
-    return hasattr(mx.sym, "BatchNormAddRelu")
+    """`BatchNormAddRelu` is registered only in NVIDIA's container builds of MXNet, never upstream."""
+    return devices.nvidia_bn_add_relu()
 
 
 def he_normal():
@@ -69,6 +71,16 @@ class Transpose(nn.HybridBlock):
 
     def hybrid_forward(self, F, x):
         return F.transpose(x, axes=self.axes)
+
+
+class BatchNormActReLU(nn.BatchNorm):
+    """BatchNorm and ReLU in one op, as NVIDIA's kit builds it (nn.BatchNorm(act_type='relu') in its builds): the
+    BatchNorm op of NVIDIA's MXNet takes act_type. The parameters are nn.BatchNorm's, so names and checkpoints are
+    those of BatchNorm + Activation."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._kwargs["act_type"] = "relu"
 
 
 class BatchNormAddReLU(nn.BatchNorm):
@@ -108,6 +120,7 @@ class Builder:
         self.bn_mom = bn_mom
         self.zero_init_last_gamma = zero_init_last_gamma
         self.fuse_bn_relu = fuse_bn_relu and fused_bn_relu_available()
+        self.nvidia_bn_relu = self.fuse_bn_relu and devices.nvidia_bn_relu()  # else upstream's (oneDNN, axis 1)
         self.fuse_bn_add_relu = fuse_bn_add_relu and fused_bn_add_relu_available()
 
     @property
@@ -129,6 +142,8 @@ class Builder:
 
     def batchnorm_relu(self, in_channels, prefix):
         """BN then ReLU, as one block; the parameters are named `<prefix>gamma` etc. either way."""
+        if self.nvidia_bn_relu:
+            return [BatchNormActReLU(prefix=prefix, **self._bn_kwargs(False, in_channels))]
         if self.fuse_bn_relu:
             return [nn.BatchNormReLU(prefix=prefix, **self._bn_kwargs(False, in_channels))]
         return [self.batchnorm(in_channels, prefix=prefix), nn.Activation("relu")]
@@ -576,10 +591,12 @@ def add_model_args(parser):
     group.add_argument("--pooling-layout", choices=LAYOUTS,
                        help="accepted for the original kit's command lines; must equal --conv-layout")
     group.add_argument("--fuse-bn-relu", type=int, choices=[0, 1],
-                       help="fused BatchNorm+ReLU where this MXNet has it (nn.BatchNormReLU): CPU (oneDNN) and "
-                       "NCHW only; plain ops otherwise")
+                       help="fused BatchNorm+ReLU where this MXNet has it: NVIDIA's builds (GPUs; on by default "
+                       "for float16 NHWC there), upstream's nn.BatchNormReLU (CPU, oneDNN, NCHW only); plain ops "
+                       "otherwise")
     group.add_argument("--fuse-bn-add-relu", type=int, choices=[0, 1],
-                       help="fused BatchNorm+add+ReLU where this MXNet has it (NVIDIA builds), plain ops otherwise")
+                       help="fused BatchNorm+add+ReLU where this MXNet has it (NVIDIA's builds; on by default for "
+                       "float16 NHWC on GPUs there), plain ops otherwise")
     group.add_argument("--drop-path", type=float,
                        help="stochastic depth: the largest chance a residual branch is dropped in training (the last "
                             "block's, rising linearly from 0 at the first); 0 = off. Scoring builds the network "
@@ -598,7 +615,7 @@ def model_kwargs(cfg, in_channels=3, input_layout="NCHW", dtype="float32"):
                              "the network computes in one layout; set them equal")
     if not 0 <= cfg.drop_path < 1:
         raise ValueError(f"--drop-path must be in [0, 1), got {cfg.drop_path:g}")
-    if cfg.fuse_bn_relu and cfg.conv_layout != "NCHW":
+    if cfg.fuse_bn_relu and cfg.conv_layout != "NCHW" and not devices.nvidia_bn_relu():
         raise ValueError(f"--fuse-bn-relu 1 needs --conv-layout NCHW: MXNet's BatchNormWithReLU takes the channel "
                          f"axis 1 only (got {cfg.conv_layout}); leave the fusion out")
     return dict(num_classes=cfg.num_classes, bn_eps=cfg.batchnorm_eps, bn_mom=cfg.batchnorm_mom,

@@ -653,8 +653,10 @@ def check_run(cfg):
     """runner's rules (dtype, data backend, mode, fusion, layout against this machine), worded once."""
     import mxnet as mx
     fit_cfg = cfg.fit
-    problem = rules.run_problem(fit_cfg.dtype, cfg.data.data_backend, fit_cfg.mode, cfg.model.fuse_bn_relu,
-                                mx.context.num_gpus() > 0, conv_layout=cfg.model.conv_layout, gpus=fit_cfg.gpus)
+    gpu = mx.context.num_gpus() > 0
+    problem = rules.run_problem(fit_cfg.dtype, cfg.data.data_backend, fit_cfg.mode, cfg.model.fuse_bn_relu, gpu,
+                                conv_layout=cfg.model.conv_layout, gpus=fit_cfg.gpus,
+                                nvidia_fused=gpu and devices.nvidia_bn_relu())
     if problem:
         raise UsageError(problem)
 

@@ -313,7 +313,7 @@ CPU_CHECKS = {"versions", "horovod-build", "numerics-cpu", "training-cpu", "data
 
 
 GPU_CHECKS = {"driver", "kernels", "numerics-gpu", "training-gpu", "data-gpu", "allreduce-gpu", "layout-speed",
-              "memory"}
+              "memory", "fused-batchnorm"}
 
 
 # --- runner's plan for a described 8-GPU machine (unit/test_launcher, test_devices, test_benchmark) ---------------

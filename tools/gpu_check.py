@@ -5,10 +5,12 @@
 Prints a verdict table (pass / warn / fail / not run) and writes the same as JSON. On a GPU machine it checks
 what the kit's developers could not run (they have no GPU that MXNet 1.9.1 supports): the driver against DALI
 2.4, MXNet's kernels for this GPU, float16 NHWC numerics against float32 on the CPU, float16 training with dynamic
-loss scaling, the dali-gpu pipeline and the batch that reaches MXNet on the GPU, NCCL's allreduce, NCHW against
-NHWC step time at the batch you train with (-b, runner's default) and whether that batch fits, in a fresh process.
-It runs with the variables runner gives its workers (CUDA graphs on, cuDNN autotune off, ...): the configuration
-training runs. On a CPU machine every check with a CPU form runs and the GPU ones say "not run (no GPU)". A GPU
+loss scaling, the dali-gpu pipeline and the batch that reaches MXNet on the GPU, NCCL's allreduce, NVIDIA's fused
+BatchNorm ops against the plain ones (its MXNet builds only), NCHW against NHWC step time at the batch you train with
+(-b, runner's default) and whether that batch fits beside a stated margin for the data pipeline and the collectives,
+each in a fresh process started before any GPU work here. It runs with the variables runner gives its workers (CUDA
+graphs on, cuDNN autotune off, ...): the configuration training runs, but with an OpenMP thread per core for the
+CPU checks. On a CPU machine every check with a CPU form runs and the GPU ones say "not run (no GPU)". A GPU
 of compute capability 9.0 or newer (H100, H200) with an MXNet wheel from PyPI is named in one line before any
 kernel runs. Exit status 1 when a check fails.
 """
@@ -29,6 +31,13 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+from rn50kit.common import supported  # noqa: E402  (loads on the Pythons it refuses)
+
+if __name__ == "__main__":
+    supported.require_supported_python("gpu_check")  # NVIDIA's 3.8 containers: one line, not a traceback
+
+from rn50kit.launch import devices  # noqa: E402  (no MXNet import: runner's variables are set before it)
+
 NOT_RUN = "not run (no GPU)"
 NOT_APPLICABLE = "not applicable"
 NO_KERNELS = "not run (no MXNet kernels for this GPU)"
@@ -36,13 +45,6 @@ DALI_MIN_DRIVER = (525, 60)  # nvidia-dali-cuda120: CUDA 12 needs driver r525 or
 # mxnet-cu112 1.9.1's sm_ list: MXNET_CUDA_ARCH "5.0;6.0;7.0;8.0;8.6" in apache/mxnet config/distribution/
 # linux_cu112.cmake. A cubin for sm_XY also runs on sm_XZ with Z >= Y (same major): T4 (7.5), L4 (8.9) too.
 MXNET_WHEEL_ARCHS = (50, 60, 70, 80, 86)
-# Every MXNet 1.9.1 GPU wheel on PyPI (mxnet-cu101 to mxnet-cu117) carries machine code up to sm_86 and no PTX
-# (read with cuobjdump): on compute capability 9.0 and newer no kernel can run.
-PYPI_WHEEL = re.compile(r"^mxnet[-_]cu\d+$")
-NEWEST_WHEEL_GPU = 89  # sm_86's cubins run on 8.x up to 8.9
-SM90_ROUTES = ("NVIDIA's NGC MXNet container 24.05 or 24.06 (MXNet 1.9.1, CUDA 12.4; see docs/gpu.md), "
-               "a source build of MXNet 1.9.1 for sm_90 (CUDA 11.8, gcc 11, cuDNN 8.9 for CUDA 11), "
-               "or a GPU of compute capability 5.0-8.9")
 FORWARD_TOLERANCE = 2e-2  # float16 NHWC logits vs float32 NCHW: relative L2 error
 BACKWARD_TOLERANCE = 5e-2  # the classifier's weight gradient: relative L2 error
 PIXEL_TOLERANCE = 4.0  # mean absolute difference, in 0..255 pixel units (decoders and resize filters differ)
@@ -75,48 +77,10 @@ def runner_plan(gpus, cores, environ):
     return launcher.build_env(args, machine, environ, extra), args.batch_size
 
 
-CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
-
-
-def compute_capability(ordinal=0):
-    """The compute capability of GPU ``ordinal`` as an int (90 for 9.0) from the driver API, or None. The driver
-    installs ``libcuda.so.1``; the unversioned ``libcuda.so`` that mx.util.get_cuda_compute_capability loads comes
-    only with the development package. No kernel runs."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
-        return None
-    for value, attribute in ((major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                             (minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)):
-        if lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, device) != 0:
-            return None
-    return major.value * 10 + minor.value
-
-
-def pypi_gpu_wheel():
-    """'mxnet-cu112 1.9.1' when MXNet is a GPU wheel from PyPI (NGC's and source builds install as 'mxnet'),
-    else None."""
-    from importlib import metadata
-    for dist in metadata.distributions():
-        name = dist.metadata.get("Name") or ""
-        if PYPI_WHEEL.match(name.lower()):
-            return f"{name} {dist.version}"
-    return None
-
-
 def unsupported_gpu(machine):
-    """The one line saying this GPU cannot run the installed MXNet and what to do, or None."""
-    if not machine.gpu:
-        return None
-    arch, wheel = compute_capability(0), pypi_gpu_wheel()
-    if arch is None or arch <= NEWEST_WHEEL_GPU or wheel is None:
-        return None
-    return (f"this GPU is compute capability {arch // 10}.{arch % 10} (sm_{arch}), and the installed {wheel} from "
-            f"PyPI has kernels up to sm_86 and no PTX: every MXNet kernel fails here (\"no kernel image is "
-            f"available\"). Routes: {SM90_ROUTES}")
+    """The one line saying this GPU cannot run the installed MXNet and what to do, or None (runner refuses by the
+    same test before it starts any worker)."""
+    return devices.unsupported_gpu(machine.num_gpus if machine.gpu else 0)
 
 
 # --- versions and capabilities --------------------------------------------------------------------------------
@@ -207,8 +171,7 @@ def wheel_covers(arch):
 def check_kernels(machine, args):
     """The GPU's architecture against the wheel's sm_ list, and a real float16 convolution on every GPU."""
     import mxnet as mx
-    from rn50kit.launch import devices
-    arch = compute_capability(0)
+    arch = devices.compute_capability(0)
     found = {"compute_capability": arch, "wheel_archs": list(MXNET_WHEEL_ARCHS)}
     for i in range(machine.num_gpus):
         try:
@@ -339,6 +302,96 @@ def check_numerics_gpu(machine, args):
     return ("pass" if ok else "fail"), (f"float16 NHWC 4-channel on the GPU vs float32 NCHW on the CPU: logits "
                                         f"{forward:.1e} (tolerance {FORWARD_TOLERANCE:g}), classifier gradient "
                                         f"{backward:.1e} (tolerance {BACKWARD_TOLERANCE:g}), relative L2"), found
+
+
+# --- NVIDIA's fused BatchNorm ops -----------------------------------------------------------------------------
+
+FUSED_FORWARD_TOLERANCE = 1e-2  # fused vs plain ops in the same precision: relative L2 error of the logits
+FUSED_BACKWARD_TOLERANCE = 5e-2  # of each parameter's gradient (the worst one)
+
+
+def fused_pair(machine, ctx, dtype, layout, channels, depth):
+    """(plain, fused) ResNets of the kit with the same weights: the plain one initialised with every BatchNorm's
+    gamma and beta drawn at random (the last gamma of a block is 0 at initialisation, which would hide the fused
+    add), saved under the parameters' names and loaded into the fused one as a checkpoint is."""
+    import mxnet as mx
+    import models
+    nets = [models.get_model(f"resnet{depth}_v1.5", num_classes=10, layout=layout, input_layout=layout,
+                             in_channels=channels, dtype=dtype, fuse_bn_relu=fuse, fuse_bn_add_relu=fuse)
+            for fuse in (False, True)]
+    plain, fused = nets
+    plain.initialize(mx.init.Xavier(), ctx=ctx)
+    for name, param in plain.collect_params().items():
+        if name.endswith(("_gamma", "_beta")):
+            low, high = (0.5, 1.5) if name.endswith("_gamma") else (-0.2, 0.2)
+            param.set_data(mx.nd.random.uniform(low, high, shape=param.shape, ctx=ctx, dtype=param.dtype))
+    path = os.path.join(machine.workdir, f"fused-{depth}.params")
+    mx.nd.save(path, {name: param.data(ctx) for name, param in plain.collect_params().items()})
+    fused.initialize(ctx=ctx)
+    models.load_parameters(fused, path, ctx)
+    return plain, fused
+
+
+def gradients(net, ctx):
+    return {name: param.grad(ctx).astype("float32").asnumpy() for name, param in net.collect_params().items()
+            if param.grad_req != "null"}
+
+
+def step_time(net, x, y, steps):
+    """Seconds per forward and backward pass (a training step without the update)."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for i in range(steps + 1):
+        if i == 1:  # the first pass builds the graph
+            mx.nd.waitall()
+            start = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(net(x).astype("float32"), y)
+        loss.backward()
+    mx.nd.waitall()
+    return (time.perf_counter() - start) / steps
+
+
+def compare_fused(machine, ctx, dtype, layout, channels, depth, size, batch, steps=10):
+    """The network with this MXNet's fused BatchNorm+ReLU and BatchNorm+add+ReLU against the plain ops, same
+    weights: training-mode logits and every parameter's gradient, and the time of a forward and backward pass."""
+    import mxnet as mx
+    import numpy as np
+    plain, fused = fused_pair(machine, ctx, dtype, layout, channels, depth)
+    rng = np.random.RandomState(0)
+    images = as_input(rng.uniform(-2, 2, (batch, 3, size, size)).astype("float32"), layout, channels)
+    labels = rng.randint(0, 10, batch)
+    results = []
+    for net in (plain, fused):
+        net.hybridize(static_alloc=True, static_shape=True)
+        logits, _ = forward_backward(net, images, labels, ctx, dtype)
+        results.append((logits, gradients(net, ctx)))
+    (plain_logits, plain_grads), (fused_logits, fused_grads) = results
+    forward = relative_error(fused_logits, plain_logits)
+    errors = {name: relative_error(fused_grads[name], grad) for name, grad in plain_grads.items()}
+    worst = max(errors, key=errors.get)
+    x, y = mx.nd.array(images, ctx=ctx, dtype=dtype), mx.nd.array(labels, ctx=ctx)
+    plain_s, fused_s = step_time(plain, x, y, steps), step_time(fused, x, y, steps)
+    found = {"forward_relative_error": forward, "worst_gradient": worst, "gradient_relative_error": errors[worst],
+             "plain_step_s": plain_s, "fused_step_s": fused_s, "batch": batch,
+             "forward_tolerance": FUSED_FORWARD_TOLERANCE, "backward_tolerance": FUSED_BACKWARD_TOLERANCE}
+    ok = forward <= FUSED_FORWARD_TOLERANCE and errors[worst] <= FUSED_BACKWARD_TOLERANCE
+    return ("pass" if ok else "fail"), (
+        f"{dtype} {layout} ResNet-{depth}, fused vs plain BatchNorm ops, same weights: logits {forward:.1e} "
+        f"(tolerance {FUSED_FORWARD_TOLERANCE:g}), worst gradient {errors[worst]:.1e} ({worst}; tolerance "
+        f"{FUSED_BACKWARD_TOLERANCE:g}); forward+backward at batch {batch}: plain {plain_s * 1000:.0f} ms, fused "
+        f"{fused_s * 1000:.0f} ms"), found
+
+
+def check_fused_batchnorm(machine, args):
+    """NVIDIA's fused BatchNorm+ReLU and BatchNorm+add+ReLU (its MXNet builds only), which float16 runs on GPUs use
+    there by default, against the plain ops: float16 NHWC 4-channel ResNet-50 on gpu(0)."""
+    import mxnet as mx
+    if not devices.nvidia_fused_batchnorm():
+        return NOT_APPLICABLE, ("this MXNet has no fused BatchNorm ops for GPUs (upstream's build): float16 runs "
+                                "use the plain ones"), {}
+    return compare_fused(machine, mx.gpu(0), "float16", "NHWC", 4, depth=50, size=224, batch=64)
 
 
 # --- training -------------------------------------------------------------------------------------------------
@@ -544,7 +597,47 @@ def check_allreduce_gpu(machine, args):
 
 # --- speed and memory -----------------------------------------------------------------------------------------
 
-def step_seconds(layout, channels, batch, steps=10, warmup=3):
+# What the memory check holds back on the GPU for the parts of a training run its step leaves out: the dali-gpu
+# training pipeline's device buffers (nvJPEG's, the decoded images' and the crops', DALI's default pool) and
+# NCCL's (its channels' buffers and communicators), as estimates, and Horovod's fusion buffer at the size runner
+# sets (HOROVOD_FUSION_THRESHOLD; Horovod's own default is 128 MiB). About 1.2 GiB with runner's 64 MiB.
+MIB = 1 << 20
+PIPELINE_MARGIN = {"the dali-gpu pipeline's buffers": 768 * MIB, "NCCL's buffers": 384 * MIB}
+HOROVOD_DEFAULT_FUSION = 128 * MIB
+
+
+def memory_margin(environ):
+    """{part: bytes} the memory check holds on the GPU beside the training step (see PIPELINE_MARGIN)."""
+    fusion = int(environ.get("HOROVOD_FUSION_THRESHOLD", HOROVOD_DEFAULT_FUSION))
+    return dict(PIPELINE_MARGIN, **{"Horovod's fusion buffer": fusion})
+
+
+def hold_memory(nbytes, ctx):
+    """An array of ``nbytes`` bytes on ``ctx``, written so it is allocated (held by the caller), or None."""
+    import mxnet as mx
+    if not nbytes:
+        return None
+    held = mx.nd.zeros((nbytes,), ctx=ctx, dtype="uint8")
+    held.wait_to_read()
+    return held
+
+
+def release_gpu_memory(machine):
+    """Give back what MXNet's and DALI's pools hold of this process's freed GPU memory (their pooled allocators
+    keep it otherwise: MXNet's src/storage/pooled_storage_manager.h), before a check starts a process that needs
+    the GPU's memory."""
+    import mxnet as mx
+    mx.nd.waitall()
+    for ordinal in range(machine.num_gpus):
+        mx.gpu(ordinal).empty_cache()
+    try:
+        from nvidia.dali import backend
+    except ImportError:
+        return
+    backend.ReleaseUnusedMemory()
+
+
+def step_seconds(layout, channels, batch, steps=10, warmup=3, reserve=0):
     import mxnet as mx
     from rn50kit.data import loaders
     import fit
@@ -553,12 +646,13 @@ def step_seconds(layout, channels, batch, steps=10, warmup=3):
     from rn50kit.training.distributed import Distributed
     from mxnet import gluon
     ctx = mx.gpu(0)
+    held = hold_memory(reserve, ctx)  # the margin for what a training run has beside the step
     net = models.get_model("resnet50_v1.5", num_classes=1000, layout=layout, input_layout=layout,
                            in_channels=channels, dtype="float16")
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
     iterator = loaders.SyntheticIterator(batch, (channels, 224, 224), 1000, steps + warmup, ctx, dtype="float16",
-                                      layout=layout, pool=1)
+                                         layout=layout, pool=1)
     trainer = optimizers.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
     trainer.set_learning_rate(0.01)
     scaler = fit.make_loss_scaler(None, "float16")
@@ -570,25 +664,25 @@ def step_seconds(layout, channels, batch, steps=10, warmup=3):
             start = time.perf_counter()
         fit.train_step(net, trainer, scaler, loss_fn, batch_data.data, batch_data.label, batch)
     mx.nd.waitall()
+    del held
     return (time.perf_counter() - start) / steps
 
 
 def step_worker(spec):
     """Run by measure_step in a fresh process: one timing, printed as a STEP line."""
     import mxnet as mx
-    from rn50kit.launch import devices
-    layout, channels, batch, steps, warmup = json.loads(spec)
+    layout, channels, batch, steps, warmup, reserve = json.loads(spec)
     try:
-        result = {"seconds": step_seconds(layout, channels, batch, steps, warmup)}
+        result = {"seconds": step_seconds(layout, channels, batch, steps, warmup, reserve)}
     except mx.base.MXNetError as error:
         result = {"error": devices.describe_mxnet_error(error, mx.context.num_gpus())}
     print("STEP " + json.dumps(result), flush=True)
 
 
-def measure_step(layout, channels, batch, steps=10, warmup=3):
+def measure_step(layout, channels, batch, steps=10, warmup=3, reserve=0):
     """Seconds per float16 ResNet-50 training step on GPU 0, in a fresh process (with this process's environment,
-    runner's): no memory held by earlier checks in MXNet's or DALI's pools. (seconds or None, error line)."""
-    spec = json.dumps([layout, channels, batch, steps, warmup])
+    runner's), ``reserve`` bytes held on the GPU beside it. (seconds or None, error line)."""
+    spec = json.dumps([layout, channels, batch, steps, warmup, reserve])
     result = subprocess.run([sys.executable, os.path.abspath(__file__), "--step-worker", spec],
                             capture_output=True, text=True, timeout=1800)
     lines = [line for line in result.stdout.splitlines() if line.startswith("STEP ")]
@@ -600,12 +694,16 @@ def measure_step(layout, channels, batch, steps=10, warmup=3):
 
 
 def check_layout_speed(machine, args):
+    """Both layouts at the user's batch, each in a fresh process. With 4 input channels both: `--conv-layout NCHW`
+    (the advice) keeps the float16 default's zero 4th channel (devices.float16_gpu_defaults)."""
     batch = args.batch_size
-    (nchw, nchw_error), (nhwc, nhwc_error) = measure_step("NCHW", 3, batch), measure_step("NHWC", 4, batch)
+    release_gpu_memory(machine)
+    (nchw, nchw_error), (nhwc, nhwc_error) = measure_step("NCHW", 4, batch), measure_step("NHWC", 4, batch)
     found = {"nchw_step_s": nchw, "nhwc_step_s": nhwc, "batch": batch}
     if nchw_error or nhwc_error:
         return "fail", f"-b {batch}: NCHW {nchw_error or 'ran'}; NHWC {nhwc_error or 'ran'}", found
-    detail = f"float16 ResNet-50 step at batch {batch}: NCHW {nchw * 1000:.0f} ms, NHWC {nhwc * 1000:.0f} ms"
+    detail = (f"float16 ResNet-50 step at batch {batch}, 4 channels: NCHW {nchw * 1000:.0f} ms, "
+              f"NHWC {nhwc * 1000:.0f} ms")
     if nhwc > 1.1 * nchw:
         return "warn", (detail + "; NHWC (the default) is slower on this GPU: train with --conv-layout NCHW "
                                  f"(e.g. `./runner -n 8 -b {batch} --conv-layout NCHW`)"), found
@@ -614,18 +712,28 @@ def check_layout_speed(machine, args):
 
 def check_memory(machine, args):
     import mxnet as mx
-    seconds, error = measure_step("NHWC", 4, args.batch_size, steps=2, warmup=1)
+    margin = memory_margin(os.environ)
+    reserve = sum(margin.values())
+    held = (f"{reserve / 2 ** 30:.2f} GiB held back for " +
+            ", ".join(f"{part} ({size // MIB} MiB)" for part, size in margin.items()))
+    release_gpu_memory(machine)
+    seconds, error = measure_step("NHWC", 4, args.batch_size, steps=2, warmup=1, reserve=reserve)
+    found = {"batch": args.batch_size, "margin_bytes": margin}
     if error:
-        return "fail", f"-b {args.batch_size} does not fit: {error}", {"batch": args.batch_size}
+        return "fail", f"-b {args.batch_size} does not fit with {held}: {error}", found
     free, total = mx.context.gpu_memory_info(0)
-    found = {"batch": args.batch_size, "step_s": seconds, "gpu_total_bytes": total}
-    return "pass", (f"-b {args.batch_size} fits (float16 NHWC ResNet-50 training step in a fresh process, "
-                    f"{args.batch_size / seconds:.0f} img/s on one GPU; {total / 2 ** 30:.0f} GiB)"), found
+    found.update(step_s=seconds, gpu_total_bytes=total)
+    return "pass", (f"-b {args.batch_size} fits with {held} (float16 NHWC ResNet-50 training step in a fresh "
+                    f"process, {args.batch_size / seconds:.0f} img/s on one GPU; {total / 2 ** 30:.0f} GiB)"), found
 
 
 CHECKS = [
     Check("versions", "MXNet, DALI, Horovod, numpy versions and MXNet's build features", check_versions),
     Check("driver", "NVIDIA driver (r525+ for DALI 2.4), CUDA runtime, cuDNN, NCCL", check_driver, gpu_only=True),
+    # in fresh processes, before any GPU work in this one (MXNet's and DALI's pools keep what they take)
+    Check("layout-speed", "float16 NCHW vs NHWC step time at -b", check_layout_speed, gpu_only=True),
+    Check("memory", "-b fits (float16 NHWC ResNet-50, in a fresh process, a margin held for data and collectives)",
+          check_memory, gpu_only=True),
     Check("kernels", "the GPU's architecture has MXNet kernels (a float16 NHWC convolution runs)", check_kernels,
           gpu_only=True),
     Check("horovod-build", "horovodrun --check-build: MXNet, Gloo (and NCCL with GPUs)", check_horovod_build),
@@ -633,6 +741,8 @@ CHECKS = [
           check_numerics_cpu),
     Check("numerics-gpu", "float16 NHWC 4-channel ResNet-50 on the GPU vs float32 NCHW on the CPU", check_numerics_gpu,
           gpu_only=True),
+    Check("fused-batchnorm", "NVIDIA's fused BatchNorm+ReLU and +add+ReLU vs the plain ops (logits, gradients, "
+          "time)", check_fused_batchnorm, gpu_only=True),
     Check("training-cpu", "float32 steps on synthetic data: the loss falls", check_training_cpu),
     Check("training-gpu", "float16 steps with dynamic loss scaling: loss falls, scale settles", check_training_gpu,
           gpu_only=True),
@@ -641,8 +751,6 @@ CHECKS = [
     Check("allreduce-cpu", "Horovod Gloo allreduce over 2 processes is exact", check_allreduce_cpu),
     Check("allreduce-gpu", "Horovod allreduce over every local GPU (NCCL) is exact", check_allreduce_gpu,
           gpu_only=True),
-    Check("layout-speed", "float16 NCHW vs NHWC step time at -b", check_layout_speed, gpu_only=True),
-    Check("memory", "-b fits (float16 NHWC ResNet-50, in a fresh process)", check_memory, gpu_only=True),
 ]
 
 
@@ -661,7 +769,6 @@ def run_checks(machine, args, checks=CHECKS, unsupported=None):
             try:
                 verdict, detail, found = check.run(machine, args)
             except Exception as error:  # a check that breaks is a failed check, with its reason
-                from rn50kit.launch import devices
                 reason = devices.describe_mxnet_error(error, machine.num_gpus) \
                     if type(error).__name__ == "MXNetError" else f"{type(error).__name__}: {error}"
                 verdict, detail, found = "fail", reason, {"traceback": traceback.format_exc()}
@@ -723,6 +830,9 @@ def use_runners_environment(args):
         env, default_batch = runner_plan(launcher.nvidia_gpu_count(), cores, os.environ)
     except cli.UsageError as error:
         cli.fail("gpu_check", f"runner cannot plan a run on this machine: {error}")
+    # The CPU checks run in this one process alone: one OpenMP thread per core, not the 1 of runner's GPU workers
+    # (the user's value wins, as with runner)
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(devices.openmp_threads()))
     os.environ.update(env)
     if args.batch_size is None:
         args.batch_size = default_batch

@@ -55,8 +55,10 @@ def backend_problem(data_backend, gpu, why=""):
     return None
 
 
-def fusion_problem(fuse_bn_relu, gpu):
-    if fuse_bn_relu and gpu:
+def fusion_problem(fuse_bn_relu, gpu, nvidia_fused=False):
+    """``nvidia_fused``: this MXNet is NVIDIA's build, whose BatchNorm fuses the ReLU on GPUs
+    (devices.nvidia_bn_relu, read from MXNet's operator registry by whoever imports it)."""
+    if fuse_bn_relu and gpu and not nvidia_fused:
         return ("--fuse-bn-relu 1 runs on CPUs only: upstream MXNet's BatchNormWithReLU has a oneDNN kernel and no "
                 "GPU one; leave it out on GPUs")
     return None
@@ -91,9 +93,10 @@ def devices_problem(gpus, gpu, why=""):
     return None
 
 
-def run_problem(dtype, data_backend, mode, fuse_bn_relu, gpu, why="", conv_layout=None, gpus=None):
+def run_problem(dtype, data_backend, mode, fuse_bn_relu, gpu, why="", conv_layout=None, gpus=None,
+                nvidia_fused=False):
     """The first rule a run breaks on a machine with (``gpu``) or without GPUs, or None. The CPU's own features
     (bfloat16_problem) are checked where the worker runs: runner may be planning for other hosts."""
     return (dtype_problem(dtype, mode, gpu, why) or backend_problem(data_backend, gpu, why)
-            or fusion_problem(fuse_bn_relu, gpu) or layout_problem(conv_layout, gpu, why)
+            or fusion_problem(fuse_bn_relu, gpu, nvidia_fused) or layout_problem(conv_layout, gpu, why)
             or devices_problem(gpus, gpu, why))

@@ -11,16 +11,21 @@ from rn50kit.common import backends
 # convolutions (upstream MXNet runs NHWC float16 convolutions in cuDNN with float32 accumulation, and NHWC
 # BatchNorm and pooling in cuDNN too: src/operator/nn/convolution.cu, cudnn/cudnn_batch_norm-inl.h,
 # cudnn/cudnn_pooling-inl.h), and a zero 4th input channel from DALI (not from the mxnet backend, which writes
-# 3-channel NCHW: the network transposes its input on the GPU). No fusions: upstream's BatchNormWithReLU is a
+# 3-channel NCHW: the network transposes its input on the GPU). The fusions (the original's `--fuse-bn-relu 1
+# --fuse-bn-add-relu 1`) only with NVIDIA's build (nvidia_fused_batchnorm): upstream's BatchNormWithReLU is a
 # CPU (oneDNN) kernel for axis 1 only and BatchNormAddRelu exists only in NVIDIA's builds.
 FLOAT16_GPU_LAYOUT = {"input_layout": "NHWC", "conv_layout": "NHWC", "batchnorm_layout": "NHWC",
                       "pooling_layout": "NHWC"}
 
 
-def float16_gpu_defaults(dtype, gpu, data_backend, given, image_shape):
+FUSED_BATCHNORM = {"fuse_bn_relu": 1, "fuse_bn_add_relu": 1}
+
+
+def float16_gpu_defaults(dtype, gpu, data_backend, given, image_shape, fused=False, conv_layout=None):
     """{flag destination: value} a float16 run on GPUs gets where the user has not chosen (``given``: the
-    destinations of the flags typed). The one place these defaults live: train.py applies them on a GPU machine,
-    started by runner or alone."""
+    destinations of the flags typed; ``fused``: this MXNet is NVIDIA's build with the fused BatchNorm ops;
+    ``conv_layout``: the --conv-layout in effect). The one place these defaults live: train.py applies them on a
+    GPU machine, started by runner or alone."""
     if dtype != "float16" or not gpu:
         return {}
     fixed = backends.get(data_backend).input_layout_fixed if data_backend else None
@@ -31,13 +36,100 @@ def float16_gpu_defaults(dtype, gpu, data_backend, given, image_shape):
             values["input_layout"] = fixed
     if "image_shape" not in given and not fixed:
         values["image_shape"] = [4] + list(image_shape)[1:]
+    # the original fuses in NHWC only (its runner); an NCHW run the user chose keeps the plain ops
+    if fused and values.get("conv_layout", conv_layout) == "NHWC":
+        values.update({dest: on for dest, on in FUSED_BATCHNORM.items() if dest not in given})
     return values
 
 
 def apply_float16_gpu_defaults(args, given, num_gpus):
+    fused = num_gpus > 0 and args.dtype == "float16" and nvidia_fused_batchnorm()
     for dest, value in float16_gpu_defaults(args.dtype, num_gpus > 0, args.data_backend, given,
-                                            args.image_shape).items():
+                                            args.image_shape, fused, getattr(args, "conv_layout", None)).items():
         setattr(args, dest, value)
+
+
+# --- NVIDIA's fused BatchNorm ops, read from MXNet's operator registry -----------------------------------------
+# NVIDIA's container builds add `act_type` to BatchNorm (BatchNorm+ReLU in one cuDNN kernel) and register
+# BatchNormAddRelu; upstream MXNet 1.9.1 has neither (its BatchNorm's arguments end at max_calib_range). Read from
+# MXNet itself, never from a version string: NVIDIA's builds call themselves 1.9.1 too.
+
+def registered_operators():
+    from mxnet import operator
+    return set(operator.get_all_registered_operators())
+
+
+def operator_arguments(name):
+    from mxnet import operator
+    return list(operator.get_operator_arguments(name).names)
+
+
+def nvidia_bn_relu():
+    """This MXNet's BatchNorm takes act_type='relu' (NVIDIA's fused BatchNorm+ReLU; any axis, NHWC on GPUs)."""
+    return "act_type" in operator_arguments("BatchNorm")
+
+
+def nvidia_bn_add_relu():
+    """This MXNet registers BatchNormAddRelu (NVIDIA's fused BatchNorm+add+ReLU)."""
+    return "BatchNormAddRelu" in registered_operators()
+
+
+def nvidia_fused_batchnorm():
+    """Both of NVIDIA's fused BatchNorm ops are here: the original kit's float16 GPU runs use them."""
+    return nvidia_bn_relu() and nvidia_bn_add_relu()
+
+
+# --- GPUs the installed MXNet has no kernels for (the self-check's test; runner refuses by it too) -------------
+# Every MXNet 1.9.1 GPU wheel on PyPI (mxnet-cu101 to mxnet-cu117) carries machine code up to sm_86 and no PTX
+# (read with cuobjdump): on compute capability 9.0 and newer no kernel can run.
+PYPI_WHEEL = re.compile(r"^mxnet[-_]cu\d+$")
+NEWEST_WHEEL_GPU = 89  # sm_86's cubins run on 8.x up to 8.9
+SM90_ROUTES = ("NVIDIA's NGC MXNet container 24.05 or 24.06 (MXNet 1.9.1, CUDA 12.4; see docs/gpu.md), "
+               "a source build of MXNet 1.9.1 for sm_90 (CUDA 11.8, gcc 11, cuDNN 8.9 for CUDA 11), "
+               "or a GPU of compute capability 5.0-8.9")
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
+
+
+def compute_capability(ordinal=0):
+    """The compute capability of GPU ``ordinal`` as an int (90 for 9.0) from the driver API, or None. The driver
+    installs ``libcuda.so.1``; the unversioned ``libcuda.so`` that mx.util.get_cuda_compute_capability loads comes
+    only with the development package. No kernel runs."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+        return None
+    for value, attribute in ((major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                             (minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)):
+        if lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, device) != 0:
+            return None
+    return major.value * 10 + minor.value
+
+
+def pypi_gpu_wheel():
+    """'mxnet-cu112 1.9.1' when MXNet is a GPU wheel from PyPI (NGC's and source builds install as 'mxnet'),
+    else None."""
+    from importlib import metadata
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name") or ""
+        if PYPI_WHEEL.match(name.lower()):
+            return f"{name} {dist.version}"
+    return None
+
+
+def unsupported_gpu(num_gpus):
+    """The one line saying this machine's GPU cannot run the installed MXNet and what to do, or None."""
+    if not num_gpus:
+        return None
+    arch, wheel = compute_capability(0), pypi_gpu_wheel()
+    if arch is None or arch <= NEWEST_WHEEL_GPU or wheel is None:
+        return None
+    return (f"this GPU is compute capability {arch // 10}.{arch % 10} (sm_{arch}), and the installed {wheel} from "
+            f"PyPI has kernels up to sm_86 and no PTX: every MXNet kernel fails here (\"no kernel image is "
+            f"available\"). Routes: {SM90_ROUTES}")
 
 
 # --- which GPUs -----------------------------------------------------------------------------------------------

@@ -203,10 +203,11 @@ def fail(message):
 # --- the machine ---------------------------------------------------------------------------------------------
 
 class Machine:
-    def __init__(self, gpus, cores, note=""):
+    def __init__(self, gpus, cores, note="", nvidia_fused=False):
         self.gpus = gpus  # GPUs MXNet can use
         self.cores = cores
         self.note = note  # why GPUs that are present cannot be used, if so
+        self.nvidia_fused = nvidia_fused  # NVIDIA's MXNet build: its BatchNorm fuses the ReLU on GPUs
 
 
 def nvidia_gpu_count():
@@ -245,7 +246,10 @@ def detect_machine():
     if usable == 0:
         return Machine(0, cores, f"the installed MXNet is the CPU build, so the {physical} GPU(s) here are "
                                  "unused (see docs/gpu.md)")
-    return Machine(min(usable, physical), cores)
+    unsupported = devices.unsupported_gpu(usable)  # gpu_check's test: refused before any worker starts
+    if unsupported:
+        raise UsageError(unsupported)
+    return Machine(min(usable, physical), cores, nvidia_fused=devices.nvidia_bn_relu())
 
 
 # --- checks --------------------------------------------------------------------------------------------------
@@ -404,7 +408,8 @@ def resolve_and_check(args, extra, machine):
         args.batch_size = 192 if gpu else CPU_BATCH_PER_WORKER
     peeked = peek_extra(extra, args.file_values)
     problem = rules.run_problem(args.dtype, args.data_backend, peeked.mode or "train_val",
-                                peeked.fuse_bn_relu == "1", gpu, why, peeked.conv_layout, peeked.gpus)
+                                peeked.fuse_bn_relu == "1", gpu, why, peeked.conv_layout, peeked.gpus,
+                                getattr(machine, "nvidia_fused", False))
     if problem:
         raise UsageError(problem)
     slots = host_slots(args)

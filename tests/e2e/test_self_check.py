@@ -32,3 +32,27 @@ def test_self_check_on_this_cpu_machine(tmp_path):
         row = next(line for line in lines if line.startswith(check["name"] + " "))
         assert check["verdict"] in row and check["detail"] in row
     assert lines[-1].startswith("PASS: ") and str(report_path) in lines[-1]
+
+
+def test_fused_batchnorm_comparison_runs_on_the_cpu_and_sees_a_wrong_op(tmp_path, monkeypatch):
+    """The fused-batchnorm check's comparison (two ResNet-18s: seconds, not the fast lane), on the CPU with NVIDIA's
+    ops' stand-ins: same weights, logits and every gradient within tolerance, both timed; a fused op that is off
+    fails it. Upstream MXNet on a GPU: not applicable, nothing built."""
+    import types
+    import mxnet as mx
+    import fused_standins
+    import gpu_check
+    machine = types.SimpleNamespace(gpu=False, num_gpus=0, workdir=str(tmp_path))
+    monkeypatch.setattr(gpu_check, "compare_fused", lambda *a, **k: pytest.fail("compared without the ops"))
+    verdict, detail, _ = gpu_check.check_fused_batchnorm(machine, None)
+    assert verdict == "not applicable" and "upstream" in detail
+    monkeypatch.undo()
+    calls = fused_standins.register(monkeypatch)
+    verdict, detail, found = gpu_check.compare_fused(machine, mx.cpu(), "float32", "NCHW", 3, 18, 16, 2, steps=1)
+    assert verdict == "pass" and calls["BatchNormAddRelu"] and calls["BatchNorm act_type"]
+    assert found["forward_relative_error"] < 1e-5 and found["gradient_relative_error"] < 1e-4
+    assert found["plain_step_s"] > 0 and found["fused_step_s"] > 0 and "fused vs plain" in detail
+    monkeypatch.undo()
+    fused_standins.register(monkeypatch, wrong=True)
+    verdict, _, found = gpu_check.compare_fused(machine, mx.cpu(), "float32", "NCHW", 3, 18, 16, 2, steps=1)
+    assert verdict == "fail" and found["forward_relative_error"] > 1e-2

@@ -3,12 +3,12 @@ the verdicts and exit status."""
 import json
 import os
 import subprocess
-import sys
 import types
 import numpy as np
 import pytest
 import gpu_check
 from conftest import CPU_CHECKS, GPU_CHECKS, EIGHT_GPU_MACHINE, planned_train_argv
+from rn50kit.launch import devices
 
 
 @pytest.fixture(autouse=True)
@@ -100,39 +100,103 @@ def test_the_checks_run_with_runners_variables_and_batch(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "CHECKS", [gpu_check.Check("versions", "x", versions)])
     assert gpu_check.main(["--json", str(tmp_path / "r.json")]) == 0
     assert seen.pop("batch") == 192  # runner's -b on GPUs
+    # runner's GPU workers get one OpenMP thread; the CPU checks here, one process alone, a thread per core
+    assert runners_env["OMP_NUM_THREADS"] == "1" and seen.pop("OMP_NUM_THREADS") == str(devices.openmp_threads())
+    assert int(os.environ["OMP_NUM_THREADS"]) > 1
+    runners_env.pop("OMP_NUM_THREADS")
     assert seen == runners_env and runners_env["MXNET_ENABLE_CUDA_GRAPHS"] == "1"
     assert runners_env["MXNET_CUDNN_AUTOTUNE_DEFAULT"] == "0"
-    assert json.loads((tmp_path / "r.json").read_text())["environment"] == runners_env
+    assert json.loads((tmp_path / "r.json").read_text())["environment"] == dict(
+        runners_env, OMP_NUM_THREADS=str(devices.openmp_threads()))
     os.environ["MXNET_CUDNN_AUTOTUNE_DEFAULT"] = "1"  # a value the user set wins, as with runner
     assert gpu_check.main(["--json", str(tmp_path / "r.json"), "-b", "208"]) == 0
     assert seen["MXNET_CUDNN_AUTOTUNE_DEFAULT"] == "1" and seen["batch"] == 208
 
 
-def test_layout_timing_and_memory_run_at_the_batch_in_fresh_processes(monkeypatch):
-    """Both layouts are timed, and the memory checked, each in a new process at the user's batch: no memory left
-    in MXNet's or DALI's pools by earlier checks."""
-    import mxnet as mx
-    commands = []
-
+def fake_step_processes(monkeypatch, events):
+    """subprocess.run of the step workers recorded in ``events``; a batch of 300 or more does not fit."""
     def fake_run(command, **kwargs):
-        commands.append(command)
-        layout, channels, batch, steps, warmup = json.loads(command[command.index("--step-worker") + 1])
+        spec = json.loads(command[command.index("--step-worker") + 1])
+        events.append(("fresh process", spec))
+        layout, channels, batch = spec[:3]
         out = {"seconds": 0.2 if layout == "NCHW" else 0.1} if batch < 300 else \
             {"error": "out of GPU memory: lower the batch"}
         return subprocess.CompletedProcess(command, 0, "STEP " + json.dumps(out) + "\n", "")
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
-    monkeypatch.setattr(gpu_check, "step_seconds", lambda *a, **k: pytest.fail("timed in the checking process"))
+
+
+def record_pool_releases(monkeypatch, events):
+    import mxnet as mx
+    from nvidia.dali import backend
+    monkeypatch.setattr(mx.Context, "empty_cache", lambda ctx: events.append(("empty_cache", str(ctx))))
+    monkeypatch.setattr(backend, "ReleaseUnusedMemory", lambda: events.append(("dali release", None)))
     monkeypatch.setattr(mx.context, "gpu_memory_info", lambda ordinal: (1 << 30, 16 << 30))
+
+
+def test_layout_timing_and_memory_run_at_the_batch_in_fresh_processes(monkeypatch):
+    """Both layouts are timed with the 4 channels the advised `--conv-layout NCHW` run keeps, and the memory
+    checked with the margin held, each in a new process at the user's batch."""
+    events = []
+    fake_step_processes(monkeypatch, events)
+    record_pool_releases(monkeypatch, events)
+    monkeypatch.setattr(gpu_check, "step_seconds", lambda *a, **k: pytest.fail("timed in the checking process"))
     machine = types.SimpleNamespace(gpu=True, num_gpus=1)
     verdict, detail, found = gpu_check.check_layout_speed(machine, types.SimpleNamespace(batch_size=208))
     assert verdict == "pass" and "at batch 208" in detail and found["batch"] == 208
     verdict, detail, _ = gpu_check.check_memory(machine, types.SimpleNamespace(batch_size=208))
     assert verdict == "pass" and "fresh process" in detail
-    assert len(commands) == 3 and all(c[:2] == [sys.executable, os.path.abspath(gpu_check.__file__)]
-                                      for c in commands)
-    assert [json.loads(c[-1])[:3] for c in commands] == [["NCHW", 3, 208], ["NHWC", 4, 208], ["NHWC", 4, 208]]
+    specs = [spec for kind, spec in events if kind == "fresh process"]
+    reserve = specs[-1][5]
+    assert [spec[:3] for spec in specs] == [["NCHW", 4, 208], ["NHWC", 4, 208], ["NHWC", 4, 208]]
+    assert [spec[5] for spec in specs[:2]] == [0, 0] and reserve > 0
     verdict, detail, _ = gpu_check.check_memory(machine, types.SimpleNamespace(batch_size=400))
-    assert verdict == "fail" and detail == "-b 400 does not fit: out of GPU memory: lower the batch"
+    assert verdict == "fail" and detail.startswith("-b 400 does not fit with ")
+    assert detail.endswith(": out of GPU memory: lower the batch")
+
+
+def test_the_memory_verdict_holds_a_stated_margin_for_the_pipeline_and_the_collectives(monkeypatch):
+    """The step in the fresh process runs beside the dali-gpu pipeline's, NCCL's and Horovod's fusion buffer's
+    memory (runner's HOROVOD_FUSION_THRESHOLD), held on the GPU; the verdict names each part and the sum."""
+    import mxnet as mx
+    events = []
+    fake_step_processes(monkeypatch, events)
+    record_pool_releases(monkeypatch, events)
+    monkeypatch.setitem(os.environ, "HOROVOD_FUSION_THRESHOLD", str(64 << 20))
+    verdict, detail, found = gpu_check.check_memory(types.SimpleNamespace(gpu=True, num_gpus=1),
+                                                    types.SimpleNamespace(batch_size=192))
+    parts = found["margin_bytes"]
+    assert parts["Horovod's fusion buffer"] == 64 << 20 and len(parts) == 3
+    assert events[-1][1][5] == sum(parts.values()) > (1 << 30)
+    assert f"fits with {sum(parts.values()) / 2 ** 30:.2f} GiB held back for " in detail
+    for part, size in parts.items():
+        assert f"{part} ({size >> 20} MiB)" in detail
+    assert "dali-gpu" in detail and "NCCL" in detail
+    held = gpu_check.hold_memory(3 << 20, mx.cpu())  # what the fresh process holds, on the CPU here
+    assert held.shape == (3 << 20,) and held.dtype == np.uint8 and gpu_check.hold_memory(0, mx.cpu()) is None
+
+
+def test_fresh_process_checks_run_before_any_gpu_work_here_with_the_pools_emptied(tmp_path, monkeypatch):
+    """MXNet's pooled allocator never gives memory back: the layout and memory processes start before any GPU
+    check of this process has run, each after MXNet's pool on every GPU and DALI's were emptied."""
+    events = []
+    fake_step_processes(monkeypatch, events)
+    record_pool_releases(monkeypatch, events)
+    for check in gpu_check.CHECKS:
+        if check.name not in ("layout-speed", "memory"):
+            monkeypatch.setattr(check, "run", lambda machine, args, name=check.name: (
+                events.append(("in this process", name)) or ("pass", name, {})))
+    machine = types.SimpleNamespace(gpu=True, num_gpus=2, workdir=str(tmp_path))
+    results = gpu_check.run_checks(machine, types.SimpleNamespace(batch_size=192), gpu_check.CHECKS)
+    assert {r["name"]: r["verdict"] for r in results}["memory"] == "pass"
+    # the driver check asks nvidia-smi and the libraries' versions: no GPU memory
+    gpu_work = [i for i, (kind, name) in enumerate(events)
+                if kind == "in this process" and name in GPU_CHECKS - {"driver"}]
+    fresh = [i for i, (kind, _) in enumerate(events) if kind == "fresh process"]
+    assert len(fresh) == 3 and max(fresh) < min(gpu_work)
+    releases = [event for event in events[:fresh[0]] if event[0] != "in this process"]
+    assert releases == [("empty_cache", "gpu(0)"), ("empty_cache", "gpu(1)"), ("dali release", None)]
+    before_memory = [event for event in events[fresh[1] + 1:fresh[2]] if event[0] != "in this process"]
+    assert before_memory == releases
 
 
 def test_allreduce_on_one_gpu_is_not_applicable(monkeypatch):
@@ -168,7 +232,7 @@ def test_compute_capability_from_the_drivers_versioned_library(monkeypatch):
             raise OSError(f"{name}: cannot open shared object file")
         return FakeCuda(90)
     monkeypatch.setattr(gpu_check.ctypes, "CDLL", cdll)
-    assert gpu_check.compute_capability(0) == 90 and loaded == ["libcuda.so.1"]
+    assert devices.compute_capability(0) == 90 and loaded == ["libcuda.so.1"]
 
 
 def test_an_h100_with_a_pypi_wheel_is_named_in_one_line_before_any_kernel(tmp_path, monkeypatch, capsys):
@@ -179,7 +243,7 @@ def test_an_h100_with_a_pypi_wheel_is_named_in_one_line_before_any_kernel(tmp_pa
     monkeypatch.setattr(gpu_check, "Machine", lambda: types.SimpleNamespace(gpu=True, num_gpus=8,
                                                                             workdir=str(tmp_path / "w")))
     monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name: FakeCuda(90))
-    monkeypatch.setattr(gpu_check, "pypi_gpu_wheel", lambda: "mxnet-cu112 1.9.1")
+    monkeypatch.setattr(devices, "pypi_gpu_wheel", lambda: "mxnet-cu112 1.9.1")
     gpu_only = ",".join(c.name for c in gpu_check.CHECKS if c.gpu_only)
     assert gpu_check.main(["--json", str(tmp_path / "r.json"), "--only", gpu_only]) == 1
     assert ran == []
@@ -192,5 +256,25 @@ def test_an_h100_with_a_pypi_wheel_is_named_in_one_line_before_any_kernel(tmp_pa
     # an A100 (8.0), or an H100 with NGC's or a source build (no mxnet-cuXXX wheel installed): the checks run
     for arch, wheel in ((80, "mxnet-cu112 1.9.1"), (90, None)):
         monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name, arch=arch: FakeCuda(arch))
-        monkeypatch.setattr(gpu_check, "pypi_gpu_wheel", lambda wheel=wheel: wheel)
+        monkeypatch.setattr(devices, "pypi_gpu_wheel", lambda wheel=wheel: wheel)
         assert gpu_check.unsupported_gpu(types.SimpleNamespace(gpu=True, num_gpus=1)) is None
+
+
+def test_runner_refuses_an_h100_with_a_pypi_wheel_before_any_worker_by_the_self_checks_test(monkeypatch, capsys):
+    """runner on compute capability 9.0 with mxnet-cu112: one line (gpu_check's), exit 2, nothing launched."""
+    import mxnet as mx
+    from rn50kit.launch import launcher
+    monkeypatch.setattr(launcher, "nvidia_gpu_count", lambda: 8)
+    monkeypatch.setattr(mx.context, "num_gpus", lambda: 8)
+    monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name: FakeCuda(90))
+    monkeypatch.setattr(devices, "pypi_gpu_wheel", lambda: "mxnet-cu112 1.9.1")
+    monkeypatch.setattr(launcher, "plan_launch", lambda *a, **k: pytest.fail("planned a launch"))
+    with pytest.raises(SystemExit) as refused:
+        launcher.main(["-n", "8", "--data-backend", "synthetic"])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and "\n" not in err
+    assert err == "runner: error: " + gpu_check.unsupported_gpu(types.SimpleNamespace(gpu=True, num_gpus=8))
+    assert "compute capability 9.0 (sm_90)" in err and "NGC MXNet container" in err
+    monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name: FakeCuda(80))  # an A100: the GPUs are used
+    machine = launcher.detect_machine()
+    assert machine.gpus == 8 and machine.nvidia_fused is False  # upstream MXNet: no fused BatchNorm on GPUs

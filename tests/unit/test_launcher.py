@@ -212,3 +212,29 @@ def test_fused_bn_relu_is_refused_where_upstream_has_no_kernel():
     args = train.parse_args(["--fuse-bn-relu", "1", "--conv-layout", "NHWC"])
     with pytest.raises(ValueError, match="axis 1 only"):
         models.get_model_from_args(args)
+
+
+def test_with_nvidias_build_float16_on_gpus_fuses_as_the_original_and_upstream_is_unchanged(data_root, monkeypatch):
+    """NVIDIA's MXNet (its fused BatchNorm ops, stand-ins here): runner lets --fuse-bn-relu 1 through and a float16
+    NHWC run gets the original's `--fuse-bn-relu 1 --fuse-bn-add-relu 1`; flags the user typed and an NCHW run
+    keep theirs. Upstream's build (test_eight_gpus_float16_...): no fusions and the refusal."""
+    import fused_standins
+    fused_standins.register(monkeypatch)
+    nvidia = runner.Machine(8, 64, nvidia_fused=True)
+    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root)], nvidia, {})
+    args = train_args(command)
+    assert args.fuse_bn_relu == 1 and args.fuse_bn_add_relu == 1 and args.conv_layout == "NHWC"
+    net = models.get_model_from_args(args)
+    assert any(isinstance(block, models.BatchNormActReLU) for block in walk(net))
+    assert all(block.fused for block in walk(net) if isinstance(block, models.BatchNormAddReLU))
+    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root), "--fuse-bn-relu", "1",
+                                        "--fuse-bn-add-relu", "0"], nvidia, {})
+    args = train_args(command)
+    assert args.fuse_bn_relu == 1 and args.fuse_bn_add_relu == 0
+    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root), "--conv-layout", "NCHW"],
+                                       nvidia, {})
+    assert train_args(command).fuse_bn_relu == 0
+    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root), "--dtype", "float32"], nvidia, {})
+    assert train_args(command).fuse_bn_relu == 0
+    assert rules.fusion_problem(1, gpu=True, nvidia_fused=True) is None
+    assert "CPUs only" in rules.fusion_problem(1, gpu=True)

@@ -177,6 +177,93 @@ def test_fused_bn_relu_gives_the_same_numbers():
             np.testing.assert_allclose(plain(x).asnumpy(), fused(x).asnumpy(), rtol=1e-5, atol=1e-5)
 
 
+def blocks_of(net, kind):
+    found = []
+
+    def visit(block):
+        found.extend([block] if isinstance(block, kind) else [])
+        for child in block._children.values():
+            visit(child)
+    visit(net)
+    return found
+
+
+def test_nvidias_fused_ops_are_read_from_mxnets_operator_registry(monkeypatch):
+    """Upstream MXNet 1.9.1 (this machine's) has neither of NVIDIA's ops; a build that registers them is seen."""
+    import fused_standins
+    from rn50kit.launch import devices
+    assert not devices.nvidia_bn_relu() and not devices.nvidia_bn_add_relu() and not devices.nvidia_fused_batchnorm()
+    assert not models.fused_bn_add_relu_available()
+    fused_standins.register(monkeypatch)
+    assert devices.nvidia_bn_relu() and devices.nvidia_bn_add_relu() and devices.nvidia_fused_batchnorm()
+    assert models.fused_bn_add_relu_available()
+
+
+def test_upstream_mxnet_builds_the_plain_add_relu_whatever_is_asked():
+    fused = models.get_model("resnet18_v1.5", fuse_bn_relu=True, fuse_bn_add_relu=True)
+    assert not any(block.fused for block in blocks_of(fused, models.BatchNormAddReLU))
+    assert not blocks_of(fused, models.BatchNormActReLU)  # upstream's BatchNormReLU (oneDNN) instead
+    with pytest.raises(ValueError, match="--fuse-bn-relu 1 needs --conv-layout NCHW"):
+        models.model_kwargs(models.ModelConfig(fuse_bn_relu=1, conv_layout="NHWC"))
+
+
+def tiny_resnet(seed, fuse=False):
+    """A stem, a basic block and a downsampling bottleneck of the kit's blocks, 8-16 channels: each fused op."""
+    builder = models.Builder(fuse_bn_relu=fuse, fuse_bn_add_relu=fuse)
+    net = nn.HybridSequential(prefix="")
+    with net.name_scope():
+        net.add(builder.conv(8, 3, 1, 3, prefix="conv0_"), *builder.batchnorm_relu(8, "bn0_"),
+                models.BasicBlock(builder, 8, 1, 8, prefix="stage1_unit1_"),
+                models.Bottleneck(builder, 16, 2, 8, prefix="stage2_unit1_"), nn.Flatten())
+    net.initialize()
+    randomise(net, seed)
+    return net
+
+
+def test_nvidias_fused_ops_build_the_fused_blocks_with_the_same_parameter_names(monkeypatch):
+    import fused_standins
+    fused_standins.register(monkeypatch)
+    plain = models.get_model("resnet50_v1.5")
+    fused = models.get_model("resnet50_v1.5", fuse_bn_relu=True, fuse_bn_add_relu=True)
+    assert len(blocks_of(fused, models.BatchNormActReLU)) == 33  # the stem's and two per bottleneck (16)
+    assert not blocks_of(fused, nn.Activation) and len(blocks_of(plain, nn.Activation)) == 33
+    add_relus = blocks_of(fused, models.BatchNormAddReLU)
+    assert len(add_relus) == 16 and all(block.fused for block in add_relus)
+    assert not any(block.fused for block in blocks_of(plain, models.BatchNormAddReLU))
+    assert list(plain.collect_params().keys()) == list(fused.collect_params().keys())
+    # NVIDIA's BatchNorm fuses in any axis: --fuse-bn-relu 1 with NHWC is not refused there
+    assert models.model_kwargs(models.ModelConfig(fuse_bn_relu=1, conv_layout="NHWC"))["fuse_bn_relu"]
+
+
+@pytest.mark.parametrize("hybridize", [False, True])
+def test_nvidias_fused_ops_give_the_plain_numbers_and_checkpoints(monkeypatch, tmp_path, hybridize):
+    """With NVIDIA's ops (stand-ins here): logits and gradients as the plain network's, and the kit's checkpoint
+    of either loads into the other."""
+    import fused_standins
+    calls = fused_standins.register(monkeypatch)
+    plain, fused = tiny_resnet(0), tiny_resnet(0, fuse=True)
+    x = mx.nd.random.uniform(-1, 1, shape=(4, 3, 8, 8))
+    results = []
+    for net in (plain, fused):
+        if hybridize:
+            net.hybridize(static_alloc=True, static_shape=True)
+        with autograd.record():
+            out = net(x)
+        out.backward(mx.nd.array(np.random.RandomState(1).normal(size=out.shape)))
+        results.append((out.asnumpy(), {k: p.grad().asnumpy() for k, p in net.collect_params().items()
+                                        if p.grad_req != "null"}))
+    assert calls["BatchNormAddRelu"] > 0 and calls["BatchNorm act_type"] > 0
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    for name, grad in results[0][1].items():
+        np.testing.assert_allclose(results[1][1][name], grad, rtol=1e-4, atol=1e-5, err_msg=name)
+    for source, target in ((fused, tiny_resnet(1)), (plain, tiny_resnet(2, fuse=True))):
+        source.hybridize()
+        source(x)
+        _, params = models.export(source, str(tmp_path / f"net{id(source)}"), epoch=1)
+        models.load_parameters(target, params, mx.cpu())
+        np.testing.assert_allclose(target(x).asnumpy(), source(x).asnumpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_export_import_round_trip_and_float16_interchange(tmp_path):
     net = small_net()
     net.hybridize(static_alloc=True, static_shape=True)
