@@ -22,7 +22,6 @@ import math
 import mmap
 import multiprocessing
 import os
-import struct
 import sys
 import time
 
@@ -38,6 +37,7 @@ import numpy as np  # noqa: E402
 # RecordIO reading and writing (the format of dmlc-core's RecordIOWriter, which MXNet and DALI read)
 from rn50kit.data.records import (IR_HEADER, MAGIC, MAGIC_BYTES, RecordFileError as RecordError, describe_label_order,  # noqa
                      encode_record, label_runs, read_index, read_record)
+from rn50kit.data.images import image_format, jpeg_components, judge_image  # noqa: E402,F401  (one judge of images)
 
 MAX_LISTED = 20  # records listed per kind of problem; the count is always complete
 CHUNK = 64  # records per task of a worker
@@ -45,42 +45,6 @@ CHUNK = 64  # records per task of a worker
 
 # ---------------------------------------------------------------------------------------------------------
 # one record
-
-def image_format(data):
-    if data[:3] == b"\xff\xd8\xff":
-        return "JPEG"
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return "PNG"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "GIF"
-    if data[:2] == b"BM":
-        return "BMP"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WEBP"
-    if data[:4] in (b"II*\0", b"MM\0*"):
-        return "TIFF"
-    return "unknown"
-
-
-def jpeg_components(data):
-    """Colour components in the JPEG's frame header (1 grayscale, 3 YCbCr/RGB, 4 CMYK/YCCK), or None."""
-    pos = 2
-    while pos + 4 <= len(data):
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            pos += 2
-            continue
-        length = struct.unpack_from(">H", data, pos + 2)[0]
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn: P, Y, X, Nf
-            return data[pos + 9] if pos + 9 < len(data) else None
-        pos += 2 + length
-    return None
-
 
 def check_payload(payload, num_classes, limits):
     """Inspect one record's payload: (errors, warnings, info). Each problem is (kind, detail)."""
@@ -102,31 +66,9 @@ def check_payload(payload, num_classes, limits):
     if not image:
         errors.append(("empty payload", "the record has a label but no image bytes"))
         return errors, warnings, info
-    kind = info["format"] = image_format(image)
-    # libjpeg decodes a truncated JPEG with only a warning, so look for the end-of-image marker.
-    if kind == "JPEG" and image.rfind(b"\xff\xd9", max(0, len(image) - 4096)) < 0:
-        errors.append(("truncated image", f"JPEG of {len(image)} bytes has no end-of-image marker"))
-        return errors, warnings, info
-    decoded = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
-    if decoded is None or decoded.size == 0:  # an error only: there is nothing to re-encode (--fix drops it)
-        errors.append(("undecodable image", f"{kind} data of {len(image)} bytes does not decode (OpenCV)"))
-        return errors, warnings, info
-    if kind == "JPEG":
-        components = jpeg_components(image)
-        if components == 4:
-            warnings.append(("CMYK JPEG", "4-component (CMYK/YCCK) JPEG; re-encode it as RGB (--fix)"))
-            info["reencode"] = True
-        elif components == 1:
-            warnings.append(("grayscale JPEG", "1-component JPEG (decoded as gray RGB)"))
-    else:
-        warnings.append(("not a JPEG", f"{kind} image; re-encode it as JPEG (--fix)"))
-        info["reencode"] = True
-    height, width = decoded.shape[:2]
-    info["size"] = (width, height)
-    short, long_ = min(width, height), max(width, height)
-    if short < limits[0] or long_ > limits[1] or long_ / short > limits[2]:
-        warnings.append(("unusual size", f"{width}x{height}"))
-    return errors, warnings, info
+    image_errors, image_warnings, image_info = judge_image(image, limits)  # rn50kit/data/images.py
+    info.update(image_info)
+    return errors + image_errors, warnings + image_warnings, info
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -5,9 +5,10 @@ im2rec, the class names beside the records.
 
 ROOT holds <class>/<image> (images in subfolders of a class folder count for that class); labels are the class
 folders in sorted (code point) order, 0..N-1, as im2rec and tools/prepare_imagenet.sh number them. Every image is
-checked first with tools/check_dataset.py's record check: images that do not decode, truncated JPEGs and empty files
-are reported by name and left out (listed in OUT/prepare.json too); PNG, BMP, TIFF, WebP and CMYK JPEG images are
-re-encoded as RGB JPEG (quality --quality), other JPEGs are packed byte for byte (im2rec --pass-through).
+checked first, as tools/check_dataset.py and --mode pred check one (rn50kit/data/images.py): images that do not
+decode, GIFs, truncated JPEGs and empty files are reported by name and left out (listed in OUT/prepare.json too);
+PNG, BMP, TIFF, WebP, PPM/PGM and CMYK JPEG images are re-encoded as RGB JPEG (quality --quality), other JPEGs are
+packed byte for byte (im2rec --pass-through).
 Each class puts round(n * val-fraction) of its n good images (at least 1 when n >= 2, never all of them) in the
 validation split, chosen by --seed; both lists are shuffled, so no record file is in label order.
 
@@ -33,10 +34,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from check_dataset import check_payload  # noqa: E402  (the dataset checker's per-image test)
-from rn50kit.data.records import IR_HEADER  # noqa: E402
+from rn50kit.data.images import IMAGE_SUFFIXES as IMAGE_EXTENSIONS, judge_image_file  # noqa: E402  (--mode pred's too)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 LIMITS = (32, 8192, 8.0)  # check_dataset's default size warnings: shorter side, longer side, aspect ratio
 MAX_LISTED = 20
 DATASET_FILES = ("train.rec", "train.idx", "train.lst", "val.rec", "val.idx", "val.lst", "classes.txt", "prepare.json")
@@ -65,18 +64,14 @@ def find_images(root):
 
 
 def check_image(job):
-    """(relative path, errors, warnings, needs re-encoding) for one image, by check_dataset.check_payload."""
+    """(relative path, errors, warnings, needs re-encoding) for one image, judged as --mode pred and
+    tools/check_dataset.py judge one (rn50kit/data/images.py)."""
     root, rel = job
-    try:
-        with open(os.path.join(root, rel), "rb") as f:
-            image = f.read()
-    except OSError as error:
-        return rel, [("unreadable file", str(error))], [], False
     if "\t" in rel or "\n" in rel or rel != rel.strip():
         return rel, [("unusable name", "tabs, line breaks or surrounding spaces do not survive im2rec's .lst")], \
             [], False
-    errors, warnings, info = check_payload(IR_HEADER.pack(0, 0.0, 0, 0) + image, 0, LIMITS)
-    return rel, errors, warnings, info.get("reencode", False)
+    errors, warnings, info = judge_image_file(os.path.join(root, rel), LIMITS)
+    return rel, errors, warnings, info["reencode"]
 
 
 def check_images(root, paths, jobs):

@@ -13,7 +13,12 @@ log = logging.getLogger("rn50")
 
 
 class PredictionError(Exception):
-    """An image that cannot be read: reported as one line."""
+    """An image that cannot be read: reported as one line; ``reason``, without the path, goes in a row's error
+    column (predict_many)."""
+
+    def __init__(self, message, reason=None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +156,12 @@ def load_image(path, image_shape, resize, mean, std, layout):
     """The validation transform: shorter side to ``resize``, centre crop to ``image_shape`` (C,H,W; C=4 adds a
     zero channel), normalise by ``mean``/``std`` (RGB), in ``layout``; a batch of one."""
     import cv2
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    if image is None:
-        raise PredictionError(f"--data-pred {path} is not a readable image")
-    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    from rn50kit.data.images import judge_image_file
+    errors, _, info = judge_image_file(path, keep_decoded=True)  # as tools/prepare_folder.py judges it
+    if errors:
+        kind, detail = errors[0]
+        raise PredictionError(f"--data-pred {path}: {kind}: {detail}", reason=f"{kind}: {detail}")
+    image = cv2.cvtColor(info["decoded"], cv2.COLOR_BGR2RGB)
     channels, height, width = image_shape
     h, w = image.shape[:2]
     scale = resize / min(h, w)

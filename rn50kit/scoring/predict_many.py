@@ -11,12 +11,13 @@ import time
 
 import numpy as np
 
+from rn50kit.data import images
 from rn50kit.reporting.progress import Progress
 from rn50kit.scoring import predict
 
 log = logging.getLogger("rn50")
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+IMAGE_SUFFIXES = images.IMAGE_SUFFIXES  # tools/prepare_folder.py's: a GIF gets a row saying why it is refused
 DEFAULT_OUT = "predictions.csv"
 
 
@@ -66,8 +67,8 @@ def loaded(paths, transform):
     for path in paths:
         try:
             yield path, transform(path)[0], None
-        except predict.PredictionError:
-            yield path, None, "not a readable image"
+        except predict.PredictionError as error:  # the reason rn50kit/data/images.py gives, as the packer does
+            yield path, None, error.reason
         except OSError as error:
             yield path, None, error.strerror or str(error)
 
@@ -93,7 +94,7 @@ def predict_all(score, paths, transform, batch_size, top, names, progress=None):
         row = {"path": path, "error": error, "top": []}
         rows.append(row)
         if error:
-            log.warning("--data-pred: %s is %s; left out", path, error)
+            log.warning("--data-pred: %s: %s; left out", path, error)
             continue
         batch.append((row, image))
         if len(batch) == batch_size:
