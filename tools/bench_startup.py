@@ -1,0 +1,195 @@
+"""Start-up benchmark: what a training start costs as the data set grows, on record sets shaped like ImageNet's.
+
+    python tools/bench_startup.py [--sizes 10000,100000,1281167] [--workdir DIR] [--spacing BYTES] [--no-train]
+
+For each size it builds (once, in --workdir) train.rec/.idx/.lst: tiny JPEGs (16x16) with 1,000 classes in a
+shuffled order, one record every --spacing bytes (default 110 KiB, ImageNet's mean record) as a sparse file, so
+the file is ImageNet's length (141 GB at 1.28 million records) on a few GB of disk. Then, with train.rec evicted
+from the page cache (posix_fadvise DONTNEED) before each measurement, it prints per size:
+
+- startup_s: what grows with N, timed in a fresh process: the index check (records.RecordFile), the label checks
+  train.py makes (label_problem, record_labels, class_count_problem with the .lst), the class names (the .lst) and
+  the first batch of the training record source (the whole-file permutation of its order);
+- rec_cached_mb: the MB of train.rec in the page cache after that (mincore through a map of the file, no page
+  touched);
+- train_s, train_rec_cached_mb, train_peak_mb (with --no-train: skipped): `train.py` (dali-cpu, ResNet-18 at
+  32x32, batch 8, --benchmark-iters 2 --num-epochs 1) from launch to exit, the MB of train.rec then in the page
+  cache, and the peak resident memory of its process;
+- at the end, the growth per record of startup_s between the smallest and largest size.
+
+A benchmark, not a test: figures depend on the machine (docs/performance.md has this machine's).
+"""
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import resource
+import subprocess
+import sys
+import time
+
+KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, KIT_DIR)
+
+import numpy as np  # noqa: E402
+
+from rn50kit.data import records  # noqa: E402
+
+CLASSES = 1000
+SPACING = 110 * 1024  # ImageNet's train.rec: about 140 GB for 1,281,167 records
+
+
+def tiny_jpegs(count=16):
+    import cv2
+    rng = np.random.default_rng(0)
+    return [cv2.imencode(".jpg", rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))[1].tobytes() for _ in range(count)]
+
+
+def build(folder, total, spacing=SPACING, seed=0):
+    """train.rec (sparse: one record every ``spacing`` bytes), train.idx and im2rec's train.lst in ``folder``."""
+    done = os.path.join(folder, "built.json")
+    if os.path.isfile(done) and json.load(open(done)) == {"records": total, "spacing": spacing}:
+        return os.path.join(folder, "train.rec")
+    os.makedirs(folder, exist_ok=True)
+    images = tiny_jpegs()
+    labels = np.random.default_rng(seed).integers(0, CLASSES, total)
+    with open(os.path.join(folder, "train.rec"), "wb") as rec, open(os.path.join(folder, "train.idx"), "w") as idx, \
+            open(os.path.join(folder, "train.lst"), "w") as lst:
+        for i, label in enumerate(labels.tolist()):
+            rec.seek(i * spacing)
+            rec.write(records.encode_record(records.IR_HEADER.pack(0, label, i, 0) + images[i % len(images)]))
+            idx.write(f"{i}\t{i * spacing}\n")
+            lst.write(f"{i}\t{label}\tn{label:08d}/n{label:08d}_{i}.JPEG\n")
+        rec.truncate(total * spacing)  # ImageNet's length: the last record's gap too
+    json.dump({"records": total, "spacing": spacing}, open(done, "w"))
+    return os.path.join(folder, "train.rec")
+
+
+def evict(path):
+    """Drop ``path``'s clean pages from the page cache."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(descriptor)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(descriptor)
+
+
+def cached_bytes(path, window=1 << 30):
+    """Bytes of ``path`` in the page cache: mincore(2) over a read-only map of the file, a window at a time (the
+    map touches no page)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size, page = os.path.getsize(path), mmap.PAGESIZE
+    resident = 0
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        for start in range(0, size, window):
+            length = min(window, size - start)
+            address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, descriptor, start)
+            if address in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), "mmap failed")
+            try:
+                pages = (ctypes.c_ubyte * ((length + page - 1) // page))()
+                if libc.mincore(ctypes.c_void_p(address), length, pages):
+                    raise OSError(ctypes.get_errno(), "mincore failed")
+                resident += int(np.count_nonzero(np.frombuffer(pages, dtype=np.uint8) & 1)) * page
+            finally:
+                libc.munmap(ctypes.c_void_p(address), length)
+    finally:
+        os.close(descriptor)
+    return min(resident, size)
+
+
+def probe(rec):
+    """In this (fresh) process: seconds of each start-up step that reads the data set; prints a JSON line."""
+    from rn50kit.config import settings
+    from rn50kit.data import loaders
+    from rn50kit.scoring import predict
+    idx = os.path.splitext(rec)[0] + ".idx"
+    times, start = {}, time.perf_counter()
+
+    def lap(name):
+        nonlocal start
+        now = time.perf_counter()
+        times[name] = round(now - start, 3)
+        start = now
+    record_file = records.RecordFile(rec, idx)
+    lap("index_check_s")
+    labels = record_file.labels[np.isfinite(record_file.labels)]
+    settings.class_count_problem(rec, None, CLASSES, np.unique(labels).astype(int).tolist())
+    lap("class_count_s")
+    predict.dataset_class_names(rec)
+    lap("class_names_s")
+    source = loaders.ShuffledShardSource(record_file, 0, 1, 8, seed=0, num_classes=CLASSES)
+    source()
+    lap("first_batch_s")
+    times["startup_s"] = round(sum(times.values()), 3)
+    times["probe_peak_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(times))
+
+
+def run_train(rec, workspace):
+    """train.py's 2-iteration start from launch to exit: (seconds, peak resident MB of its processes)."""
+    command = [sys.executable, os.path.join(KIT_DIR, "train.py"), "--data-backend", "dali-cpu", "--dali-threads", "1",
+               "--data-train", rec, "--data-train-idx", os.path.splitext(rec)[0] + ".idx", "--num-layers", "18",
+               "--num-classes", str(CLASSES), "--image-shape", "3,32,32", "--batch-size", "8",
+               "--benchmark-iters", "2", "--num-epochs", "1", "--workspace", workspace]
+    wrapper = ("import resource, subprocess, sys, time; t = time.time(); code = subprocess.call(sys.argv[1:], "
+               "stdout=subprocess.DEVNULL); print(time.time() - t, resource.getrusage(resource.RUSAGE_CHILDREN)"
+               ".ru_maxrss, code)")
+    out = subprocess.run([sys.executable, "-c", wrapper, *command], capture_output=True, text=True, check=True)
+    seconds, peak_kb, code = out.stdout.split()
+    if int(code):
+        raise SystemExit(f"bench_startup.py: train.py failed (status {code}): {out.stderr.strip()[-2000:]}")
+    return float(seconds), int(peak_kb) / 1024
+
+
+def measure(rec, train=True):
+    row = {"records": len(records.read_index_arrays(os.path.splitext(rec)[0] + ".idx")[0]),
+           "rec_gb": round(os.path.getsize(rec) / 1e9, 1)}
+    evict(rec)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", rec], capture_output=True, text=True,
+                         check=True)
+    row.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    row["rec_cached_mb"] = round(cached_bytes(rec) / 1e6, 1)
+    if train:
+        evict(rec)
+        row["train_s"], peak = run_train(rec, os.path.join(os.path.dirname(rec), "run"))
+        row["train_rec_cached_mb"] = round(cached_bytes(rec) / 1e6, 1)
+        row["train_peak_mb"] = round(peak, 1)
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1281167", help="record counts, comma-separated")
+    parser.add_argument("--workdir", default=os.path.join(KIT_DIR, "runs", "bench_startup"),
+                        help="where the record sets are built (kept for the next run)")
+    parser.add_argument("--spacing", type=int, default=SPACING, help="bytes from one record to the next")
+    parser.add_argument("--no-train", action="store_true", help="time the start-up steps only, not train.py")
+    parser.add_argument("--probe", metavar="REC", help=argparse.SUPPRESS)  # the fresh process of one measurement
+    args = parser.parse_args(argv)
+    if args.probe:
+        return probe(args.probe)
+    rows = []
+    for total in (int(size) for size in args.sizes.split(",")):
+        started = time.time()
+        rec = build(os.path.join(args.workdir, str(total)), total, args.spacing)
+        print(f"bench_startup: {total} records ready in {time.time() - started:.0f} s", file=sys.stderr)
+        rows.append(measure(rec, not args.no_train))
+        print(json.dumps(rows[-1]), flush=True)
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        per_record = (last["startup_s"] - first["startup_s"]) / (last["records"] - first["records"])
+        print(f"growth: {per_record * 1e6:.2f} us per record of start-up "
+              f"({per_record * 1281167:.1f} s at ImageNet's 1,281,167)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
