@@ -33,7 +33,7 @@ from rn50kit.training.distributed import Distributed, average_over_devices
 from rn50kit.training.ema import EMA
 from rn50kit.training.precision import StatsGuard, grads_finite, make_loss_scaler
 from rn50kit.training.state import (EpochStats, TrainState, changed_on_resume, gather_partial, resumed_partial,
-                                    sum_partial)
+                                    samples_read, sum_partial)
 from rn50kit.training.stop_signals import StopFlag
 from rn50kit.training.targets import make_loss, make_targets, mean_loss
 from rn50kit.weights.pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
@@ -303,7 +303,7 @@ def train_one_epoch(cfg, loop, state, train_iter, epoch, skip=0):
         left = (steps - step - 1) + (loop.end_epoch - epoch - 1) * steps
         loop.outputs.iteration(Step(epoch + 1, step, steps, loss, stats.loss / max(stats.steps, 1), lr, speed,
                                     cfg.batch_size / stats.durations[-1], left * cfg.batch_size / max(speed, 1e-9),
-                                    state.scaler.scale))
+                                    state.scaler.scale, samples_read(train_iter, epoch, step, steps, cfg.batch_size)))
         if last and loop.stop.agreed and step + 1 < steps:  # stops only between optimizer steps
             stats.add_hits(counted)
             return stats, steps, step + 1

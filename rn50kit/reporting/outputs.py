@@ -25,6 +25,7 @@ class Step:
     ips: float  # images/s of this step alone
     eta_seconds: float  # left in this run
     loss_scale: float
+    samples: int = 0  # read by the run after this step, all epochs so far (TensorBoard's step)
 
 
 class Output:

@@ -1,8 +1,9 @@
 """--tensorboard DIR: the run as TensorBoard event files, written by tensorboardX (no TensorFlow or PyTorch).
 
 Scalars, each with its step:
-  train/loss, train/lr, train/images_per_s, train/loss_scale   every logged iteration (step: the global step,
-                                                                (epoch - 1) x steps per epoch + step)
+  train/loss, train/lr, train/images_per_s, train/loss_scale   every logged iteration (step: the samples the
+                                                                run has read, which grows even when an elastic
+                                                                run's new world has other steps per epoch)
   train/epoch_loss                                              every epoch (step: the epoch, from 1)
   val/top1, val/top5, val/loss                                  every validation (step: the epoch); with
                                                                 --ema-decay validation scores the EMA weights,
@@ -55,10 +56,9 @@ class TensorBoard(Output):
     def iteration(self, step):
         if self.writer is None:
             return
-        global_step = (step.epoch - 1) * step.steps + step.step
         for name, value in (("loss", step.loss), ("lr", step.lr), ("images_per_s", step.ips),
                             ("loss_scale", step.loss_scale)):
-            self.writer.add_scalar(f"train/{name}", value, global_step)
+            self.writer.add_scalar(f"train/{name}", value, step.samples)
 
     def trained(self, epoch, metrics, durations, lr, seconds):
         if self.writer is not None:

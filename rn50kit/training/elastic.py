@@ -107,10 +107,12 @@ def collective_failures(elastic):
 
 
 class ElasticEpoch:
-    """An epoch's iterator from step ``first_step`` on: its length is the whole epoch's, as the loop counts."""
+    """An epoch's iterator from step ``first_step`` on: its length is the whole epoch's, as the loop counts.
+    ``consumed``: the epoch's samples read before it; ``epoch_samples``: the epoch's (state.samples_read)."""
 
-    def __init__(self, iterator, first_step, steps):
+    def __init__(self, iterator, first_step, steps, consumed=0, epoch_samples=0):
         self.iterator, self.first_step, self.steps = iterator, first_step, steps
+        self.consumed, self.epoch_samples = consumed, epoch_samples
 
     def __len__(self):
         return self.first_step + self.steps
@@ -360,8 +362,8 @@ class ElasticTraining(State):
             first_step = consumed // plan.global_batch * plan.accum
             self.segment = Segment(epoch, consumed, first_step, plan)
             train, val = self.iterators(plan, epoch, consumed, updates_left * plan.accum)
-            result = run.train_epoch(plan, epoch, ElasticEpoch(train, first_step, updates_left * plan.accum), val,
-                                     self.global_batch)
+            epoch_iter = ElasticEpoch(train, first_step, updates_left * plan.accum, consumed, self.epoch_samples)
+            result = run.train_epoch(plan, epoch, epoch_iter, val, self.global_batch)
             stopped, reached, _ = result
             if stopped or reached:
                 break

@@ -17,6 +17,17 @@ def gather_partial(stats, dist, name):
     return [dict(zip(PARTIAL_KEYS, values)) for values in dist.gather(stats.sums(), name)]
 
 
+def samples_read(train_iter, epoch, step, steps, batch_size):
+    """The samples the run has read after micro-step ``step`` (of ``steps``, ``batch_size`` samples each) of
+    ``epoch`` (0-based): TensorBoard's step, which grows through a run whose steps per epoch change. An elastic
+    epoch (training/elastic.ElasticEpoch) counts from the samples its world started at, in the run's own epoch
+    size: a new world's steps differ, its samples go on (back to the commit only when steps are redone)."""
+    first = getattr(train_iter, "first_step", 0)
+    epoch_samples = getattr(train_iter, "epoch_samples", steps * batch_size)
+    start = getattr(train_iter, "consumed", first * batch_size)
+    return epoch * epoch_samples + start + (step + 1 - first) * batch_size
+
+
 def sum_partial(partials):
     return {k: sum(p[k] for p in partials) for k in PARTIAL_KEYS}
 

@@ -7,15 +7,19 @@ import json
 import types
 
 import mxnet as mx
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 import fit
+import loop_harness
 from rn50kit.reporting import outputs
+from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.reporting.report import Report
 from rn50kit.training import fit_flags
 from rn50kit.training.distributed import Distributed
+from rn50kit.training.elastic import ElasticEpoch, plan_world
 from conftest import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
 from loop_harness import CPU, RUN
 
@@ -55,8 +59,8 @@ def test_the_events_are_the_json_logs_values(tmp_path, keep_signal_handlers, ema
     train(tmp_path, "--ema-decay", "0.9" if ema else "0")
     read = events(tmp_path / "tb")
     iters = logged(tmp_path, "iter")
-    steps = [(r["epoch"] - 1) * STEPS + r["step"] for r in iters]
-    assert steps == list(range(EPOCHS * STEPS))
+    steps = [((r["epoch"] - 1) * STEPS + r["step"] + 1) * MICRO for r in iters]  # the samples read
+    assert steps == list(range(MICRO, (EPOCHS * STEPS + 1) * MICRO, MICRO))
     for tag, key in (("loss", "loss"), ("lr", "lr"), ("images_per_s", "ips"), ("loss_scale", "loss_scale")):
         assert scalars(read, f"train/{tag}") == list(zip(steps, as_float32(r[key] for r in iters))), tag
     epochs = logged(tmp_path, "epoch")
@@ -81,7 +85,7 @@ def test_a_resumed_run_continues_the_steps(tmp_path, keep_signal_handlers):
     train(tmp_path, "--ema-decay", "0", "--run-epochs", "1")
     train(tmp_path, "--ema-decay", "0")
     read = events(tmp_path / "tb")
-    assert [step for step, _ in scalars(read, "train/loss")] == list(range(EPOCHS * STEPS))
+    assert [step for step, _ in scalars(read, "train/loss")] == list(range(MICRO, (EPOCHS * STEPS + 1) * MICRO, MICRO))
     assert [step for step, _ in scalars(read, "val/top1")] == list(range(1, EPOCHS + 1))
     assert list(read.PluginTagToContent("hparams")) == ["_hparams_/experiment", "_hparams_/session_start_info",
                                                         "_hparams_/session_end_info"]  # the first run's, once
@@ -107,3 +111,29 @@ def test_ranks_but_0_write_nothing(tmp_path):
     listed.validation(1, {"top1": 0.5, "top5": 1.0, "loss": 2.0, "samples": 8, "durations": [0.1]}, True)
     listed.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_steps_grow_through_an_elastic_world_change(tmp_path, keep_signal_handlers):
+    """Issue 55: the step was (epoch - 1) x steps per epoch + step, and an elastic run's steps per epoch change
+    with its world: 2 workers (8 micro-steps of 6 images per epoch: 3 each, accumulating 2) read the first 24
+    samples, then 3 workers (4 steps of 12) the rest, from step 2; the next epoch starts again at step 0. The step
+    is now the samples read: the sum of the micro-batches so far."""
+    epoch_samples, global_batch = 48, 12
+    cfg = fit_config(tmp_path, MICRO, 1, "--ema-decay", "0")
+    state, loop = loop_harness.start(cfg, tiny_accum_net(tmp_path / "init.params"), TINY_CLASSES)
+    loop.outputs = outputs.Outputs([TensorBoard(str(tmp_path / "tb"), {})])
+    micro_batches = []
+    for epoch, workers, consumed, segment in ((0, 2, 0, 24), (0, 3, 24, 24), (1, 3, 0, 48)):
+        plan = plan_world(global_batch, workers, max_per_worker=4)
+        steps = segment // plan.micro_batch
+        first_step = consumed // plan.global_batch * plan.accum
+        world_cfg = dataclasses.replace(cfg, batch_size=plan.micro_batch, grad_accum_steps=plan.accum)
+        for param in loop.net.collect_params().values():  # as ElasticRun.train_epoch
+            param.grad_req = "add" if plan.accum > 1 else "write"
+        batches = ElasticEpoch(AccumBatches(plan.micro_batch, steps), first_step, steps, consumed, epoch_samples)
+        fit.train_one_epoch(world_cfg, loop, state, batches, epoch)
+        micro_batches += [plan.micro_batch] * steps
+    loop.outputs.close()
+    assert micro_batches == [6] * 4 + [12] * 2 + [12] * 4  # the worlds planned as the docstring says
+    logged = [step for step, _ in scalars(events(tmp_path / "tb"), "train/loss")]
+    assert logged == np.cumsum(micro_batches).tolist()
