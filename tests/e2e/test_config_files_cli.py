@@ -277,3 +277,22 @@ def test_a_run_without_a_seed_records_the_one_drawn_and_its_replay_is_the_same_r
         seed = tomllib.load(f)["fit"]["seed"]
     assert isinstance(seed, int)
     assert losses["again"] == losses["first"]  # the same draws: weights, batches, augmentation
+
+
+def readme_demo_command():
+    """The README's demo run, `./runner ...` with its continuation lines joined, as words."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    start = text.index("./runner -n 2 -b 32 -e 16")
+    return shlex.split(text[start:].replace("\\\n", " ").split("\n", 1)[0])
+
+
+def test_the_shipped_demo_file_is_the_readmes_demo_run(tmp_path, digits_data, monkeypatch):
+    """Issue 58: examples/demo.toml said it was the README's demo but left out its LR, augmentation and seed. What
+    runner plans from the file is what it plans from the README's command (the workspace aside)."""
+    (tmp_path / "data").mkdir()
+    os.symlink(digits_data, tmp_path / "data" / "demo")
+    monkeypatch.chdir(tmp_path)
+    readme = readme_demo_command()
+    assert readme[0] == "./runner" and "--seed" in readme
+    from_file = planned_worker_config(["--config", os.path.join(ROOT, "examples", "demo.toml")])
+    assert_equal_configs(from_file, planned_worker_config(readme[1:]), skip=("workspace", "config", "data_root"))
