@@ -196,7 +196,7 @@ def test_tta_and_other_data_scores_keep_the_plain_one_and_other_classes_warn(nam
     (other / "classes.txt").write_text("\n".join(reversed(NAMES)) + "\n")
     score = [sys.executable, os.path.join(ROOT, "train.py"), "--mode", "val", "--load",
              str(checkpoint_dir / "model-0002.params"), *common]
-    run(score)
+    scored = run(score)
     run(score + ["--val-tta", "flip"])
     elsewhere = run([str(other / "val.rec") if arg.endswith("data/val.rec") else arg for arg in score])
     plain, flip = (load(checkpoint_dir / f"model-0002.float32{tag}.score.json") for tag in ("", ".flip"))
@@ -206,3 +206,7 @@ def test_tta_and_other_data_scores_keep_the_plain_one_and_other_classes_warn(nam
     assert len(on_other) == 1 and load(on_other[0])["info"]["data_val"] == str(other / "val.rec")
     warned = [line for line in elsewhere.stderr.splitlines() if "are not those" in line]
     assert len(warned) == 1 and "0: nine here, zero in training" in warned[0], elsewhere.stderr[-2000:]
+    # the summary line shows the latency percentiles the README promises, the report's (seconds per batch)
+    summary = next(line for line in scored.stderr.splitlines() if "Pass 1:" in line)
+    latency = ", ".join(f"p{p} {plain['metrics'][f'val.latency_{p}'][0] * 1000:.1f} ms" for p in (50, 90, 99))
+    assert f"latency per batch {latency}" in summary, summary
