@@ -7,8 +7,10 @@ Python pickle, which runs whatever code its author put in it when loaded. The ki
 for this conversion instead. This is the one place in the kit that unpickles: run it only on checkpoints you (or
 someone you trust) wrote. It rewrites the `.states` file as an MXNet NDArray file (host copies) and adds the
 optimizer's plain values (update counts) to the state file, whose recorded size, SHA-256 and checksum it
-updates; the conversion is exact (the resumed run continues as it would have). A GPU checkpoint is unpickled
-onto the GPUs it was saved from: convert it where they exist.
+updates; the conversion is exact (the resumed run continues as it would have). A GPU checkpoint converts on any
+machine with MXNet's CPU build (`pip install mxnet`): MXNet 1.9.1 reads an array saved from a GPU into host
+memory when it is built without CUDA or finds no GPU (NDArray::Load, src/ndarray/ndarray.cc). A CUDA build on a
+machine with GPUs copies it to the GPU it came from, and fails when that GPU is not there.
 """
 import argparse
 import glob
@@ -65,8 +67,9 @@ def convert_file(states_path, optimizer_name="sgd"):
     try:
         with open(states_path, "rb") as f:
             loaded = TrustedUnpickler(f).load()  # the trusted file's pickle: see the module's doc
-    except mx.base.MXNetError as error:  # e.g. arrays of a GPU this machine lacks
-        raise ValueError(f"{states_path} cannot be read here ({checkpoint.mxnet_message(error)})") from None
+    except mx.base.MXNetError as error:  # e.g. arrays of a GPU this machine lacks, on a CUDA build
+        raise ValueError(f"{states_path} cannot be read here ({checkpoint.mxnet_message(error)}); MXNet's CPU "
+                         "build (pip install mxnet) reads a GPU checkpoint on any machine") from None
     updater_states, optimizer = loaded if isinstance(loaded, tuple) and len(loaded) == 2 else (loaded, None)
     if optimizer is None:  # saved without the optimizer: the update counts are lost
         optimizer = mx.optimizer.create(optimizer_name)

@@ -1,6 +1,7 @@
 """optimizers SGD, LARS and LAMB, as fit.py drives them through a Gluon Trainer: against NumPy re-computations
 of their formulas and MXNet's own optimizers."""
 import json
+import struct
 
 import mxnet as mx
 import numpy as np
@@ -331,6 +332,35 @@ def save_and_restore(trainer, resumed, path, mxnets=False):
     else:
         values = json.loads(json.dumps(optimizer_state.save(trainer, str(path))))  # as the state file keeps them
     optimizer_state.restore(resumed, str(path), values, "model-0001.state.json")
+
+
+def saved_from_gpu(array, getstate=mx.nd.NDArray.__getstate__):
+    """``array``'s pickled state as a GPU's array would have it: MXNet 1.9.1's NDArray::Save writes the magic, the
+    storage type, the shape (ndim, then int64 sizes) and then the context, (dev_type, dev_id): gpu(0) is (2, 0)."""
+    raw = getstate(array)["handle"]
+    at = 12 + 8 * struct.unpack_from("<i", raw, 8)[0]
+    assert struct.unpack_from("<ii", raw, at) == (1, 0)  # cpu(0), where it was saved
+    struct.pack_into("<ii", raw, at, 2, 0)
+    return {"handle": raw}
+
+
+def test_a_gpu_checkpoints_states_convert_on_this_cpu_build(tmp_path, monkeypatch):
+    """Issue 55: convert_states.py said a GPU checkpoint must be converted where its GPUs are. MXNet's CPU build
+    reads a GPU array into host memory (NDArray::Load without CUDA): the pickle of a GPU run converts here, to
+    the same arrays and values as the same states saved from the CPU."""
+    _, trainer = run(optimizers.SGD, make_params(3), gradient_steps(3, 2))
+    trainer.save_states(str(tmp_path / "cpu.states"))
+    with monkeypatch.context() as patched:
+        patched.setattr(mx.nd.NDArray, "__getstate__", saved_from_gpu)
+        trainer.save_states(str(tmp_path / "gpu.states"))
+    assert (tmp_path / "gpu.states").read_bytes() != (tmp_path / "cpu.states").read_bytes()
+    values = [convert_states.convert_file(str(tmp_path / name)) for name in ("cpu.states", "gpu.states")]
+    assert values[0] == values[1] and values[0]["states"]
+    from_cpu, from_gpu = (mx.nd.load(str(tmp_path / name)) for name in ("cpu.states", "gpu.states"))
+    assert sorted(from_cpu) == sorted(from_gpu) and from_cpu
+    for key, array in from_gpu.items():
+        assert array.context == mx.cpu()
+        np.testing.assert_array_equal(array.asnumpy(), from_cpu[key].asnumpy(), err_msg=key)
 
 
 def test_states_saved_and_loaded_continue_exactly(tmp_path):
