@@ -798,7 +798,7 @@ def predict_images(cfg, info, net, ctxs, dist):
     """--mode pred: the checkpoint's prediction for one image (printed) or many (a file), then the configuration
     the prediction used (write_prediction_config)."""
     model = scoring.for_scoring(cfg, net, ctxs, dist, calibration_batches(cfg, dist, ctxs, None))
-    prediction = scoring.predict_image(cfg, model, ctxs)
+    prediction = scoring.predict_image(cfg, model, ctxs, dist)
     write_prediction_config(cfg, info, dist, ctxs)
     return Outcome(net=model.net, prediction=prediction)
 

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+import zlib
 
 import numpy as np
 
@@ -124,21 +125,44 @@ def write_rows(rows, path, top):
     os.replace(tmp, path)
 
 
-def run(score, data_pred, transform, batch_size, top, names, out_path, every):
+def run(score, data_pred, transform, batch_size, top, names, out_path, every, dist=None):
     """Predict every image --data-pred names and write them to ``out_path``; returns the rows. Progress (a bar on
-    a terminal, else a line every ``every`` batches) shows images/s and the ETA."""
+    a terminal, else a line every ``every`` batches) shows images/s and the ETA. With several workers (``dist``, a
+    Distributed) each predicts its share of the images (consecutive ones) at its share of ``batch_size``, and rank
+    0 writes every row, in the order found."""
     paths = image_paths(data_pred)
-    log.info("Predicting %d image(s) from %s into %s", len(paths), data_pred, out_path)
-    progress = Progress(True, 1) if len(paths) > batch_size else None
+    rank, size = (0, 1) if dist is None else (dist.rank, dist.size)
+    if size > 1:
+        check_same_images(paths, data_pred, dist)
+    if rank == 0:
+        log.info("Predicting %d image(s) from %s into %s%s", len(paths), data_pred, out_path,
+                 f" ({size} workers)" if size > 1 else "")
+    share = paths[len(paths) * rank // size:len(paths) * (rank + 1) // size]
+    batch_size = max(batch_size // size, 1)
+    progress = Progress(True, 1) if rank == 0 and len(share) > batch_size else None
     if progress is not None and not progress.tty:
         progress = ThinnedProgress(progress, every)
-    rows = predict_all(score, paths, transform, batch_size, top, names, progress)
+    rows = predict_all(score, share, transform, batch_size, top, names, progress)
+    if size > 1:
+        rows = [row for part in dist.gather_json(rows, "pred.rows") for row in part]
+    if rank != 0:
+        return rows
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     write_rows(rows, out_path, top)
     failed = sum(1 for row in rows if row["error"])
     log.info("Wrote %d prediction(s) to %s%s", len(rows) - failed, out_path,
              f"; {failed} image(s) could not be read (their rows name why)" if failed else "")
     return rows
+
+
+def check_same_images(paths, data_pred, dist):
+    """Every worker must see the same images, or the shares would leave some out and repeat others (NoImages on
+    every rank alike, from the counts every rank gathers)."""
+    seen = dist.gather([len(paths), zlib.crc32("\n".join(paths).encode())], "pred.images")
+    if any(other != seen[0] for other in seen):
+        counts = ", ".join(f"rank {rank}: {int(count)}" for rank, (count, _) in enumerate(seen))
+        raise NoImages(f"--data-pred {data_pred} names other images on different workers ({counts} images): give "
+                       "every worker the same files (a shared folder)")
 
 
 class ThinnedProgress:

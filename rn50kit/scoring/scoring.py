@@ -333,9 +333,9 @@ def predictions_file(cfg):
     return workspace_path(cfg.fit.workspace, predict_many.DEFAULT_OUT)
 
 
-def predict_image(cfg, model, ctxs):
+def predict_image(cfg, model, ctxs, dist=None):
     """--mode pred: the top classes of --data-pred by ``model`` (a Scorable): one image's printed (returns them),
-    or many images' written to --pred-out (returns predict_many's rows)."""
+    or many images' written to --pred-out (returns predict_many's rows; several workers, ``dist``, share them)."""
     data, pcfg = cfg.data, cfg.predict
     names = predict.class_names(pcfg.class_names, data.data_train, model.weights, cfg.model.num_classes)
 
@@ -353,6 +353,6 @@ def predict_image(cfg, model, ctxs):
     predict.warn_about_names(names, cfg.model.num_classes)
     try:
         return predict_many.run(score, pcfg.data_pred, transform, cfg.fit.batch_size, pcfg.pred_top_k, names, out,
-                                cfg.fit.disp_batches)
+                                cfg.fit.disp_batches, dist)
     except predict_many.NoImages as error:
         raise ScoringError(str(error))

@@ -210,3 +210,35 @@ def test_tta_and_other_data_scores_keep_the_plain_one_and_other_classes_warn(nam
     summary = next(line for line in scored.stderr.splitlines() if "Pass 1:" in line)
     latency = ", ".join(f"p{p} {plain['metrics'][f'val.latency_{p}'][0] * 1000:.1f} ms" for p in (50, 90, 99))
     assert f"latency per batch {latency}" in summary, summary
+
+
+def test_two_workers_predict_a_folder_into_one_file_every_image_once(named_run, tmp_path):
+    """Issue 55, item 4: each of runner's workers predicted every image and wrote the same file. Now each predicts
+    its share and rank 0 writes them all: the rows of one worker's file, in the same order."""
+    out, _ = named_run
+    photos = photo_folder(tmp_path / "photos")
+    for k in range(5):  # 13 images in all: the shares are not equal
+        (photos / "c").mkdir(exist_ok=True)
+        os.symlink(photos / "5.png", photos / "c" / f"{k}.png")
+    predict = ["--mode", "pred", "--load", str(out / "run" / "model-best.params"), "--data-pred", str(photos),
+               "--workspace", str(tmp_path)]
+    run([sys.executable, os.path.join(ROOT, "train.py"), *predict, "--pred-out", str(tmp_path / "one.csv")])
+    two = run([sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "-b", "2", *predict, "--pred-out",
+               str(tmp_path / "two.csv")])
+    assert "Traceback" not in two.stderr
+    output = (two.stdout + two.stderr).splitlines()
+    read = [line for line in output if "broken.jpg" in line and "left out" in line]
+    assert len(read) == 1, output[-40:]  # each image read by one worker: the broken one's warning comes once
+
+    def rows(name):
+        with open(tmp_path / name, newline="") as f:
+            return list(csv.DictReader(f))
+    one_rows, two_rows = rows("one.csv"), rows("two.csv")
+    found = sorted(str(p) for p in photos.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    assert len(found) == 13 and [row["path"] for row in two_rows] == found  # every image once, in order
+    assert [row["error"] for row in two_rows] == [row["error"] for row in one_rows]
+    assert [row["name_1"] for row in two_rows] == [row["name_1"] for row in one_rows]
+    for mine, theirs in zip(two_rows, one_rows):
+        if not mine["error"]:
+            assert float(mine["probability_1"]) == pytest.approx(float(theirs["probability_1"]), rel=1e-4)
+    assert not list(tmp_path.glob("*.tmp"))
