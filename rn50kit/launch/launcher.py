@@ -681,9 +681,9 @@ def main(argv=None, kit_dir=KIT_DIR):
         print(f"runner: note: {machine.note}", file=sys.stderr)
     check_train_flags(train_arguments(command), kit_dir)  # a dry run refuses what the run would
     if args.dry_run:
-        for key, value in env.items():
-            print(f"{key}={value}")
-        print(" ".join(command))
+        for key, value in env.items():  # shell-quoted: a pasted plan runs the same words (a discovery command)
+            print(f"{key}={shlex.quote(str(value))}")
+        print(shlex.join(str(part) for part in command))
         return
     launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
     if launched:

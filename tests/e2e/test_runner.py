@@ -1,6 +1,7 @@
 """runner's answers to bad input, in real processes: one line, non-zero exit, no traceback; its dry run refuses
 what the run would."""
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -222,3 +223,17 @@ def test_runner_dry_run_with_slurm_outside_srun_is_refused():
     assert result.returncode == 2 and result.stdout == ""
     # (without Horovod's MPI the refusal names that first: either way, not the command)
     assert "srun" in result.stderr or "MPI" in result.stderr
+
+
+def test_a_dry_run_prints_a_plan_that_pastes_as_the_same_words():
+    """Issue 58: --dry-run printed the command unquoted, so a pasted elastic plan split its discovery command into
+    words and ran something else. Shell-quoted (shlex.join), the printed line parses back to the planned words."""
+    result = run_runner("-n", "2", "--min-np", "1", "-H", "localhost:2", "--data-backend", "synthetic",
+                        "--dtype", "float32", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    *env_lines, printed = result.stdout.strip().splitlines()
+    words = shlex.split(printed)
+    discovery = words[words.index("--host-discovery-script") + 1]
+    assert discovery.endswith("discovery.py --hosts localhost:2") and " " in discovery  # one word, as planned
+    assert words[words.index(discovery) + 1].startswith("--")  # nothing of it spilt into horovodrun's flags
+    assert all(len(shlex.split(line)) == 1 for line in env_lines)  # KEY=value, pasted as one assignment
