@@ -625,11 +625,17 @@ def hold_memory(nbytes, ctx):
 def release_gpu_memory(machine):
     """Give back what MXNet's and DALI's pools hold of this process's freed GPU memory (their pooled allocators
     keep it otherwise: MXNet's src/storage/pooled_storage_manager.h), before a check starts a process that needs
-    the GPU's memory."""
+    the GPU's memory. Neither starts CUDA on a GPU this process has not used: MXNet refuses to empty a pool it
+    never made ("Cannot Free space to a device you have not allocated", src/storage/storage.cc, ReleaseAll: skipped
+    here), and DALI releases only the pools it made (dali/core/mm/default_resources.cc, ReleaseUnusedMemory)."""
     import mxnet as mx
     mx.nd.waitall()
     for ordinal in range(machine.num_gpus):
-        mx.gpu(ordinal).empty_cache()
+        try:
+            mx.gpu(ordinal).empty_cache()
+        except mx.base.MXNetError as error:
+            if "have not allocated" not in str(error):
+                raise
     try:
         from nvidia.dali import backend
     except ImportError:

@@ -175,6 +175,15 @@ def test_the_memory_verdict_holds_a_stated_margin_for_the_pipeline_and_the_colle
     assert held.shape == (3 << 20,) and held.dtype == np.uint8 and gpu_check.hold_memory(0, mx.cpu()) is None
 
 
+def test_emptying_the_pools_of_gpus_this_process_never_used_is_no_error():
+    """MXNet refuses to empty a pool it never made (this CPU build's GPU contexts, or a GPU the self-check has not
+    touched yet): the layout and memory checks, which now run first, must not fail on it."""
+    import mxnet as mx
+    with pytest.raises(mx.base.MXNetError, match="have not allocated"):
+        mx.gpu(1).empty_cache()
+    gpu_check.release_gpu_memory(types.SimpleNamespace(gpu=True, num_gpus=2))
+
+
 def test_fresh_process_checks_run_before_any_gpu_work_here_with_the_pools_emptied(tmp_path, monkeypatch):
     """MXNet's pooled allocator never gives memory back: the layout and memory processes start before any GPU
     check of this process has run, each after MXNet's pool on every GPU and DALI's were emptied."""
