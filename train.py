@@ -5,6 +5,7 @@ Usually started by `runner`, once per worker under horovodrun; it also runs alon
 import argparse
 import dataclasses
 import faulthandler
+import json
 import logging
 import math
 import os
@@ -80,6 +81,7 @@ import fit
 from rn50kit.training import fit_flags, state, stop_signals
 from rn50kit.common.helptext import HelpFormatter
 from rn50kit.launch import memory
+from rn50kit.launch import prelaunch
 import models
 from rn50kit.scoring import predict
 from rn50kit.weights import pretrained
@@ -223,10 +225,11 @@ def check_config(cfg):
         raise UsageError(str(error))
 
 
-def check_flags(argv):
+def check_flags(argv, launch=None):
     """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag or hyper-parameter
-    (runner calls this before starting any worker, and in a dry run). What depends on the machine, the data or
-    a checkpoint is left to the run."""
+    (runner calls this before starting any worker, and in a dry run). With ``launch`` (runner's description of
+    the run: launcher.launch_description) also what check_before_start can know before any worker starts, then
+    print the run's checkpoint prefix as JSON for runner's advice on a failure."""
     args = parse_args(argv, prog="train.py")
     if args.load and os.path.isfile(args.load):  # faults: a damaged --load file, refused before the workers start
         try:
@@ -236,11 +239,46 @@ def check_flags(argv):
     if args.mode in ("val", "pred") and args.num_epochs is None:
         args.num_epochs = 1
     typed = settings.given_flags(get_args_parser(), argv)
-    fill_hyper_parameters(args, given_flags(argv))
     try:
-        check_config(train_config.from_args(args))
+        if launch is None:
+            fill_hyper_parameters(args, given_flags(argv))
+            check_config(train_config.from_args(args))
+            return
+        cfg = configure(args, given_flags(argv), launch["gpus"])
+        contexts = cfg.fit.cpu_contexts if cfg.fit.kv_store != "horovod" and not launch["gpus"] else 1
+        check_before_start(cfg, launch["workers"] * contexts, launch["workers_here"], memory_too=launch["memory"])
     except UsageError as error:
         cli.fail("train.py", config_files.blame(str(error), read_settings(argv), typed))
+    print(json.dumps({"checkpoint_prefix": prelaunch.checkpoint_prefix(cfg)}))
+
+
+def check_before_start(cfg, devices, processes_here, memory_too):
+    """What can be known before any worker starts, a UsageError of one line: the flags against the ``devices``
+    the global batch splits over (validate_args), the data's labels, the workspace, the checkpoint --resume
+    continues (prelaunch.py) and, with ``memory_too`` (a CPU run; each worker estimates its GPU's), the memory of
+    the batch for ``processes_here`` workers on this machine. runner runs it (check_flags) before launching and
+    in a dry run; every worker's start runs it too (without the memory: check_memory's collective has it)."""
+    validate_args(cfg, devices)
+    problem = prelaunch.problem(cfg)
+    if problem:
+        raise UsageError(problem)
+    if memory_too and prelaunch.trains(cfg) and cfg.fit.memory_check == "refuse":
+        import mxnet as mx
+        contexts = 1 if cfg.fit.kv_store == "horovod" else cfg.fit.cpu_contexts
+        net = build_network(cfg, [mx.cpu()], amp_graph=False)
+        budget, where = cpu_memory_budget(processes_here, contexts)
+        problem, _ = memory.check(net, scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1),
+                                  cfg.fit.dtype, cfg.fit.batch_size, devices, processes_here, budget, where)
+        if problem:
+            raise UsageError(problem)
+
+
+def cpu_memory_budget(processes_here, contexts):
+    """(bytes per device, where) of a CPU run: this machine's available memory over its ``processes_here``
+    workers, each computing on ``contexts`` CPU contexts."""
+    budget = memory.cpu_budget(processes_here)
+    where = "this machine" + (f" per worker ({processes_here} here)" if processes_here > 1 else "")
+    return budget and budget // contexts, where
 
 
 def json_values(namespace):
@@ -580,7 +618,7 @@ def refuse_together(dist, message):
     if dist.hvd is None or dist.size == 1:
         raise UsageError(message)
     if dist.is_primary:
-        faults.announce("train.py", message)  # before the shutdown: no rank can end, and be reported, first
+        faults.announce("train.py", message, configuration=True)  # before the shutdown: no rank ends first
     dist.shutdown()
     faults.end(2)
 
@@ -596,9 +634,7 @@ def check_memory(cfg, net, ctxs, dist):
     if gpu:
         budget, where = memory.gpu_budget(ctxs[0]), f"GPU {ctxs[0].device_id}"
     else:
-        budget = memory.cpu_budget(dist.local_size)
-        budget = budget and budget // len(ctxs)
-        where = "this machine" + (f" per worker ({dist.local_size} here)" if dist.local_size > 1 else "")
+        budget, where = cpu_memory_budget(dist.local_size, len(ctxs))
     shape = scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
     problem, _ = memory.check(net, shape, fit_cfg.dtype, fit_cfg.batch_size, dist.size * len(ctxs),
                               dist.local_size, budget, where)
@@ -663,7 +699,8 @@ def check_run(cfg):
 
 def check_devices(cfg, ctxs, dist):
     """The flags against the workers' devices; --dtype int8 against what this machine can quantize."""
-    validate_args(cfg, 1 if dist.elastic else dist.size * len(ctxs))  # elastic: each world's plan splits it
+    # elastic: each world's plan splits the batch
+    check_before_start(cfg, 1 if dist.elastic else dist.size * len(ctxs), dist.local_size, memory_too=False)
     if cfg.fit.dtype == "int8":
         why = quantize.int8_unavailable(cfg.fit.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:
@@ -880,6 +917,7 @@ def main(args, command=None, given=()):
         # bfloat16 runs through AMP's patched operators, but for scoring's fused graph (models.to_bfloat16)
         net = build_network(cfg, ctxs, cfg.fit.dtype == "bfloat16" and not scoring.fuses(cfg, ctxs, dist))
         check_memory(cfg, net, ctxs, dist)
+        STARTED.append(True)  # past the start-up checks: a failure from here on is not the configuration's
         if cfg.fit.mode == "pred":
             return predict_images(cfg, info, net, ctxs, dist)
         net, report, stopped = score_or_train(cfg, info, net, ctxs, dist, lock)
@@ -888,6 +926,9 @@ def main(args, command=None, given=()):
         raise UsageError(str(error))
     finish_run(cfg, info, dist, lock, report, stopped)
     return Outcome(net=net, report=report, stopped=stopped)
+
+
+STARTED = []  # main() has passed the start-up checks (set once): a refusal before is the configuration's
 
 
 def stop_cause():
@@ -905,7 +946,8 @@ def run(argv=None):
         outcome = main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:  # faults: cli.fail's line, recorded for runner; a flag a file set names the file
         faults.fail("train.py", config_files.blame(str(error), read_settings(argv),
-                                                   settings.given_flags(get_args_parser(), argv)))
+                                                   settings.given_flags(get_args_parser(), argv)),
+                    configuration=not STARTED)
     except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
         if faults.is_teardown(str(error)):
             raise  # another rank went away: faults' hook records a teardown and names the rank that fell silent

@@ -9,6 +9,7 @@ On a machine without a usable GPU, -n counts worker processes, and the defaults 
 --dtype float32 --data-backend dali-cpu (the original's are float16 and dali-gpu).
 """
 import argparse
+import json
 import logging
 import os
 import re
@@ -29,6 +30,8 @@ from rn50kit.common import cli
 from rn50kit.common import config_files
 from rn50kit.common.cli import PREPARE_HINT, UsageError
 from rn50kit.launch import devices
+from rn50kit.launch import discovery
+from rn50kit.launch import network
 from rn50kit.reliability import faults
 from rn50kit.common.helptext import HelpFormatter
 from rn50kit.common import rules
@@ -177,6 +180,34 @@ def check_elastic(args):
     if args.host_discovery_script and (args.hosts or args.hostfile):
         raise UsageError("give either --host-discovery-script or -H/--hostfile (runner writes the discovery "
                          "script for those)")
+
+
+def choose_network_interface(args):
+    """A named --network-interface must exist here; an elastic run over -H/--hostfile without one gets the
+    loopback when every host is this machine (network.py: horovodrun's driver would wait --elastic-timeout for
+    a second host to find one), or a refusal when it cannot be found."""
+    if args.network_interface:
+        problem = network.missing_interface(args.network_interface)
+        if problem:
+            raise UsageError(problem)
+    elif is_elastic(args) and args.host_discovery_script:  # the hosts it reports now; more may come later
+        hosts = network.discovered_hosts(args.host_discovery_script)
+        if hosts and all(network.is_local(host) for host in hosts):
+            args.network_interface = network.loopback_interface()
+    elif is_elastic(args):
+        hosts = host_names(args) or ["localhost"]
+        try:
+            args.network_interface = network.elastic_interface(hosts)
+        except ValueError as error:
+            raise UsageError(str(error))
+
+
+def host_names(args):
+    """The hosts of -H or --hostfile (a missing file is host_slots' to refuse), or None for a single-node run."""
+    if args.hostfile:
+        text = args.hostfile.read_text() if args.hostfile.is_file() else ""
+        return [line.partition(":")[0] for line in discovery.hostfile_lines(text)]
+    return [entry.partition(":")[0] for entry in args.hosts.split(",")] if args.hosts else None
 
 
 def elastic_flags(args):
@@ -396,6 +427,7 @@ def resolve_and_check(args, extra, machine):
         raise UsageError(f"-l must not be negative, got {args.lr}")
     check_launcher(args)
     check_elastic(args)
+    choose_network_interface(args)
     if args.batch_size is None and "batch_size" in args.file_values:
         args.batch_size = batch_from_file(args)
     gpu = machine.gpus > 0
@@ -679,7 +711,8 @@ def main(argv=None, kit_dir=KIT_DIR):
         fail(blame_config_file(str(error), argv))
     if machine.note:
         print(f"runner: note: {machine.note}", file=sys.stderr)
-    check_train_flags(train_arguments(command), kit_dir)  # a dry run refuses what the run would
+    # a dry run refuses what the run would, before launching: the flags and what can be known of the run
+    prefix = check_train_flags(train_arguments(command), kit_dir, launch_description(args, machine))
     if args.dry_run:
         for key, value in env.items():  # shell-quoted: a pasted plan runs the same words (a discovery command)
             print(f"{key}={shlex.quote(str(value))}")
@@ -714,8 +747,11 @@ def main(argv=None, kit_dir=KIT_DIR):
         known = None
         if first_failed is not None and first_failed != ELASTIC_END and len(first_failed) == 3:  # mpirun's host
             first_failed, known = first_failed[:2], {"rank": first_failed[0], "host": first_failed[2]}
-        summary = faults.summarize(fault_dir, first_failed, known) if status != 0 and first_failed != ELASTIC_END \
-            else None
+        summary = None
+        if status not in (0, INTERRUPTED):  # the advice: resume only where a complete checkpoint exists
+            resumable = has_checkpoint(prefix)
+            summary = failure + (faults.RESUME if resumable else faults.RESTART) if first_failed == ELASTIC_END \
+                else faults.summarize(fault_dir, first_failed, known, resumable=resumable)
         sys.exit(conclude(status, failure, run_lock.read_outcome(outcome.name), summary))
     finally:
         reaper.finish()
@@ -797,13 +833,39 @@ def train_arguments(command):
     return [str(part) for part in command[at + 1:]]
 
 
-def check_train_flags(extra, kit_dir=KIT_DIR):
-    """An unknown or bad train.py flag or hyper-parameter: train.py's one-line message, once, before any worker
-    starts (and in a dry run)."""
-    check = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); import train; "
-                            "train.check_flags(sys.argv[1:])", str(kit_dir), *extra])
+def check_train_flags(extra, kit_dir=KIT_DIR, launch=None):
+    """An unknown or bad train.py flag or hyper-parameter and, given ``launch`` (launch_description's), what
+    train.check_before_start knows before any worker starts: train.py's one-line message, once, before any
+    worker starts (and in a dry run). Returns the run's checkpoint prefix (None: it does not train)."""
+    check = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                            "import train; train.check_flags(sys.argv[2:], json.loads(sys.argv[1]))", str(kit_dir),
+                            json.dumps(launch), *extra], stdout=subprocess.PIPE, text=True)
+    lines = check.stdout.splitlines()
+    answer = json.loads(lines.pop()) if check.returncode == 0 and launch and lines else {}
+    if lines:
+        print("\n".join(lines))
     if check.returncode != 0:
         sys.exit(check.returncode)
+    return answer.get("checkpoint_prefix")
+
+
+def launch_description(args, machine):
+    """What train.check_before_start needs to know of the run: its workers, those on this machine (sharing its
+    memory), this machine's GPUs and whether to estimate the memory here (every worker runs here, on the CPU)."""
+    workers_here = workers_per_node(args, os.environ) if args.kv_store == "horovod" else 1
+    hosts = host_names(args)
+    here = args.launcher != "slurm" and all(network.is_local(host) for host in hosts or ["localhost"])
+    # the memory of this machine's CPU: other hosts' (and each GPU's) are estimated by their workers
+    return {"workers": args.ngpus, "workers_here": workers_here, "gpus": machine.gpus,
+            "memory": here and not machine.gpus}
+
+
+def has_checkpoint(prefix):
+    """Whether a complete checkpoint of ``prefix`` (check_train_flags') exists to resume from."""
+    if not prefix:
+        return False
+    from rn50kit.training import checkpoint  # MXNet's import: only once a run has failed
+    return checkpoint.find_latest(prefix) is not None
 
 
 def console_env(args):
@@ -828,6 +890,7 @@ def run_horovodrun(arguments):
     a step and the save take longer, so it is kept for SIGINT (Ctrl-C) only."""
     from horovod.runner import gloo_run
     from horovod.runner import launch as horovod_launch
+    from horovod.runner.common.util.timeout import TimeoutException
     build = horovod_build()
     if build is not None:  # horovodrun's own check of --gloo, answered without importing MXNet
         horovod_launch.gloo_built = lambda verbose=False: build["gloo"]
@@ -847,8 +910,11 @@ def run_horovodrun(arguments):
     gloo_run.register_shutdown_event = register_shutdown_event
     restore = forward_stop_signals(lambda signum: stop.request())
     sys.argv = ["horovodrun", *arguments]
-    driver_log = ElasticDriverLog()
+    driver_log, progress, level = ElasticDriverLog(), ElasticProgress(), logging.getLogger().level
     logging.getLogger().addFilter(driver_log)
+    if "--min-np" in arguments:  # the elastic driver's progress (Horovod logs it at INFO to the root logger)
+        logging.getLogger().addHandler(progress)
+        logging.getLogger().setLevel(logging.INFO)
     try:
         horovod_launch.run_commandline()
     except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
@@ -861,12 +927,16 @@ def run_horovodrun(arguments):
         first = (int(workers[0]), int(codes[0])) if workers and workers[0].isdigit() else None  # rank, status
         return int(codes[0]), (f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
                                f"{stop.note()}; its message is above"), first
+    except TimeoutException as error:  # the elastic driver's wait for the first slots (gloo_run.py)
+        return 1, f"horovodrun: {elastic_start_timeout(error)}", None
     except KeyboardInterrupt:
         return INTERRUPTED, "interrupted", None
     finally:
         stop.done.set()
         restore()
         logging.getLogger().removeFilter(driver_log)
+        logging.getLogger().removeHandler(progress)
+        logging.getLogger().setLevel(level)
     return (INTERRUPTED, "interrupted", None) if stop.interrupted else (0, "", None)
 
 
@@ -876,7 +946,7 @@ ELASTIC_END = "elastic"  # run_horovodrun's "first failed worker" when the elast
 class ElasticDriverLog(logging.Filter):
     """Horovod's elastic driver logs to the root logger, its stops with a traceback: its lines are kept without
     one, and ``ended`` says in one line why the driver ended the run (too few workers for too long, too many
-    resets), or is empty (a worker's failure ended it: its own line says why)."""
+    resets; runner adds whether to resume), or is empty (a worker's failure ended it: its own line says why)."""
 
     def __init__(self):
         super().__init__()
@@ -887,12 +957,47 @@ class ElasticDriverLog(logging.Filter):
             return True
         message, failure = record.getMessage(), record.exc_info and record.exc_info[1]
         if type(failure).__name__ == "TimeoutException":  # waiting for --min-np slots (driver.py)
-            self.ended = ("the elastic run had fewer than --min-np workers for longer than --elastic-timeout; the "
-                          "last checkpoint is intact: rerun the same command when enough hosts are back to resume")
+            self.ended = ("the elastic run had fewer than --min-np workers for longer than --elastic-timeout; when "
+                          "enough hosts are back, ")
         elif "reset count" in message:
-            self.ended = "the elastic run changed its world more often than --reset-limit allows; rerun to resume"
+            self.ended = "the elastic run changed its world more often than --reset-limit allows; "
         record.exc_info = record.exc_text = None
         return True
+
+
+class ElasticProgress(logging.Handler):
+    """Shows the elastic driver's progress (the slots it waits for, the workers it starts, hosts it blacklists,
+    resets) as ``runner: elastic: ...`` lines, and every other WARNING or worse as Python's last-resort handler
+    would (this handler replaces it on the root logger)."""
+    SHOWN = ("driver.py", "discovery.py", "registration.py")
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record):
+        from_driver = f"{os.sep}horovod{os.sep}runner{os.sep}elastic{os.sep}" in record.pathname
+        if record.levelno >= logging.WARNING:
+            line = self.format(record)
+        elif from_driver and os.path.basename(record.pathname) in self.SHOWN and \
+                record.getMessage().startswith(("wait for", "start worker", "blacklist", "reset workers")):
+            line = f"runner: elastic: {record.getMessage()}"
+        else:
+            return
+        print(line, file=sys.stderr, flush=True)
+
+
+def elastic_start_timeout(error):
+    """One line for the elastic driver's wait for its first --min-np slots timing out (a TimeoutException that
+    horovodrun raises as it is). Without --network-interface it also waits for a second host, to find the
+    interfaces the hosts share (gloo_run.py _get_min_start_hosts; runner names lo itself when every host is this
+    machine)."""
+    if "two hosts" in str(error):
+        return ("the elastic driver waited --elastic-timeout for --min-np slots on two hosts or more (it needs a "
+                "second host to find a common network interface): check the hosts, or give --network-interface "
+                "IFACE (lo when every host is this machine)")
+    return ("the elastic driver waited --elastic-timeout for --min-np slots: check that the hosts (-H, --hostfile "
+            "or --host-discovery-script's) are up and have free slots")
 
 
 def horovodrun_refusal(error):

@@ -84,15 +84,16 @@ def record_failure(line, kind="error", **extra):
     _write()
 
 
-def fail(prog, message, status=2):
+def fail(prog, message, status=2, configuration=False):
     """``prog: error: message`` (cli.fail's line), recorded, then the end of this process (see ``end``)."""
-    announce(prog, message)
+    announce(prog, message, configuration)
     end(status)
 
 
-def announce(prog, message):
-    """``prog: error: message`` (cli.fail's line) on stderr, and recorded for runner."""
-    record_failure(message)
+def announce(prog, message, configuration=False):
+    """``prog: error: message`` (cli.fail's line) on stderr, and recorded for runner; ``configuration``: a refusal
+    of the run's configuration at start-up (the same command would fail again, so runner advises no rerun)."""
+    record_failure(message, **({"configuration": True} if configuration else {}))
     _say(f"{prog}: error: {message}")
 
 
@@ -212,13 +213,16 @@ def signal_name(status):
 
 
 RESUME = "rerun the same command to resume from the last complete checkpoint"
+RESTART = "rerun the same command to start again (no checkpoint was saved)"
 
 
-def summarize(directory, first_failed=None, known=None, ended="every worker has ended"):
+def summarize(directory, first_failed=None, known=None, ended="every worker has ended", resumable=True):
     """runner's one line on a failed run, or None when the records say nothing. ``first_failed``: (rank, exit
     status) of the first worker the launcher saw end badly, when it tells; ``known``: what the launcher knows of
     that worker (its host as named in -H, its pid), over its record or for want of one (it died before writing
-    it); ``ended``: what became of the others."""
+    it); ``ended``: what became of the others; ``resumable``: whether a complete checkpoint exists to resume
+    from (the advice says so only then, and never after a refusal of the configuration)."""
+    advice = RESUME if resumable else RESTART
     records = read_all(directory)
     if known is not None:
         records[known["rank"]] = dict(records.get(known["rank"], {}), **known)
@@ -226,30 +230,32 @@ def summarize(directory, first_failed=None, known=None, ended="every worker has 
     if faults:
         fault = faults[0]
         if fault["kind"] == "stall":
-            return f"{fault['failure']}; {ended}; {RESUME}"
+            return f"{fault['failure']}; {ended}; {advice}"
+        if fault.get("configuration"):
+            return f"{who(fault)} failed: {fault['failure']} (its message is above); {ended}; fix it, then rerun"
         return (f"{who(fault)} failed: {fault['failure']} (its message is above); {ended}; fix the cause, then "
-                f"rerun (the same command resumes from the last complete checkpoint)")
+                "rerun" + (" (the same command resumes from the last complete checkpoint)" if resumable else ""))
     if first_failed is not None:
         rank, status = first_failed
         name = signal_name(status)
         record = records.get(rank, {"rank": rank})
         if name in CRASHES:
             return (f"{who(record)} crashed ({name}, {CRASHES[name]}; exit status {status}): its Python stack is "
-                    f"above (\"Fatal Python error\"); {ended}; {RESUME}")
+                    f"above (\"Fatal Python error\"); {ended}; {advice}")
         if name and record.get("kind") != "teardown":
             return (f"{who(record)} was killed by {name} (exit status {status}): by hand, by the OOM killer (see "
-                    f"`dmesg` on its host) or by the batch system; {ended}; {RESUME}")
+                    f"`dmesg` on its host) or by the batch system; {ended}; {advice}")
     silent = [s for r in records.values() if r.get("kind") == "teardown" for s in r.get("silent", [])]
     if silent:
         first = min(silent, key=lambda s: s["alive"])
         return (f"{who(first)} stalled: no heartbeat for {first['silent_for']:.0f} s (stopped, frozen, or its "
-                f"machine lost) and the others' collectives timed out; {ended}; {RESUME}")
+                f"machine lost) and the others' collectives timed out; {ended}; {advice}")
     if first_failed is not None:
         rank, status = first_failed
         lost = (" (ssh's: the connection to its host ended: the host or the network lost, or the worker killed)"
                 if status == 255 else "")
         return (f"{who(records.get(rank, {'rank': rank}))} exited with status {status}{lost}; its message is above; "
-                f"{RESUME}")
+                f"{advice}")
     return None
 
 
