@@ -101,8 +101,9 @@ class BatchNormAddReLU(nn.BatchNorm):
                                p=self.drop_path, axes=(1, 2, 3))
             return F.Activation(branch + addend, act_type="relu")
         if self.fused:
-            return F.BatchNormAddRelu(x, addend, gamma, beta, running_mean, running_var, name="fwd",
-                                      **self._kwargs)
+            # by keyword, as NVIDIA's kit calls it (its models.py): the op's inputs by their names
+            return F.BatchNormAddRelu(data=x, addend=addend, gamma=gamma, beta=beta, moving_mean=running_mean,
+                                      moving_var=running_var, name="fwd", **self._kwargs)
         # Activation, not F.relu: oneDNN runs Activation in bfloat16, `relu` falls back to a slow kernel
         return F.Activation(super().hybrid_forward(F, x, gamma, beta, running_mean, running_var) + addend,
                             act_type="relu")
