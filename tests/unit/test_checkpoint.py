@@ -227,3 +227,18 @@ def test_an_old_pickle_checkpoint_is_refused_naming_the_command_that_converts_it
     for index, momentum in trainer._updaters[0].states.items():
         np.testing.assert_array_equal(fresh._updaters[0].states[index].asnumpy(), momentum.asnumpy())
     assert fresh._optimizer.num_update == trainer._optimizer.num_update == 1
+
+
+def test_load_of_a_checkpoints_other_files_or_an_export_says_what_it_is(tmp_path):
+    """Issue 58: a .states file (NDArrays) loaded and was blamed on another architecture; an export was "damaged"."""
+    from rn50kit.training import checkpoint
+    states = tmp_path / "model-0003.states"
+    mx.nd.save(str(states), {"0": mx.nd.zeros((2,))})  # loads as NDArrays, as a real one does
+    with pytest.raises(checkpoint.CheckpointError, match=r"model-0003.states is a checkpoint's optimizer state, "
+                                                         r"not its weights: pass --load .*model-0003.params$"):
+        checkpoint.check_loadable(str(states))
+    export = tmp_path / "r18.safetensors"
+    export.write_bytes(b"{}")
+    with pytest.raises(checkpoint.CheckpointError, match="is exported weights") as refused:
+        checkpoint.check_loadable(str(export))
+    assert "damaged" not in str(refused.value) and f"--pretrained {export}" in str(refused.value)
