@@ -400,7 +400,7 @@ def start(cfg, run, net, ctxs, dist, prefix, broadcast=True):
     """A prepared state, resumed as --resume says (the files of a run not continued set aside); returns it and
     the checkpoint state resumed, or None."""
     state = prepare(cfg, run, net, ctxs, dist, broadcast)
-    resumed = resume_state(cfg.resume, prefix, log.warning if dist.is_primary else None)
+    resumed = checkpoint.chosen_by_rank_0(lambda warn: resume_state(cfg.resume, prefix, warn), dist, log.warning)
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:

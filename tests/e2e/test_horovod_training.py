@@ -135,3 +135,51 @@ def test_rank_zeros_values_reach_every_rank_bit_for_bit(controller, tmp_path):
             nan = np.isnan(sent) if sent.dtype.kind == "f" else np.zeros(sent.shape, bool)
             np.testing.assert_array_equal(np.isnan(got) if got.dtype.kind == "f" else nan, nan, err_msg=name)
             assert got[~nan].tobytes() == sent[~nan].tobytes(), (name, rank)
+
+
+def save_checkpoints(prefix, epochs):
+    """Real checkpoints of a small network (their files' sizes and SHA-256 recorded), one per epoch."""
+    import mxnet as mx
+    from rn50kit.training import checkpoint
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(64, in_units=256))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 256)))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    for epoch in epochs:
+        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": 0})
+
+
+def flip_a_bit(path):
+    """The same size, other contents: only the SHA-256 tells."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_rank_0_alone_verifies_a_resumed_checkpoint_and_every_rank_takes_its_choice(tmp_path):
+    """Issue 55: every rank hashed every file of the checkpoint it resumed (64 ranks: 64 reads of it). Rank 0
+    verifies and tells the others: rank 1 hashes nothing, yet resumes rank 0's choice, the checkpoint before a
+    newest one damaged in place (rank 1's own size checks would pass it), and gets rank 0's one-line error when
+    every checkpoint is damaged."""
+    cases = ("whole", "newest_damaged", "all_damaged")
+    for case in cases:
+        (tmp_path / case).mkdir()
+        save_checkpoints(tmp_path / case / "model", [1, 2])
+    flip_a_bit(tmp_path / "newest_damaged" / "model-0002.states")
+    for epoch in (1, 2):
+        flip_a_bit(tmp_path / "all_damaged" / f"model-000{epoch}.params")
+    command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+               os.path.join(ROOT, "tests", "hvd_resume_worker.py"), str(tmp_path), *cases]
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    checked = json.loads((tmp_path / "whole" / "model-0002.state.json").read_text())["checks"]
+    assert rank0["whole"] == {"chosen": "model-0002.state.json", "hashed": len(checked)} and len(checked) >= 2
+    assert rank0["newest_damaged"]["chosen"] == "model-0001.state.json"
+    assert "every checkpoint of" in rank0["all_damaged"]["error"]
+    for case in cases:
+        assert {key: value for key, value in rank1[case].items() if key != "hashed"} == \
+            {key: value for key, value in rank0[case].items() if key != "hashed"}, case
+        assert rank1[case]["hashed"] == 0, case
