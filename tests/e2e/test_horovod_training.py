@@ -183,3 +183,25 @@ def test_rank_0_alone_verifies_a_resumed_checkpoint_and_every_rank_takes_its_cho
         assert {key: value for key, value in rank1[case].items() if key != "hashed"} == \
             {key: value for key, value in rank0[case].items() if key != "hashed"}, case
         assert rank1[case]["hashed"] == 0, case
+
+
+def test_an_elastic_runs_trainer_allreduces_as_horovods(tmp_path):
+    """Issue 55: elastic runs allreduce one dtype at a time, each waited for (optimizers.one_dtype_at_a_time,
+    tests/unit/test_elastic_collectives.py), with real collectives: on a network with float16 and float32
+    (BatchNorm) gradients, with and without --fp16-allreduce, the same gradients and scale as Horovod's own
+    trainer, the sum of both ranks' (Horovod's CPU build averages in the framework, through the scale)."""
+    command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+               os.path.join(ROOT, "tests", "hvd_grads_worker.py"), str(tmp_path)]
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in (0, 1)]
+    names = [key[len("given."):] for key in ranks[0].files if key.startswith("given.")]
+    assert {ranks[0][f"given.{name}"].dtype.name for name in names} == {"float16", "float32"}
+    for saved in ranks:
+        for elastic, horovod in (("elastic", "horovod"), ("elastic_fp16", "horovod_fp16")):
+            assert saved[f"{elastic}.scale"] == saved[f"{horovod}.scale"] == 0.5
+            for name in names:
+                np.testing.assert_array_equal(saved[f"{elastic}.{name}"], saved[f"{horovod}.{name}"], err_msg=name)
+        for name in names:
+            total = ranks[0][f"given.{name}"].astype("float64") + ranks[1][f"given.{name}"]
+            np.testing.assert_allclose(saved[f"elastic.{name}"], total, rtol=1e-3, err_msg=name)
