@@ -149,14 +149,15 @@ def score_tag(dtype, calib_mode=None, calib_batches=None):
 
 def score_variant(val_tta, data_val, state):
     """What else a score depends on, for its file name: flip TTA (".flip"), and validation records from another
-    folder than the checkpoint's run trained on (".on-<folder>-<hash of the path>"), so neither overwrites the
-    plain score. ``state``: the checkpoint's (trained_settings), or None."""
+    folder than the checkpoint's run read (".on-<folder>-<hash of the path>"), so neither overwrites the plain
+    score. ``state``: the checkpoint's (trained_settings), or None."""
     parts = [val_tta] if val_tta and val_tta != "none" else []
-    trained = ((state or {}).get("train_records") or {}).get("rec") or ((state or {}).get("args") or {}).get(
-        "data_val")  # the records' absolute path (checkpoints since issue 58), else the run's --data-val
-    if data_val and trained and os.path.dirname(os.path.abspath(data_val)) != os.path.dirname(
-            os.path.abspath(trained)):
-        folder = os.path.dirname(os.path.abspath(data_val))
+    state = state or {}
+    # the run's folders: its training records' (absolute, in checkpoints since issue 58) and its --data-val's
+    records, run_val = (state.get("train_records") or {}).get("rec"), (state.get("args") or {}).get("data_val")
+    known = [os.path.dirname(os.path.abspath(path)) for path in (records, run_val) if path]
+    folder = os.path.dirname(os.path.abspath(data_val)) if data_val else None
+    if folder and known and folder not in known:
         parts.append(f"on-{os.path.basename(folder) or 'data'}-{hashlib.sha256(folder.encode()).hexdigest()[:6]}")
     return "".join(f".{part}" for part in parts)
 
