@@ -89,6 +89,25 @@ def test_a_list_a_glob_and_json_name_the_same_predictions(net, photos, tmp_path)
     np.testing.assert_allclose([p for p, _, _ in globbed[1]["top"]], [p for p, _, _ in deep], rtol=1e-5)
 
 
+def test_workers_that_see_other_images_are_refused_in_one_line(photos):
+    """Several workers share the images by their places in the list: a worker that sees another list would leave
+    some out and repeat others. Each rank's count and checksum of the list, as Distributed.gather gives them."""
+    paths = predict_many.image_paths(str(photos))
+
+    class Seen:  # the two ranks' views as the collective returns them
+        def __init__(self, other):
+            self.other = other
+
+        def gather(self, values, name):
+            return [values, self.other(values)]
+    predict_many.check_same_images(paths, str(photos), Seen(lambda values: list(values)))
+    with pytest.raises(predict_many.NoImages) as refused:
+        predict_many.check_same_images(paths, str(photos), Seen(lambda values: [values[0] - 1, 7]))
+    assert str(refused.value) == (f"--data-pred {photos} names other images on different workers (rank 0: "
+                                  f"{len(paths)}, rank 1: {len(paths) - 1} images): give every worker the same "
+                                  "files (a shared folder)")
+
+
 def test_bad_input_is_one_line(tmp_path):
     with pytest.raises(predict_many.NoImages, match="names no image"):
         predict_many.image_paths(str(tmp_path / "nowhere" / "*.jpg"))
