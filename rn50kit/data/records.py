@@ -363,7 +363,10 @@ def classes_of_lines(data):
     first = np.searchsorted(tabs, starts)
     lines = np.flatnonzero(tabs[first + 1] < ends)  # at least three fields: index, label(s), path
     values, plain = plain_labels(data, tabs[first[lines]] + 1, tabs[first[lines] + 1])
-    _, last = np.unique(values[plain][::-1], return_index=True)  # each distinct label's last line
+    keys = values[plain][::-1]
+    if len(keys) and keys.max() < 1 << 16:  # classes: a stable sort of 16-bit keys is a radix sort, 4x faster
+        keys = keys.astype(np.uint16)
+    _, last = np.unique(keys, return_index=True)  # each distinct label's last line
     picked = np.concatenate([lines[plain][np.count_nonzero(plain) - 1 - last], lines[~plain]])
     classes = {}
     for line in np.sort(picked).tolist():  # in file order: a later line wins
