@@ -2,7 +2,7 @@
 # make test   set up .venv, run the test suite (make test-fast: the in-process tests, tests/unit, in under a minute)
 # make lint   ruff over the tree (pyproject.toml; the fast lane runs it too, as tests/unit/test_lint.py)
 #
-# Variables: PYTHON (a Python 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
+# Variables: PYTHON (a Python 3.10 or 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
 # CPU build; e.g. MXNET=mxnet-cu112==1.9.1 for CUDA 11 GPUs, best with its own VENV=.venv-gpu), WHEEL_CACHE
 # (where the Horovod wheel built against that MXNet is kept between set-ups). Horovod gets MPI when Open MPI is
 # installed (`apt-get install openmpi-bin libopenmpi-dev`, or `module load openmpi`), NCCL with a CUDA MXNet.
@@ -17,13 +17,13 @@ STAMP := $(VENV)/.setup-$(subst =,-,$(MXNET))$(WITH_MPI)
 DEMO_DATA ?= data/demo
 DEMO_RUN ?= runs/demo
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup setup-container demo test test-fast test-container lint clean
 
 setup: $(STAMP)
 
 $(STAMP): setup.py requirements.txt tools/install_horovod.sh Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -c 'import sys; assert sys.version_info[:2] == (3, 11), "the kit needs Python 3.11, found " + sys.version.split()[0] + "; set PYTHON=/path/to/python3.11"'
+	@$(BIN)/python -c 'import sys; sys.path.insert(0, "."); from rn50kit.common import supported; supported.require_supported_python("make setup")' || { rm -rf $(VENV); exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip==26.3 wheel==0.48.0 "setuptools==84.2.1" "cmake==3.31.10"
 	$(BIN)/python -m pip install -q "$(MXNET)" -r requirements.txt
 	tools/install_horovod.sh $(BIN)/python $(WHEEL_CACHE)
@@ -52,8 +52,33 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
+# Inside NVIDIA's MXNet container (docs/gpu.md): keep its MXNet, numpy, Horovod and Open MPI, add only the kit's
+# packages, and print what was found. CONTAINER_PYTHON: the container's Python.
+CONTAINER_PYTHON ?= python
+setup-container:
+	tools/setup_container.sh $(CONTAINER_PYTHON)
+
+# The container's lane, on a machine without the container: a Python 3.10 environment that stands in for it
+# (PyPI's MXNet 1.9.1 and numpy, Horovod built once and then treated as the container's), the in-container set-up
+# on top, then the unit tests and the container route's commands (tests/e2e/test_container_route.py).
+STANDIN_PYTHON ?= python3.10
+STANDIN_VENV ?= .venv-container
+STANDIN := $(STANDIN_VENV)/.standin$(WITH_MPI)
+
+$(STANDIN): tools/install_horovod.sh
+	@test -x $(STANDIN_VENV)/bin/python || $(STANDIN_PYTHON) -m venv $(STANDIN_VENV)
+	$(STANDIN_VENV)/bin/python -m pip install -q --upgrade pip==26.3 wheel==0.48.0 "setuptools==84.2.1" "cmake==3.31.10"
+	$(STANDIN_VENV)/bin/python -m pip install -q "mxnet==1.9.1" $$(grep -E '^(numpy|cloudpickle|psutil|PyYAML|packaging|cffi)==' requirements.txt)
+	tools/install_horovod.sh $(STANDIN_VENV)/bin/python $(WHEEL_CACHE)
+	@touch $@
+
+test-container: $(STANDIN)
+	tools/setup_container.sh $(STANDIN_VENV)/bin/python --with-tests
+	$(STANDIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 tests/unit \
+		tests/e2e/test_container_route.py
+
 lint: setup
 	$(BIN)/python -m ruff check .
 
 clean:
-	rm -rf $(VENV) $(DEMO_DATA) $(DEMO_RUN)
+	rm -rf $(VENV) $(STANDIN_VENV) $(DEMO_DATA) $(DEMO_RUN)

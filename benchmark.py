@@ -36,8 +36,13 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
-from rn50kit.common import backends
-from rn50kit.common import cli
+from rn50kit.common import supported
+
+if __name__ == "__main__":
+    supported.require_supported_python("benchmark")  # before the imports a Python it refuses could fail on
+
+from rn50kit.common import backends  # noqa: E402
+from rn50kit.common import cli  # noqa: E402
 from rn50kit.launch import devices
 from rn50kit.common.helptext import HelpFormatter
 from rn50kit.launch import launcher

@@ -4,13 +4,19 @@ from setuptools import find_packages, setup
 CARD_MODULES = ["train", "fit", "models", "dali", "benchmark"]
 
 TENSORBOARD = ["tensorboardX==2.6.5", "protobuf==7.36.2"]  # --tensorboard's writer (no TensorFlow or PyTorch)
-ONNX = ["onnx==1.15.0", "onnxruntime==1.31.1", "protobuf==7.36.2", "flatbuffers==25.12.19"]
+ONNX = [
+    "onnx==1.15.0",
+    'onnxruntime==1.31.1; python_version >= "3.11"',
+    'onnxruntime==1.23.2; python_version < "3.11"',  # its last release for Python 3.10
+    "protobuf==7.36.2",
+    "flatbuffers==25.12.19",
+]
 
 setup(
     name="rn50-kit",
     version="0.1.0",
     description="ResNet training and benchmarking kit on MXNet Gluon, Horovod and NVIDIA DALI",
-    python_requires=">=3.11,<3.12",
+    python_requires=">=3.10,<3.12",
     py_modules=CARD_MODULES,
     packages=find_packages(include=["rn50kit", "rn50kit.*"]),
     package_data={"rn50kit.config": ["recipes/*.toml"]},  # the shipped recipes (schedules.RECIPES_DIR)
@@ -24,7 +30,8 @@ setup(
         "nvidia-dali-cuda120>=2.0",
         "scikit-learn>=1.3",
         "safetensors>=0.4",  # --pretrained: torchvision/timm weights without PyTorch
-        "tomli-w==1.2.0",  # every run's resolved config.toml (reading TOML is the standard library's tomllib)
+        "tomli-w==1.2.0",  # every run's resolved config.toml
+        'tomli==2.2.1; python_version < "3.11"',  # reading TOML: the standard library's tomllib from 3.11 on
     ],
     extras_require={
         # ONNX export (tools/export_onnx.py): MXNet's exporter imports onnx.mapping, removed in onnx 1.16

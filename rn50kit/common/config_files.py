@@ -15,7 +15,12 @@ import difflib
 import os
 import re
 import subprocess
-import tomllib
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (NVIDIA's MXNet containers): the same parser, published as tomli
+    import tomli as tomllib
 
 RUNNER_KEYS = ("ngpus", "launcher", "hosts", "hostfile", "network_interface")  # runner's own, in [runner] or on top
 RECORD_TABLE = "kit"  # a resolved config.toml's record of the kit and the files the run read: not settings

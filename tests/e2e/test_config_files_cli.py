@@ -9,7 +9,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
@@ -17,7 +16,10 @@ import train
 from conftest import ROOT, run, photo_folder
 from rn50kit.config import train_config
 from rn50kit.launch import launcher
+from rn50kit.common import config_files
 from rn50kit.reporting import resolved_config
+
+tomllib = config_files.tomllib  # the standard library's from Python 3.11 on, tomli on 3.10
 
 pytestmark = pytest.mark.slow  # starts train.py and runner
 

@@ -194,11 +194,11 @@ def test_runners_probe_of_horovods_build_agrees_with_horovods_own_check():
     """runner asks Horovod's library what it was built with (launcher.horovod_build, no MXNet import); horovodrun's
     own check (a forked process per framework, importing it) must give the same answers."""
     from rn50kit.launch import launcher
-    code = ("from horovod.common.util import gloo_built, mpi_built; "
-            "print(bool(gloo_built()), bool(mpi_built()))")
+    code = ("from horovod.common.util import gloo_built, mpi_built, nccl_built; "
+            "print(bool(gloo_built()), bool(mpi_built()), bool(nccl_built()))")
     own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, check=True)
     build = launcher.horovod_build()
-    assert own.stdout.split() == [str(build["gloo"]), str(build["mpi"])]
+    assert own.stdout.split() == [str(build["gloo"]), str(build["mpi"]), str(build["nccl"])]
     assert build["gloo"]  # make setup builds it with Gloo
 
 

@@ -3,7 +3,6 @@ recipe table of docs/training.md), a user's recipe file, --config's precedence (
 line), and runner's plan against the RunConfig its worker builds from the same file."""
 import dataclasses
 import re
-import tomllib
 
 import pytest
 
@@ -13,6 +12,8 @@ from rn50kit.common import config_files, schedules
 from rn50kit.config import train_config
 from rn50kit.launch import launcher
 from rn50kit.reporting import resolved_config
+
+tomllib = config_files.tomllib  # the standard library's from Python 3.11 on, tomli on 3.10
 
 
 def write(path, text):
