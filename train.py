@@ -246,20 +246,21 @@ def check_flags(argv, launch=None):
             return
         cfg = configure(args, given_flags(argv), launch["gpus"])
         contexts = cfg.fit.cpu_contexts if cfg.fit.kv_store != "horovod" and not launch["gpus"] else 1
-        check_before_start(cfg, launch["workers"] * contexts, launch["workers_here"], memory_too=launch["memory"])
+        check_before_start(cfg, launch["workers"] * contexts, launch["workers_here"], launch["memory"], True)
     except UsageError as error:
         cli.fail("train.py", config_files.blame(str(error), read_settings(argv), typed))
     print(json.dumps({"checkpoint_prefix": prelaunch.checkpoint_prefix(cfg)}))
 
 
-def check_before_start(cfg, devices, processes_here, memory_too):
+def check_before_start(cfg, devices, processes_here, memory_too, launching):
     """What can be known before any worker starts, a UsageError of one line: the flags against the ``devices``
     the global batch splits over (validate_args), the data's labels, the workspace, the checkpoint --resume
     continues (prelaunch.py) and, with ``memory_too`` (a CPU run; each worker estimates its GPU's), the memory of
-    the batch for ``processes_here`` workers on this machine. runner runs it (check_flags) before launching and
-    in a dry run; every worker's start runs it too (without the memory: check_memory's collective has it)."""
+    the batch for ``processes_here`` workers on this machine. runner runs it (check_flags, ``launching``) before
+    launching and in a dry run; every worker's start runs it too, but for the memory (check_memory's collective
+    has it) and the checkpoint (fit.resume, after the workspace lock)."""
     validate_args(cfg, devices)
-    problem = prelaunch.problem(cfg)
+    problem = prelaunch.problem(cfg, resume=launching)
     if problem:
         raise UsageError(problem)
     if memory_too and prelaunch.trains(cfg) and cfg.fit.memory_check == "refuse":
@@ -700,7 +701,7 @@ def check_run(cfg):
 def check_devices(cfg, ctxs, dist):
     """The flags against the workers' devices; --dtype int8 against what this machine can quantize."""
     # elastic: each world's plan splits the batch
-    check_before_start(cfg, 1 if dist.elastic else dist.size * len(ctxs), dist.local_size, memory_too=False)
+    check_before_start(cfg, 1 if dist.elastic else dist.size * len(ctxs), dist.local_size, False, False)
     if cfg.fit.dtype == "int8":
         why = quantize.int8_unavailable(cfg.fit.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:

@@ -711,6 +711,9 @@ def main(argv=None, kit_dir=KIT_DIR):
         fail(blame_config_file(str(error), argv))
     if machine.note:
         print(f"runner: note: {machine.note}", file=sys.stderr)
+    launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
+    if launched and not args.dry_run:  # first: a busy workspace's checkpoints may be half written
+        refuse_busy_workspace(peek_extra(extra, args.file_values))
     # a dry run refuses what the run would, before launching: the flags and what can be known of the run
     prefix = check_train_flags(train_arguments(command), kit_dir, launch_description(args, machine))
     if args.dry_run:
@@ -718,9 +721,6 @@ def main(argv=None, kit_dir=KIT_DIR):
             print(f"{key}={shlex.quote(str(value))}")
         print(shlex.join(str(part) for part in command))
         return
-    launched = command[0] in (horovodrun_path(), shutil.which("mpirun"))
-    if launched:
-        refuse_busy_workspace(peek_extra(extra, args.file_values))
     if is_elastic(args):
         drop_elastic_unsafe_env(os.environ)
     os.environ.update(env)  # horovodrun and mpirun pass the environment on to every worker

@@ -21,10 +21,11 @@ def trains(cfg):
     return cfg.fit.mode in TRAINING_MODES and not cfg.data.test_io
 
 
-def problem(cfg):
+def problem(cfg, resume=True):
     """The first problem of ``cfg`` (a RunConfig, completed by train.configure) that is known before any worker
-    starts, in one line, or None."""
-    return labels_problem(cfg) or workspace_problem(cfg) or resume_problem(cfg)
+    starts, in one line, or None. ``resume``: the checkpoint too (at a worker's start fit.resume checks it after
+    the workspace lock: a workspace another run holds is refused as busy first)."""
+    return labels_problem(cfg) or workspace_problem(cfg) or (resume_problem(cfg) if resume else None)
 
 
 def labels_problem(cfg):
