@@ -140,3 +140,19 @@ def test_overlaps_agree_with_a_rescan_of_every_entry():
     kinds = [[kind for kind, *_ in r[3]] for r in ours]
     assert kinds == [[kind for kind, *_ in r[3]] for r in theirs]
     assert {"repeated index entry", "overlapping record"} <= {kind for found in kinds for kind in found}
+
+
+def test_label_order_is_still_seen_in_the_sample_of_a_large_file(tmp_path, monkeypatch):
+    """The mxnet backend refuses a label-ordered file for several workers: its blocks of consecutive records keep
+    the runs of one label that the measure needs."""
+    monkeypatch.setattr(records, "SAMPLE_RECORDS", 64)
+    monkeypatch.setattr(records, "SAMPLE_BLOCK", 16)
+    ordered = [i // 60 for i in range(600)]  # ten classes, class by class
+    shuffled = np.random.default_rng(0).permutation(ordered).tolist()
+    for name, labels, expected in (("ordered", ordered, True), ("shuffled", shuffled, False)):
+        record_file = records.RecordFile(*write_records(str(tmp_path / name), labels))
+        assert len(record_file.labels) == 64
+        assert records.label_runs(record_file.labels)["ordered"] is expected, name
+        if expected:
+            with pytest.raises(loaders.DataError, match="label order"):
+                loaders.check_mxnet_shards(record_file, 2)
