@@ -242,3 +242,25 @@ def test_two_workers_predict_a_folder_into_one_file_every_image_once(named_run, 
         if not mine["error"]:
             assert float(mine["probability_1"]) == pytest.approx(float(theirs["probability_1"]), rel=1e-4)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_pred_over_a_folder_refuses_a_gif_and_a_truncated_jpeg_as_the_packer_does(named_run, tmp_path):
+    """Issue 58: a GIF in the folder was passed over without a word and a truncated JPEG was predicted; now each
+    gets a row whose error is the reason tools/prepare_folder.py gives for leaving it out."""
+    import io
+    import prepare_folder
+    from PIL import Image
+    out, _ = named_run
+    photos = photo_folder(tmp_path / "photos")
+    gif = io.BytesIO()
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(gif, "GIF")
+    (photos / "b" / "anim.gif").write_bytes(gif.getvalue())
+    whole = (photos / "b" / "3.jpg").read_bytes()
+    (photos / "b" / "cut.jpg").write_bytes(whole[:len(whole) // 2])
+    run([sys.executable, os.path.join(ROOT, "train.py"), "--mode", "pred", "--load",
+         str(out / "run" / "model-best.params"), "--data-pred", str(photos), "--pred-out", str(tmp_path / "p.csv")])
+    with open(tmp_path / "p.csv", newline="") as f:
+        errors = {os.path.relpath(row["path"], photos): row["error"] for row in csv.DictReader(f) if row["error"]}
+    packer = {rel: "; ".join(f"{kind}: {detail}" for kind, detail in prepare_folder.check_image((str(photos), rel))[1])
+              for rel in ("b/anim.gif", "b/cut.jpg", "a/broken.jpg")}
+    assert errors == packer and errors["b/anim.gif"].startswith("unsupported image: GIF")
