@@ -21,6 +21,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from rn50kit.common import supported  # loads on the Pythons it refuses
+
+if __name__ == "__main__":
+    supported.require_supported_python("convert_states")  # before the imports a Python it refuses could fail on
+
 STATE_SUFFIX = ".state.json"
 
 

@@ -11,6 +11,10 @@ import argparse
 import json
 import os
 import sys
+if __name__ == "__main__":  # before the imports a Python it refuses could fail on, one line
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from rn50kit.common import supported
+    supported.require_supported_python("plot_report")
 
 KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":  # under a Python without matplotlib: the kit's, as runner does

@@ -17,8 +17,10 @@ from conftest import HANG_S, LONG_HANG_S, ROOT, venv_env
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
 PYENV_ROOT = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-ENTRY_POINTS = [["runner", "-n", "1"], ["train.py", "--help"], ["benchmark.py", "--help"],
-                ["tools/gpu_check.py"], ["tools/check_environment.py"]]
+ENTRY_POINTS = [["runner", "-n", "1"], ["train.py", "--help"], ["benchmark.py", "--help"], ["tools/gpu_check.py"],
+                ["tools/check_environment.py"]] + [
+    [f"tools/{name}.py", "--help"] for name in ("check_dataset", "prepare_folder", "make_demo_data", "convert_states",
+                                               "export_onnx", "export_weights", "plot_report")]
 
 
 def other_python(major_minor):
