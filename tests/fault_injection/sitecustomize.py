@@ -9,7 +9,11 @@ PYTHONPATH), in train.py's worker processes only; every other process (runner, t
   the run's start), after the commit's first collective: the others finish theirs and fail in its next one.
 - RN50_INJECT_KIND=slow-start: in every worker, call k of the first RN50_INJECT_STEP (N) calls of fit.train_step
   sleeps 40 ms x (N - k) first: a warm-up longer than benchmark.py's first untimed iterations, as a GPU's
-  autotuning or a JIT can take; 120 ms between the medians steadiness compares, far above a step's noise."""
+  autotuning or a JIT can take; 120 ms between the medians steadiness compares, far above a step's noise.
+- RN50_INJECT_KIND=kill-in-save (tests/e2e/test_kill_at_every_write.py): in checkpoint.save of epoch
+  RN50_INJECT_EPOCH, each file operation (a file's write, its fsync, its rename, the folder's fsync) is counted and
+  appended to the file RN50_INJECT_LOG; the worker kills itself (SIGKILL) just before operation RN50_INJECT_STEP
+  (0: never)."""
 import os
 import sys
 
@@ -75,6 +79,55 @@ def kill_self(call):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Overridden:
+    """``module`` with some of its functions replaced, for one module's uses of it only."""
+    def __init__(self, module, **functions):
+        self._module = module
+        self.__dict__.update(functions)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def kill_in_save(checkpoint):
+    """Wrap each file operation of ``checkpoint.save`` (see the module's docstring)."""
+    import json
+    import shutil
+    epoch, kill_at, log = (int(os.environ.get("RN50_INJECT_EPOCH", "2")), int(os.environ.get("RN50_INJECT_STEP", "0")),
+                           os.environ.get("RN50_INJECT_LOG"))
+    active, count = [False], [0]
+
+    def operation(kind, function, file_of):
+        def wrapped(*args, **kwargs):
+            if active[0]:
+                count[0] += 1
+                if log:
+                    with open(log, "a") as f:
+                        f.write(f"{count[0]} {kind} {os.path.basename(file_of(*args))}\n")
+                if count[0] == kill_at:
+                    kill_self(count[0])
+            return function(*args, **kwargs)
+        return wrapped
+
+    save = checkpoint.save
+
+    def save_counted(prefix, net, trainer, state, *args, **kwargs):
+        active[0] = state["epoch"] == epoch
+        try:
+            return save(prefix, net, trainer, state, *args, **kwargs)
+        finally:
+            active[0] = False
+    checkpoint.save = save_counted
+    checkpoint._export = operation("write", checkpoint._export, lambda net, tmp: tmp + "-0000.params+symbol.json")
+    checkpoint._fsync = operation("fsync", checkpoint._fsync, lambda path: path)
+    checkpoint._fsync_dir = operation("fsync", checkpoint._fsync_dir, lambda directory: "(folder)")
+    checkpoint.os = Overridden(os, replace=operation("rename", os.replace, lambda tmp, final: final))
+    checkpoint.json = Overridden(json, dump=operation("write", json.dump, lambda state, f, **kw: f.name))
+    checkpoint.shutil = Overridden(shutil, copyfile=operation("write", shutil.copyfile, lambda src, dst: dst))
+    checkpoint.optimizer_state = Overridden(checkpoint.optimizer_state, save=operation(
+        "write", checkpoint.optimizer_state.save, lambda trainer, path: path))
+
+
 _RANK = next((os.environ[mark] for mark in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
               if mark in os.environ), "-")
 _WORKER = bool(sys.argv) and sys.argv[0].endswith("train.py")
@@ -89,3 +142,5 @@ if _WORKER and os.environ.get("RN50_INJECT_KIND") == "kill-in-commit" and \
 if _WORKER and os.environ.get("RN50_INJECT_KIND") == "slow-start":
     patch_on_import("fit", lambda fit: setattr(fit, "train_step", slow_start(
         fit.train_step, int(os.environ.get("RN50_INJECT_STEP", "25")))))
+if _WORKER and os.environ.get("RN50_INJECT_KIND") == "kill-in-save":
+    patch_on_import("rn50kit.training.checkpoint", kill_in_save)
