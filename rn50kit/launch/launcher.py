@@ -840,8 +840,9 @@ def check_train_flags(extra, kit_dir=KIT_DIR, launch=None):
     check = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, sys.argv.pop(1)); "
                             "import train; train.check_flags(sys.argv[2:], json.loads(sys.argv[1]))", str(kit_dir),
                             json.dumps(launch), *extra], stdout=subprocess.PIPE, text=True)
-    lines = check.stdout.splitlines()
-    answer = json.loads(lines.pop()) if check.returncode == 0 and launch and lines else {}
+    lines, answer = check.stdout.splitlines(), {}
+    if check.returncode == 0 and launch and lines and lines[-1].startswith('{"checkpoint_prefix"'):
+        answer = json.loads(lines.pop())
     if lines:
         print("\n".join(lines))
     if check.returncode != 0:
