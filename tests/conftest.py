@@ -454,12 +454,35 @@ def constant_batch(n, layout, size=(16, 20)):
     return mx.nd.array(np.broadcast_to(values.reshape(-1, 1, 1, 1), shape))
 
 
-# --- models.py's flags (unit/test_models, e2e/test_models_cli) ----------------------------------------------------
+# --- models.py's flags, small random networks (unit/test_models, e2e/test_models_cli, test_reduced_precision) ---------
 
 def parse_model_args(argv):
     parser = argparse.ArgumentParser()
     models.add_model_args(parser)
     return parser.parse_args(argv)
+
+
+def randomise(net, seed=0):
+    """Random values for every parameter, BatchNorm statistics included (gamma zero-init would hide bugs)."""
+    rng = np.random.RandomState(seed)
+    for name, param in sorted(net.collect_params().items()):
+        shape = param.shape
+        if name.endswith("running_var"):
+            value = rng.uniform(0.5, 2.0, shape)
+        elif name.endswith("gamma"):
+            value = rng.uniform(0.5, 1.5, shape)
+        elif name.endswith(("beta", "running_mean", "bias")):
+            value = rng.uniform(-0.2, 0.2, shape)
+        else:
+            value = rng.normal(0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
+        param.set_data(mx.nd.array(value, dtype=param.dtype))
+
+
+def small_net(name="resnet18_v1.5", seed=0, **kwargs):
+    net = models.get_model(name, num_classes=10, **kwargs)
+    net.initialize()
+    randomise(net, seed)
+    return net
 
 
 # --- published weights against the reference forward pass (unit/test_pretrained, e2e/test_published_weights,

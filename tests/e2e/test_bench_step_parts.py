@@ -1,7 +1,10 @@
 """tools/bench_step_parts.py on ResNet-18: every part timed both ways, and the check that both ways compute the same
 thing passes, and fails when they do not."""
 import json
+import pytest
 import bench_step_parts
+
+pytestmark = pytest.mark.slow  # runs the benchmark tool on a ResNet-18: seconds a test
 
 TINY = ["--num-layers", "18", "--rounds", "1", "--iters", "1", "--min-ms", "0"]
 

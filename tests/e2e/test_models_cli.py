@@ -1,12 +1,15 @@
 """models.py's and the export tool's command lines: summary, bad input, the original CLI, ONNX export of
-model_best."""
+model_best and of a fused checkpoint; the heavier in-process export checks (ONNX against MXNet, the export-leak
+guard's repeated exports)."""
+import gc
 import os
+import statistics
 import subprocess
 import sys
 import mxnet as mx
 import pytest
 import models
-from conftest import ROOT, venv_env, parse_model_args, built
+from conftest import ROOT, venv_env, parse_model_args, built, small_net
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -60,3 +63,87 @@ def test_export_onnx_exports_model_best(tmp_path):
     onnx_file = export_onnx.export_onnx(prefix, "best", (3, 32, 32))
     assert onnx_file == f"{prefix}-best.onnx"
     assert export_onnx.compare_with_onnxruntime(prefix, "best", onnx_file, (3, 32, 32)) < 1e-4
+
+
+def test_onnx_export_matches_mxnet(tmp_path):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import export_onnx
+    net = small_net()
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    prefix = str(tmp_path / "model")
+    models.export(net, prefix, 1)
+    onnx_file = export_onnx.export_onnx(prefix, 1, (3, 32, 32))
+    assert export_onnx.compare_with_onnxruntime(prefix, 1, onnx_file, (3, 32, 32)) < 1e-4
+
+
+def test_onnx_export_of_a_fused_bn_relu_checkpoint(tmp_path):
+    """A checkpoint trained with --fuse-bn-relu 1 holds MXNet's oneDNN-only BatchNorm+ReLU, which MXNet's ONNX
+    exporter cannot convert: export_onnx rebuilds the plain network named by the state file (the same parameters)
+    and the ONNX model matches the checkpoint's own symbol run by MXNet. Without the state file: one line."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    workspace = tmp_path / "run"
+    train = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "synthetic",
+                            "--num-layers", "18", "--image-shape", "3,32,32", "--num-classes", "10",
+                            "--fuse-bn-relu", "1", "--num-epochs", "1", "--batch-size", "4", "--benchmark-iters", "2",
+                            "--workspace", str(workspace)], capture_output=True, text=True, env=venv_env())
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "_contrib_BatchNormWithReLU" in (workspace / "model-symbol.json").read_text()
+    export = [sys.executable, os.path.join(ROOT, "tools", "export_onnx.py"), str(workspace / "model"), "1"]
+    done = subprocess.run(export, capture_output=True, text=True, env=venv_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "onnxruntime vs MXNet logits, relative difference" in done.stdout
+    assert (workspace / "model-0001.onnx").exists()
+    (workspace / "model-0001.state.json").unlink()
+    refused = subprocess.run(export + ["--output", str(tmp_path / "again.onnx")], capture_output=True, text=True,
+                             env=venv_env())
+    assert refused.returncode == 2 and "--fuse-bn-relu 1" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "again.onnx").exists()
+
+
+def malloc_in_use():
+    """Bytes glibc's malloc has handed out and not had back (mallinfo2: small blocks and mmapped ones)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def test_export_frees_the_graph_it_saves(tmp_path):
+    """MXNet 1.9.1's HybridBlock.export keeps a copy of the graph per call (112 KiB for ResNet-18, a checkpoint each
+    epoch: rank 0's memory crept in the 100-epoch test); models.export gives it back, and writes the same files."""
+    net = small_net()
+    net.hybridize(static_alloc=True, static_shape=True)
+    net(mx.nd.zeros((1, 3, 32, 32))).wait_to_read()
+    net.export(str(tmp_path / "mxnet"), epoch=0)
+    models.export(net, str(tmp_path / "ours"), epoch=0)
+    assert (tmp_path / "ours-symbol.json").read_text() == (tmp_path / "mxnet-symbol.json").read_text()
+    ours, theirs = mx.nd.load(str(tmp_path / "ours-0000.params")), mx.nd.load(str(tmp_path / "mxnet-0000.params"))
+    assert sorted(ours) == sorted(theirs) and all((ours[k] == theirs[k]).asnumpy().all() for k in ours)
+
+    def growth_per_export(export, count=15):
+        """The median growth of one export: another thread's frees (an engine thread, an earlier test's garbage)
+        move one call's figure, not the median (CI once saw the mean of 20 calls at -4.4 MB)."""
+        export()  # any first-call allocations
+        mx.nd.waitall()
+        growths = []
+        for _ in range(count):
+            gc.collect()
+            before = malloc_in_use()
+            export()
+            gc.collect()  # the call's own garbage (reference cycles) is not what is measured
+            growths.append(malloc_in_use() - before)
+        return statistics.median(growths)
+
+    leaked = growth_per_export(lambda: net.export(str(tmp_path / "mxnet"), epoch=0))
+    kept = growth_per_export(lambda: models.export(net, str(tmp_path / "ours"), epoch=0))
+    print(f"malloc growth per export (median of 15): MXNet's {leaked / 1024:.1f} KiB, ours {kept / 1024:.1f} KiB")
+    assert leaked > 50 * 1024, leaked  # the leak this guards against is still MXNet's
+    assert kept < 5 * 1024, kept

@@ -1,6 +1,5 @@
 """models.py: architectures against published parameter counts and a numpy forward, precisions, files, stochastic
 depth."""
-import gc
 import json
 import math
 import mxnet as mx
@@ -8,13 +7,10 @@ import numpy as np
 import pytest
 import models
 import os
-import statistics
-import subprocess
-import sys
 from mxnet import autograd
 from mxnet.gluon import nn
 from rn50kit.common import rules
-from conftest import ROOT, venv_env, parse_model_args
+from conftest import parse_model_args, randomise, small_net
 
 
 def test_drop_path_keeps_the_expected_value_in_training_and_is_identity_at_inference():
@@ -39,29 +35,6 @@ def test_drop_path_keeps_the_expected_value_in_training_and_is_identity_at_infer
 # Published trainable parameter counts for 1000 classes (torchvision / the ResNeXt paper's reference models).
 PUBLISHED = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032, "resnet101": 44_549_160,
              "resnet152": 60_192_808, "resnext101_32x4d": 44_177_704}
-
-
-def randomise(net, seed=0):
-    """Random values for every parameter, BatchNorm statistics included (gamma zero-init would hide bugs)."""
-    rng = np.random.RandomState(seed)
-    for name, param in sorted(net.collect_params().items()):
-        shape = param.shape
-        if name.endswith("running_var"):
-            value = rng.uniform(0.5, 2.0, shape)
-        elif name.endswith("gamma"):
-            value = rng.uniform(0.5, 1.5, shape)
-        elif name.endswith(("beta", "running_mean", "bias")):
-            value = rng.uniform(-0.2, 0.2, shape)
-        else:
-            value = rng.normal(0, np.sqrt(2.0 / np.prod(shape[1:])), shape)
-        param.set_data(mx.nd.array(value, dtype=param.dtype))
-
-
-def small_net(name="resnet18_v1.5", seed=0, **kwargs):
-    net = models.get_model(name, num_classes=10, **kwargs)
-    net.initialize()
-    randomise(net, seed)
-    return net
 
 
 @pytest.mark.parametrize("name", [f"resnet{d}_v{v}" for d in (18, 34, 50, 101, 152) for v in ("1", "1.5")]
@@ -366,67 +339,6 @@ def test_float16_model_from_args_and_numerics():
     np.testing.assert_allclose(got.asnumpy(), expected, atol=0.01 * np.abs(expected).max(), rtol=0.01)
 
 
-@pytest.mark.parametrize("network", ["float32", "bfloat16"])
-def test_bfloat16_inference_close_to_float32(network):
-    """models.to_bfloat16: oneDNN's fused graph (every convolution fused, in bfloat16) as close to float32 as MXNet's
-    plain AMP graph of the same network. Without the float32 BatchNorm fold, MXNet's own fold truncated the
-    bfloat16 weights in every layer, 5x further from float32 (6 % of the largest logit against 1.2 %). Both the
-    float32 network and the bfloat16 one scoring builds (its stem: EvenChannelStem)."""
-    from rn50kit.config import settings
-    from mxnet.contrib import amp
-    net = small_net("resnet50_v1.5", dtype=network)
-    net.hybridize(static_alloc=True, static_shape=True)
-    x = mx.nd.array(np.random.RandomState(6).uniform(size=(2, 3, 32, 32)))
-    expected = small_net("resnet50_v1.5")(x).asnumpy()
-    if settings.bfloat16_unsupported():  # no AVX-512: oneDNN has no bfloat16 kernels, as the refusal says
-        with pytest.raises(mx.base.MXNetError, match="primitive descriptor"):
-            models.to_bfloat16(net, x.shape)(x).wait_to_read()
-        return
-    fused = models.to_bfloat16(net, x.shape)
-    got = fused(x)
-    assert got.dtype == np.float32
-    error = np.abs(got.asnumpy() - expected).max() / np.abs(expected).max()
-    assert 0 < error < 0.05  # bfloat16 keeps 8 bits of mantissa: a few 1e-3 per layer; 0 would mean no bf16
-    plain = amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=mx.cpu(), cast_optional_params=True)
-    plain.hybridize(static_alloc=True, static_shape=True)
-    plain_error = np.abs(plain(x).astype("float32").asnumpy() - expected).max() / np.abs(expected).max()
-    assert error < 2 * plain_error, (error, plain_error)
-    graph = json.loads(fused.block._cached_graph[1].tojson())["nodes"]
-    ops = [node["op"] for node in graph]
-    assert "Convolution" not in ops and "BatchNorm" not in ops and ops.count("_sg_mkldnn_conv") == 53, ops
-    weights = [p for name, p in fused.block.collect_params().items() if name == "stage1_unit1_conv1_weight"]
-    assert weights and weights[0].dtype == amp.amp.bfloat16
-
-
-def test_bfloat16_stem_over_even_channels_computes_the_same():
-    """The bfloat16 network's stem (models.EvenChannelStem: a zero channel on the image and the weight) gives the
-    plain convolution's outputs and gradients (image and weight), and the network keeps the float32 network's
-    parameter names and shapes (checkpoints are shared)."""
-    plain, even = small_net("resnet50_v1.5"), small_net("resnet50_v1.5", dtype="bfloat16")
-    assert isinstance(even.features[0], models.EvenChannelStem) and not isinstance(plain.features[0],
-                                                                                   models.EvenChannelStem)
-    shapes = {name: p.shape for name, p in plain.collect_params().items()}
-    assert {name: p.shape for name, p in even.collect_params().items()} == shapes
-    rng = np.random.RandomState(5)
-    weight = mx.nd.array(rng.normal(0, 0.1, (64, 3, 7, 7)))
-    outputs, grads = [], []
-    for stem in (nn.Conv2D(64, 7, strides=2, padding=3, use_bias=False, in_channels=3),
-                 models.EvenChannelStem(64, 7, strides=2, padding=3, use_bias=False, in_channels=3)):
-        stem.initialize()
-        stem.weight.set_data(weight)
-        x = mx.nd.array(rng.uniform(size=(2, 3, 32, 32))) if not outputs else x  # noqa: F821 (the first stem's input)
-        x.attach_grad()
-        with autograd.record():  # no AMP here: both compute in float32
-            y = stem(x)
-        y.backward(mx.nd.array(np.random.RandomState(7).normal(size=y.shape)))
-        outputs.append(y.asnumpy())
-        grads.append((x.grad.asnumpy(), stem.weight.grad().asnumpy()))
-    assert outputs[1].shape == outputs[0].shape == (2, 64, 16, 16)
-    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5 * np.abs(outputs[0]).max())
-    for got, expected in zip(grads[1], grads[0]):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
-
-
 def test_round_to_bfloat16_is_nearest_even():
     """Against a float64 re-computation: of the two bfloat16 values around x (its upper 16 bits, and one step
     away from zero), the nearer; on a tie, the one whose last kept bit is 0."""
@@ -458,57 +370,6 @@ def test_onednn_fused_inference_matches():
     np.testing.assert_allclose(fused(x).asnumpy(), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
-def test_onnx_export_matches_mxnet(tmp_path):
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
-    import export_onnx
-    net = small_net()
-    net.hybridize()
-    net(mx.nd.zeros((1, 3, 32, 32)))
-    prefix = str(tmp_path / "model")
-    models.export(net, prefix, 1)
-    onnx_file = export_onnx.export_onnx(prefix, 1, (3, 32, 32))
-    assert export_onnx.compare_with_onnxruntime(prefix, 1, onnx_file, (3, 32, 32)) < 1e-4
-
-
-def test_onnx_export_of_a_fused_bn_relu_checkpoint(tmp_path):
-    """A checkpoint trained with --fuse-bn-relu 1 holds MXNet's oneDNN-only BatchNorm+ReLU, which MXNet's ONNX
-    exporter cannot convert: export_onnx rebuilds the plain network named by the state file (the same parameters)
-    and the ONNX model matches the checkpoint's own symbol run by MXNet. Without the state file: one line."""
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
-    workspace = tmp_path / "run"
-    train = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data-backend", "synthetic",
-                            "--num-layers", "18", "--image-shape", "3,32,32", "--num-classes", "10",
-                            "--fuse-bn-relu", "1", "--num-epochs", "1", "--batch-size", "4", "--benchmark-iters", "2",
-                            "--workspace", str(workspace)], capture_output=True, text=True, env=venv_env())
-    assert train.returncode == 0, train.stderr[-3000:]
-    assert "_contrib_BatchNormWithReLU" in (workspace / "model-symbol.json").read_text()
-    export = [sys.executable, os.path.join(ROOT, "tools", "export_onnx.py"), str(workspace / "model"), "1"]
-    done = subprocess.run(export, capture_output=True, text=True, env=venv_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "onnxruntime vs MXNet logits, relative difference" in done.stdout
-    assert (workspace / "model-0001.onnx").exists()
-    (workspace / "model-0001.state.json").unlink()
-    refused = subprocess.run(export + ["--output", str(tmp_path / "again.onnx")], capture_output=True, text=True,
-                             env=venv_env())
-    assert refused.returncode == 2 and "--fuse-bn-relu 1" in refused.stderr and "Traceback" not in refused.stderr
-    assert not (tmp_path / "again.onnx").exists()
-
-
-def malloc_in_use():
-    """Bytes glibc's malloc has handed out and not had back (mallinfo2: small blocks and mmapped ones)."""
-    import ctypes
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
-
-
 def test_without_amp_casts_gives_what_mxnet_saves():
     """The graph models.export saves is MXNet's own tojson() of it: AMP's casts gone, nothing else changed."""
     data = mx.sym.var("data")
@@ -519,36 +380,3 @@ def test_without_amp_casts_gives_what_mxnet_saves():
     assert ops(symbol.tojson(remove_amp_cast=False)) == ["amp_cast", "FullyConnected", "relu"]
     cleaned = models.without_amp_casts(symbol).tojson(remove_amp_cast=False)
     assert cleaned == symbol.tojson() and ops(cleaned) == ["FullyConnected", "relu"]
-
-
-def test_export_frees_the_graph_it_saves(tmp_path):
-    """MXNet 1.9.1's HybridBlock.export keeps a copy of the graph per call (112 KiB for ResNet-18, a checkpoint each
-    epoch: rank 0's memory crept in the 100-epoch test); models.export gives it back, and writes the same files."""
-    net = small_net()
-    net.hybridize(static_alloc=True, static_shape=True)
-    net(mx.nd.zeros((1, 3, 32, 32))).wait_to_read()
-    net.export(str(tmp_path / "mxnet"), epoch=0)
-    models.export(net, str(tmp_path / "ours"), epoch=0)
-    assert (tmp_path / "ours-symbol.json").read_text() == (tmp_path / "mxnet-symbol.json").read_text()
-    ours, theirs = mx.nd.load(str(tmp_path / "ours-0000.params")), mx.nd.load(str(tmp_path / "mxnet-0000.params"))
-    assert sorted(ours) == sorted(theirs) and all((ours[k] == theirs[k]).asnumpy().all() for k in ours)
-
-    def growth_per_export(export, count=15):
-        """The median growth of one export: another thread's frees (an engine thread, an earlier test's garbage)
-        move one call's figure, not the median (CI once saw the mean of 20 calls at -4.4 MB)."""
-        export()  # any first-call allocations
-        mx.nd.waitall()
-        growths = []
-        for _ in range(count):
-            gc.collect()
-            before = malloc_in_use()
-            export()
-            gc.collect()  # the call's own garbage (reference cycles) is not what is measured
-            growths.append(malloc_in_use() - before)
-        return statistics.median(growths)
-
-    leaked = growth_per_export(lambda: net.export(str(tmp_path / "mxnet"), epoch=0))
-    kept = growth_per_export(lambda: models.export(net, str(tmp_path / "ours"), epoch=0))
-    print(f"malloc growth per export (median of 15): MXNet's {leaked / 1024:.1f} KiB, ours {kept / 1024:.1f} KiB")
-    assert leaked > 50 * 1024, leaked  # the leak this guards against is still MXNet's
-    assert kept < 5 * 1024, kept
