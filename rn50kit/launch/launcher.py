@@ -909,6 +909,7 @@ def run_horovodrun(arguments):
 
     stop = StopRelay()
     gloo_run.register_shutdown_event = register_shutdown_event
+    drivers = record_elastic_drivers(gloo_run)
     restore = forward_stop_signals(lambda signum: stop.request())
     sys.argv = ["horovodrun", *arguments]
     driver_log, progress, level = ElasticDriverLog(), ElasticProgress(), logging.getLogger().level
@@ -929,6 +930,8 @@ def run_horovodrun(arguments):
         return int(codes[0]), (f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
                                f"{stop.note()}; its message is above"), first
     except TimeoutException as error:  # the elastic driver's wait for the first slots (gloo_run.py)
+        for driver in drivers:  # its discovery thread would go on running the script while runner ends
+            driver.stop(str(error))
         return 1, f"horovodrun: {elastic_start_timeout(error)}", None
     except KeyboardInterrupt:
         return INTERRUPTED, "interrupted", None
@@ -986,6 +989,20 @@ class ElasticProgress(logging.Handler):
         else:
             return
         print(line, file=sys.stderr, flush=True)
+
+
+def record_elastic_drivers(gloo_run):
+    """The elastic drivers horovodrun's gloo_run creates from now on (a list that fills), so that runner can stop
+    one horovodrun left running: a TimeoutException from its first wait leaves the driver's discovery thread (a
+    daemon) going (horovod/runner/gloo_run.py, launch_gloo_elastic, v0.28.1)."""
+    drivers, base = [], gloo_run.ElasticDriver
+
+    class RecordedDriver(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            drivers.append(self)
+    gloo_run.ElasticDriver = RecordedDriver
+    return drivers
 
 
 def elastic_start_timeout(error):
