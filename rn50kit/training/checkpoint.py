@@ -213,7 +213,7 @@ def inspect(path, verify=False):
         return None, f"{path} does not exist"
     except OSError as error:
         return None, f"{path} cannot be read ({error.strerror})"
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested past Python's limit (a hostile file)
         return None, f"{path} is damaged (not valid JSON)"
     if not isinstance(state, dict) or "checksum" in state and state["checksum"] != state_checksum(state):
         return None, f"{path} is damaged (its contents do not match their checksum)"
@@ -448,7 +448,7 @@ def why_not_resumable(path):
         except FileNotFoundError:
             case = f"no {os.path.basename(state_path)} beside it (the state file is written last: the save did not " \
                    "finish, or the file comes from another tool)"
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             case = f"{os.path.basename(state_path)} is damaged"
     prefixes = sorted({m.group(1) for m in (re.match(r"^(.*)-\d{4}(?:-step\d{6})?" + re.escape(STATE_SUFFIX) + "$", f)
                                             for f in (os.listdir(directory) if os.path.isdir(directory) else []))
