@@ -36,19 +36,23 @@ def lock_path(workspace):
 
 
 def read_record(path):
-    """The record in a lock file ({} when absent, empty or being written)."""
+    """The record in a lock file ({} when absent, empty, being written or not a record: another tool's text)."""
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+            record = json.load(f)
+    except (OSError, ValueError, RecursionError):
         return {}
+    return record if isinstance(record, dict) else {}
 
 
 def describe(record):
     """'pid 123 on host node1 (started 2026-11-22 06:20:01 UTC)', or a vaguer phrase without a record."""
     if not record.get("pid"):
         return "another process"
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record["started"])) if "started" in record else "?"
+    try:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record["started"]))
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):  # none, or not a time (a damaged file)
+        started = "?"
     return f"pid {record['pid']} on host {record.get('host', '?')} (started {started})"
 
 
