@@ -239,10 +239,21 @@ def _read_safetensors(path):
             if np.issubdtype(np.asarray(value).dtype, np.floating)}
 
 
+def _header_json(f, path):
+    """The JSON header of the open safetensors file ``f``, and its length; ValueError when its stated length
+    runs past the file's end (a damaged file: reading it would ask for up to 2**64 bytes)."""
+    size = struct.unpack("<Q", f.read(8))[0]
+    if size > os.path.getsize(path) - 8:
+        raise ValueError(f"header length {size} runs past the file's end")
+    header = json.loads(f.read(size))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    return header, size
+
+
 def _safetensors_header(path):
     with open(path, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(size))
+        header, size = _header_json(f, path)
     header.pop("__metadata__", None)
     return header, 8 + size
 
@@ -254,9 +265,10 @@ def _recorded_version(path):
         return None
     try:
         with open(path, "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            metadata = json.loads(f.read(size)).get("__metadata__") or {}
-    except (OSError, ValueError, struct.error):
+            metadata = _header_json(f, path)[0].get("__metadata__") or {}
+    except (OSError, ValueError, struct.error, RecursionError):
+        return None
+    if not isinstance(metadata, dict):
         return None
     version = metadata.get("resnet_version")
     return version if version in ("1", "1.5") else None
@@ -265,7 +277,7 @@ def _recorded_version(path):
 def _safetensors_dtypes(path):
     try:
         return {entry["dtype"] for entry in _safetensors_header(path)[0].values()}
-    except (OSError, ValueError, KeyError, struct.error):
+    except (OSError, ValueError, KeyError, TypeError, struct.error, RecursionError):  # entries not objects
         return set()
 
 
