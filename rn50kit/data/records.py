@@ -73,6 +73,9 @@ def encode_record(payload):
     return b"".join(out)
 
 
+INT64 = 1 << 63
+
+
 def read_index(idx_path):
     """[(line number, key, offset)] and [(line number, problem)] for lines that do not parse."""
     entries, problems = [], []
@@ -82,9 +85,10 @@ def read_index(idx_path):
             if not fields:
                 continue
             try:
-                if len(fields) != 2:
-                    raise ValueError
-                entries.append((number, int(fields[0]), int(fields[1])))
+                key, offset = (int(field) for field in fields) if len(fields) == 2 else (None, None)
+                if key is None or not all(-INT64 <= value < INT64 for value in (key, offset)):
+                    raise ValueError  # not two fields, or a number past int64 (numpy's parser would saturate it)
+                entries.append((number, key, offset))
             except ValueError:
                 problems.append((number, f"index line {number} is not 'KEY<TAB>OFFSET': {line[:60]!r}"))
     return entries, problems
@@ -102,7 +106,8 @@ def read_index_arrays(idx_path):
         values = np.zeros(1, np.int64)  # odd length: take the slow path
     lines = text.count(b"\n") + (0 if text.endswith(b"\n") or not text else 1)
     digits_only = not text.translate(None, b"0123456789 \t\r\n")
-    if digits_only and len(values) == 2 * lines:  # every line holds two integers
+    saturated = values.size and (values.max() == INT64 - 1 or values.min() == -INT64)  # maybe past int64
+    if digits_only and len(values) == 2 * lines and not saturated:  # every line holds two integers
         pairs = values.reshape(-1, 2)
         return np.arange(1, lines + 1), pairs[:, 0].copy(), pairs[:, 1].copy()
     entries, problems = read_index(idx_path)  # slow path: empty lines, or a line that does not parse
