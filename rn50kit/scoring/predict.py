@@ -73,9 +73,16 @@ def check_pred_args(data_pred, pred_out=None, top_k=5):
 
 def read_names_file(path):
     """One class name per line (blank lines skipped), as tools/prepare_folder.py's classes.txt and
-    imagenet_classes.py write them."""
-    with open(path) as f:
-        return [line.strip() for line in f if line.strip()]
+    imagenet_classes.py write them; a file that is not UTF-8 text is a UsageError (one line)."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for number, line in enumerate(lines, 1):
+        try:
+            line.decode()
+        except UnicodeDecodeError as error:
+            raise cli.UsageError(f"class names {path} line {number} is not UTF-8 text ({error.reason} at byte "
+                                 f"{error.start}); give one class name per line, saved as UTF-8") from None
+    return [line.decode().strip() for line in lines if line.decode().strip()]
 
 
 def names_from_lst(lst):
