@@ -12,6 +12,7 @@ the files it read) is not read back. One name, one meaning: ``batch_size`` is th
 """
 import argparse
 import difflib
+import math
 import os
 import re
 import subprocess
@@ -60,6 +61,8 @@ def read_toml(path, what="--config"):
         raise ConfigError(f"{path} {where}: {message} (not valid TOML; see https://toml.io)")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{what} {path} cannot be read ({getattr(error, 'strerror', None) or error})")
+    except RecursionError:  # Python's parser recurses per level of nested arrays or inline tables
+        raise ConfigError(f"{path}: arrays or tables nested too deeply to read (not a settings file)") from None
 
 
 def key_lines(path):
@@ -165,6 +168,9 @@ def convert(action, value, where, key, as_flag=False):
         except (ValueError, TypeError, argparse.ArgumentTypeError) as error:
             detail = f": {error}" if isinstance(error, argparse.ArgumentTypeError) else ""
             raise ConfigError(f"{where}: {key} = {show(value)}: expected {expected(action)} ({flag}){detail}")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in (item if isinstance(item, list) else [item])):
+            # TOML's nan and inf: a run silently wrong (a loss of nan, a weight decay of inf)
+            raise ConfigError(f"{where}: {key} = {show(value)}: expected a finite number ({flag})")
         if action.choices is not None and item not in action.choices:
             raise ConfigError(f"{where}: {key} = {show(value)}: not one of "
                               f"{', '.join(str(c) for c in action.choices)} ({flag})")

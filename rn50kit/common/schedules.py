@@ -44,7 +44,7 @@ def shipped_names():
 
 
 def positive_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def read_lr_points(settings):
