@@ -1,12 +1,13 @@
 """models.py's and the export tool's command lines: summary, bad input, the original CLI, ONNX export of
 model_best and of a fused checkpoint; the heavier in-process export checks (ONNX against MXNet, the export-leak
-guard's repeated exports)."""
+guard's repeated exports); ResNet-50's v1/v1.5 cost and its initialisation recipe."""
 import gc
 import os
 import statistics
 import subprocess
 import sys
 import mxnet as mx
+import numpy as np
 import pytest
 import models
 from conftest import ROOT, venv_env, parse_model_args, built, small_net
@@ -147,3 +148,41 @@ def test_export_frees_the_graph_it_saves(tmp_path):
     print(f"malloc growth per export (median of 15): MXNet's {leaked / 1024:.1f} KiB, ours {kept / 1024:.1f} KiB")
     assert leaked > 50 * 1024, leaked  # the leak this guards against is still MXNet's
     assert kept < 5 * 1024, kept
+
+
+def test_v1_and_v15_same_shapes_different_cost_and_outputs():
+    v1 = models.get_model("resnet50_v1", zero_init_last_gamma=False)  # so that every block contributes
+    v15 = models.get_model("resnet50_v1.5", zero_init_last_gamma=False)
+    v1.initialize()
+    v15.initialize()
+    assert {k: p.shape for k, p in v1.collect_params().items()} == \
+        {k: p.shape for k, p in v15.collect_params().items()}
+    # v1.5 runs the first 1x1 of each downsampling block at the input resolution H instead of H/2:
+    # 3/4 * H^2 * C_in * width more MACs, i.e. 0.75 * (56^2*256*128 + 28^2*512*256 + 14^2*1024*512).
+    extra = sum(0.75 * h * h * c * w for h, c, w in [(56, 256, 128), (28, 512, 256), (14, 1024, 512)])
+    assert models.count_macs(v15) - models.count_macs(v1) == extra
+    assert abs(models.count_macs(v15) / 4.1e9 - 1) < 0.01  # the published ~4.1 GMACs
+    v15_params = v15.collect_params()
+    for name, param in v1.collect_params().items():
+        v15_params[name].set_data(param.data())
+    x = mx.nd.random.uniform(shape=(1, 3, 64, 64))
+    a, b = v1(x).asnumpy(), v15(x).asnumpy()
+    assert np.abs(a - b).max() > 1e-3 * np.abs(a).max()
+
+
+def test_initialisation_recipe():
+    net = models.get_model("resnet50_v1.5")
+    net.initialize()
+    params = net.collect_params()
+    last = [k for k in params.keys() if k.endswith("bn3_gamma")]
+    assert len(last) == 16 and all(params[k].data().sum().asscalar() == 0 for k in last)
+    assert params["stage1_unit1_bn1_gamma"].data().min().asscalar() == 1
+    weight = params["stage4_unit1_conv2_weight"].data().asnumpy()  # He-normal: std sqrt(2 / (512*3*3))
+    assert abs(weight.std() / np.sqrt(2 / (512 * 9)) - 1) < 0.02 and abs(weight.mean()) < 1e-3
+    bn = net.features[1]
+    assert bn._kwargs["eps"] == 1e-5 and bn._kwargs["momentum"] == 0.9
+    plain = models.get_model_from_args(parse_model_args(["--no-zero-init-last-gamma", "--batchnorm-eps", "2e-5",
+                                              "--batchnorm-mom", "0.8", "--num-layers", "18"]))
+    plain.initialize()
+    assert plain.collect_params()["stage1_unit1_bn2_gamma"].data().min().asscalar() == 1
+    assert plain.features[1]._kwargs["eps"] == 2e-5 and plain.features[1]._kwargs["momentum"] == 0.8

@@ -117,3 +117,12 @@ def test_grouped_convolutions_in_nhwc(resnext50, tmp_path):
     for kit, tv in (("stage1_unit1_conv2_weight", "layer1.0.conv2.weight"),
                     ("stage3_unit1_conv1sc_weight", "layer3.0.downsample.0.weight"), ("conv0_weight", "conv1.weight")):
         np.testing.assert_array_equal(params[kit].data().asnumpy(), resnext50.sd[tv].transpose(0, 2, 3, 1))
+
+
+def test_other_stride_placement_or_family_is_refused(tv50):
+    path = tv50.path(".safetensors")
+    assert refusal("resnet50_v1", path) == (
+        "resnet50.safetensors holds a torchvision/timm resnet50 (v1.5: stride in the 3x3 convolutions, 7 classes); "
+        "this run builds resnet50_v1: give --model resnet50_v1.5")
+    assert refusal("resnext50_32x4d", path).endswith("this run builds resnext50_32x4d: give --model resnet50_v1.5")
+    assert refusal("resnet101_v1.5", path).endswith("give --num-layers 50 (or --model resnet50_v1.5)")

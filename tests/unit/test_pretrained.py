@@ -102,15 +102,6 @@ def test_other_depth_is_refused_in_one_line(tv18):
         "give --num-layers 18 (or --model resnet18_v1.5)")
 
 
-def test_other_stride_placement_or_family_is_refused(tv50):
-    path = tv50.path(".safetensors")
-    assert refusal("resnet50_v1", path) == (
-        "resnet50.safetensors holds a torchvision/timm resnet50 (v1.5: stride in the 3x3 convolutions, 7 classes); "
-        "this run builds resnet50_v1: give --model resnet50_v1.5")
-    assert refusal("resnext50_32x4d", path).endswith("this run builds resnext50_32x4d: give --model resnet50_v1.5")
-    assert refusal("resnet101_v1.5", path).endswith("give --num-layers 50 (or --model resnet50_v1.5)")
-
-
 def test_wide_resnet_is_named_and_refused():
     """torchvision's wide_resnet50_2: bottleneck width 128 for 256 outputs (the kit builds width 64)."""
     arch = pretrained.Architecture(kind="bottleneck", units=(3, 4, 6, 3), groups=1, width=128,
