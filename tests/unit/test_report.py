@@ -1,13 +1,9 @@
-"""report: per-class results round trip and are drawn; a benchmark JSON is not a run report."""
+"""report: per-class results round trip; a benchmark JSON is not a run report (the drawings, by plot_report.py's
+process: e2e/test_plot_report.py)."""
 import json
-import os
-import subprocess
-import sys
-import cv2
 import numpy as np
 import pytest
 from rn50kit.reporting import report as reports
-from conftest import ROOT, venv_env
 
 
 def test_per_class_results_and_report_round_trip(tmp_path):
@@ -24,23 +20,6 @@ def test_per_class_results_and_report_round_trip(tmp_path):
     assert loaded.per_class == json.loads(json.dumps(per_class))
     summary = loaded.summary()
     assert "dog 0.600 (3/5)" in summary and "dog -> cat x2" in summary
-
-
-@pytest.mark.parametrize("classes", [3, reports.PNG_MATRIX_MAX + 5])
-def test_confusion_png_and_plot_report(tmp_path, classes):
-    rng = np.random.RandomState(1)
-    confusion = rng.randint(0, 4, size=(classes, classes)) + np.diag(np.full(classes, 20))
-    report = reports.Report("resnet", 1, [], {"val.top1": [0.5, 0.8]})
-    report.add_per_class(confusion, 2, [f"class {i}" for i in range(classes)])
-    path = str(tmp_path / "report.json")
-    report.save(path)
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plot_report.py"), path], env=venv_env(),
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    png = str(tmp_path / "report-confusion.png")
-    assert png in result.stdout.splitlines()
-    image = cv2.imread(png)
-    assert image is not None and image.shape[0] > 200 and image.std() > 0
 
 
 def test_report_py_says_a_benchmark_json_is_not_a_run_report_and_which_iterations_its_speed_covers(tmp_path,

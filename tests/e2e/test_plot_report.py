@@ -1,10 +1,16 @@
-"""tools/plot_report.py draws real PNGs from a report; bad reports give one error line."""
+"""tools/plot_report.py draws real PNGs from a report (the curves, the confusion matrix at both sizes); bad reports
+give one error line; report.py's summary as a command."""
 import json
 import os
 import subprocess
 import sys
 import cv2
+import numpy as np
+import pytest
+from rn50kit.reporting import report as reports
 from conftest import ROOT, venv_env
+
+pytestmark = pytest.mark.slow  # launches processes
 
 
 def test_plots_one_png_per_curve(tmp_path):
@@ -34,3 +40,20 @@ def test_report_summary_names_the_best_epoch(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Validation top-1: 0.8000 (best 0.9000, epoch 2)" in result.stdout
     assert "3 epoch(s)" in result.stdout and "30.0 images/s" in result.stdout
+
+
+@pytest.mark.parametrize("classes", [3, reports.PNG_MATRIX_MAX + 5])
+def test_confusion_png_and_plot_report(tmp_path, classes):
+    rng = np.random.RandomState(1)
+    confusion = rng.randint(0, 4, size=(classes, classes)) + np.diag(np.full(classes, 20))
+    report = reports.Report("resnet", 1, [], {"val.top1": [0.5, 0.8]})
+    report.add_per_class(confusion, 2, [f"class {i}" for i in range(classes)])
+    path = str(tmp_path / "report.json")
+    report.save(path)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plot_report.py"), path], env=venv_env(),
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    png = str(tmp_path / "report-confusion.png")
+    assert png in result.stdout.splitlines()
+    image = cv2.imread(png)
+    assert image is not None and image.shape[0] > 200 and image.std() > 0
