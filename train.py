@@ -27,6 +27,8 @@ def interrupted_at_once(signum=None, frame=None):
 
 
 if __name__ == "__main__":
+    from rn50kit.common import supported
+    supported.require_supported_python("train.py")  # before anything a Python it refuses could fail on
     # A crash in native code (MXNet, Horovod, DALI) prints every thread's Python stack and ends the process by its
     # signal, before MXNet loads: MXNet sets its own SIGSEGV handler only where none is, and that handler's exit()
     # can wait forever on an engine lock the crash left held (a worker hung instead of ended).
@@ -66,6 +68,10 @@ except ImportError:
              ".venv/bin/python (or `source .venv/bin/activate`)")
 finally:
     sys.meta_path.remove(_WithoutScikitLearn)
+if __name__ == "__main__":
+    from rn50kit.common import supported
+    if supported.mxnet_problem(mxnet.__version__):
+        sys.exit(f"train.py: error: {supported.mxnet_problem(mxnet.__version__)}")
 
 from rn50kit.common import backends
 from rn50kit.training import checkpoint
@@ -81,7 +87,7 @@ import fit
 from rn50kit.training import fit_flags, state, stop_signals
 from rn50kit.common.helptext import HelpFormatter
 from rn50kit.launch import memory
-from rn50kit.launch import prelaunch
+from rn50kit.training import prelaunch
 import models
 from rn50kit.scoring import predict
 from rn50kit.weights import pretrained

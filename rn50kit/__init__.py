@@ -10,7 +10,7 @@ before choosing a Python); tests/unit/test_layers.py checks that they do.
 - reporting/    MXNet-free: the outputs of a run (progress, JSON log, report, MLPerf log)
 - config/       train.py's typed configuration and the settings a run takes when the user does not say
 - data/         RecordIO files and the data backends' iterators
-- training/     the loop's parts: checkpoints, optimizers, mixed precision, collectives
+- training/     the loop's parts: checkpoints, optimizers, mixed precision, collectives, the checks before a run
 - weights/      published weights into the kit's networks
 - scoring/      top-1/top-5 scoring, INT8 quantization, prediction
 """

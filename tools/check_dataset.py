@@ -27,6 +27,9 @@ import time
 
 KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, KIT_DIR)
+if __name__ == "__main__":
+    from rn50kit.common import supported  # loads on the Pythons it refuses: one line, not a traceback
+    supported.require_supported_python("check_dataset")
 if __name__ == "__main__":  # under a Python without the kit's packages (OpenCV, numpy): the kit's, as runner does
     from rn50kit.common import cli
     cli.rerun_under_chosen_python(os.path.abspath(__file__), "check_dataset.py", KIT_DIR)

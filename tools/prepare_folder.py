@@ -28,6 +28,11 @@ import shutil
 import subprocess
 import sys
 
+if __name__ == "__main__":  # before the imports a Python it refuses could fail on, one line
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from rn50kit.common import supported
+    supported.require_supported_python("prepare_folder")
+
 import cv2
 import numpy as np
 

@@ -9,6 +9,7 @@ On a machine without a usable GPU, -n counts worker processes, and the defaults 
 --dtype float32 --data-backend dali-cpu (the original's are float16 and dali-gpu).
 """
 import argparse
+import functools
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import rn50kit
+from rn50kit.common import supported
 from rn50kit.common import backends
 from rn50kit.common import cli
 from rn50kit.common import config_files
@@ -467,8 +469,14 @@ def resolve_and_check(args, extra, machine):
 
 def check_launcher(args):
     """mpirun and srun start the workers themselves: Horovod must be built with MPI to join them into one world
-    (else each trains alone), and under srun the world is srun's (-n comes from it)."""
-    if args.launcher == "horovod" or args.kv_store != "horovod":
+    (else each trains alone), and under srun the world is srun's (-n comes from it). Any Horovod must load with
+    MXNet (a container's own Horovod may have been built without it)."""
+    if args.kv_store != "horovod":
+        return
+    problem = supported.horovod_problem(horovod_build())
+    if problem:
+        raise UsageError(problem)
+    if args.launcher == "horovod":
         return
     if args.launcher == "mpi" and shutil.which("mpirun") is None:
         raise UsageError(f"--launcher mpi: mpirun is not installed; {world.MPI_ADVICE}, or use --launcher horovod")
@@ -488,18 +496,20 @@ def folder(package):
     return importlib.util.find_spec(package).submodule_search_locations[0]
 ctypes.CDLL(os.path.join(folder("mxnet"), "libmxnet.so"), mode=ctypes.RTLD_GLOBAL)
 lib = ctypes.CDLL(os.path.join(folder("horovod"), "mxnet", "mpi_lib" + sysconfig.get_config_var("EXT_SUFFIX")))
-print(lib.horovod_gloo_built(), lib.horovod_mpi_built())
+print(lib.horovod_gloo_built(), lib.horovod_mpi_built(), lib.horovod_nccl_built())
 """
 
 
-def horovod_build():
-    """{"gloo": bool, "mpi": bool} of the installed Horovod for MXNet, or None where its library does not load."""
-    probe = subprocess.run([sys.executable, "-c", HOROVOD_BUILD_PROBE], capture_output=True, text=True)
+@functools.lru_cache(maxsize=None)  # asked by the checks and by the launch: one probe a process
+def horovod_build(python=None):
+    """{"gloo": bool, "mpi": bool, "nccl": bool} of the installed Horovod for MXNet (of ``python``, this one by
+    default), or None where its library does not load."""
+    probe = subprocess.run([python or sys.executable, "-c", HOROVOD_BUILD_PROBE], capture_output=True, text=True)
     try:
-        gloo, mpi = (bool(int(flag)) for flag in probe.stdout.split())
+        gloo, mpi, nccl = (bool(int(flag)) for flag in probe.stdout.split())
     except ValueError:
         return None
-    return {"gloo": gloo, "mpi": mpi}
+    return {"gloo": gloo, "mpi": mpi, "nccl": nccl}
 
 
 def horovod_has_mpi():

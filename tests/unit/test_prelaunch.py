@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from rn50kit.launch import network, prelaunch
+from rn50kit.launch import network
+from rn50kit.training import prelaunch
 from rn50kit.reliability import faults
 
 RESUMES = "resumes from the last complete checkpoint"
