@@ -141,8 +141,8 @@ class Report:
             if ips:
                 last = "pass" if scoring else "epoch"
                 timed = metrics.get(f"{mode}.timed_iters")
-                which = (f"the last {last}'s {int(timed[-1])} timed iteration(s): its first {self.untimed_iters} are "
-                         "left out when it has more; the log's epoch line times them all") if timed else f"last {last}"
+                # an epoch's first untimed_iters iterations are left out when it has more (docs/training.md)
+                which = f"last {last}, {int(timed[-1])} timed iteration(s)" if timed else f"last {last}"
                 lines.append(f"{mode.capitalize()} speed: {ips[-1]:.1f} images/s ({which})")
         return "\n".join(lines)
 
