@@ -5,8 +5,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import numpy as np
 import pytest
-from conftest import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env, run_command
+from conftest import (HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env, run_command,
+                      write_record_file)
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -88,8 +90,9 @@ def test_multi_node_host_list_and_hostfile(tmp_path):
 
 
 def test_val_mode_needs_only_val_data(tmp_path):
-    (tmp_path / "val.rec").write_bytes(b"")
-    (tmp_path / "val.idx").write_bytes(b"")
+    # real records: the dry run checks the data as the run would
+    images = [np.full((8, 8, 3), 40 * i, "uint8") for i in range(4)]
+    write_record_file(str(tmp_path / "val"), images, [0, 1, 0, 1])
     _, command = dry_run("-n", "1", "--data-root", str(tmp_path), "--mode", "val", "--dtype", "float32",
                          "--data-backend", "dali-cpu")
     assert "--data-train" not in command
