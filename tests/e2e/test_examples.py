@@ -18,7 +18,10 @@ NAMES = [os.path.basename(s) for s in SCRIPTS]
 # Extra arguments that make any script runnable here as a dry run: the later flag wins, so these also
 # prove the arguments reach the command (float16 and -n 8 would be refused on a CPU machine; the marker is a
 # real train.py flag with an unusual value: a dry run refuses unknown flags, as the run does).
-OVERRIDES = ["-n", "1", "--dtype", "float32", "--data-backend", "synthetic", "--dry-run", "--disp-batches", "42"]
+# Small images: every batch the scripts set fits this machine's memory in float32 (runner's dry run refuses one that
+# does not, before launching).
+OVERRIDES = ["-n", "1", "--dtype", "float32", "--data-backend", "synthetic", "--image-shape", "3,64,64", "--dry-run",
+             "--disp-batches", "42"]
 
 
 def test_all_scripts_exist():
@@ -56,8 +59,7 @@ def test_training_scripts_forward_arguments(script):
 
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if "BENCHMARK" in s], ids=[n for n in NAMES if "BENCHMARK" in n])
 def test_benchmark_scripts_forward_arguments(script, tmp_path):
-    # small images: every batch of the sweep fits this machine's memory (runner's dry run refuses one that does not)
-    result = run(script, "--image-shape", "3,64,64", *OVERRIDES, "-o", str(tmp_path / "b.json"))
+    result = run(script, *OVERRIDES, "-o", str(tmp_path / "b.json"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     name = os.path.basename(script)

@@ -72,7 +72,8 @@ def test_a_resume_refuses_the_pickle_and_names_the_converter(planted, digits_dat
 @pytest.mark.parametrize("extra, refused", [
     (["--mode", "val"], None),  # the latest checkpoint's parameters: an NDArray file
     (["--mode", "val", "--load", "model-0001.params"], None),
-    (["--mode", "val", "--load", "model-0001.states"], "model-0001.states is damaged or not a parameter file"),
+    (["--mode", "val", "--load", "model-0001.states"], "model-0001.states is a checkpoint's optimizer state, not its "
+                                                       "weights"),
     (["--pretrained", "model-0001.states"], "unknown format"),
     (["--pretrained", "plant.pth"], "PyTorch"),
 ])

@@ -1,5 +1,5 @@
 """tools/bench_models.py in process: bfloat16 operands, the ceiling's notes and the oneDNN kernel breakdown of the
-marked steps (its workers as processes: e2e/test_bench_models.py)."""
+marked steps (its workers as processes: e2e/test_bench_models_workers.py)."""
 import pytest
 import bench_models
 import mxnet as mx
