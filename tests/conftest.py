@@ -649,6 +649,22 @@ def touch(path):
     return path
 
 
+def save_tiny(prefix, epochs):
+    """Real checkpoints of a small network (one per epoch, their files' sizes and SHA-256 recorded); returns
+    (net, trainer)."""
+    import mxnet as mx
+    from rn50kit.training import checkpoint
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(64, in_units=256))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 256)))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    for epoch in epochs:
+        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": 0})
+    return net, trainer
+
+
 def fake_checkpoint(workspace, epoch, step=0, **args):
     """The files of a complete checkpoint (contents do not matter here) and its state, as checkpoint.save names
     them."""

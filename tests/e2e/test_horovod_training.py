@@ -8,7 +8,8 @@ import cv2
 import numpy as np
 import pytest
 from rn50kit.data import records
-from conftest import ROOT, venv_env, write_record_file, digits_run, HANG_S, LONG_HANG_S, need_mpi, mpirun_root_env
+from conftest import (ROOT, venv_env, write_record_file, digits_run, HANG_S, LONG_HANG_S, need_mpi, mpirun_root_env,
+                      save_tiny)
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -137,20 +138,6 @@ def test_rank_zeros_values_reach_every_rank_bit_for_bit(controller, tmp_path):
             assert got[~nan].tobytes() == sent[~nan].tobytes(), (name, rank)
 
 
-def save_checkpoints(prefix, epochs):
-    """Real checkpoints of a small network (their files' sizes and SHA-256 recorded), one per epoch."""
-    import mxnet as mx
-    from rn50kit.training import checkpoint
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(64, in_units=256))
-    net.initialize()
-    net.hybridize()
-    net(mx.nd.zeros((1, 256)))
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
-    for epoch in epochs:
-        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": 0})
-
-
 def flip_a_bit(path):
     """The same size, other contents: only the SHA-256 tells."""
     data = bytearray(path.read_bytes())
@@ -166,7 +153,7 @@ def test_rank_0_alone_verifies_a_resumed_checkpoint_and_every_rank_takes_its_cho
     cases = ("whole", "newest_damaged", "all_damaged")
     for case in cases:
         (tmp_path / case).mkdir()
-        save_checkpoints(tmp_path / case / "model", [1, 2])
+        save_tiny(tmp_path / case / "model", [1, 2])
     flip_a_bit(tmp_path / "newest_damaged" / "model-0002.states")
     for epoch in (1, 2):
         flip_a_bit(tmp_path / "all_damaged" / f"model-000{epoch}.params")

@@ -9,22 +9,8 @@ import numpy as np
 
 from rn50kit.training import state
 import fit
-from conftest import fake_checkpoint
+from conftest import fake_checkpoint, save_tiny
 from rn50kit.training.distributed import Distributed
-
-
-def save_tiny(prefix, epochs):
-    import mxnet as mx
-    from rn50kit.training import checkpoint
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(64, in_units=256))
-    net.initialize()
-    net.hybridize()
-    net(mx.nd.zeros((1, 256)))
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
-    for epoch in epochs:
-        checkpoint.save(str(prefix), net, trainer, {"epoch": epoch, "step": 0})
-    return net, trainer
 
 
 def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
