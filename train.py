@@ -68,10 +68,8 @@ except ImportError:
              ".venv/bin/python (or `source .venv/bin/activate`)")
 finally:
     sys.meta_path.remove(_WithoutScikitLearn)
-if __name__ == "__main__":
-    from rn50kit.common import supported
-    if supported.mxnet_problem(mxnet.__version__):
-        sys.exit(f"train.py: error: {supported.mxnet_problem(mxnet.__version__)}")
+if __name__ == "__main__" and supported.mxnet_problem(mxnet.__version__):  # supported: imported above, as a script
+    sys.exit(f"train.py: error: {supported.mxnet_problem(mxnet.__version__)}")
 
 from rn50kit.common import backends
 from rn50kit.training import checkpoint
