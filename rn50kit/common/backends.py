@@ -1,8 +1,9 @@
 """The data backends, in one table (no MXNet here: runner and benchmark.py read it too).
 
 Each row says what a backend reads (the files of its data root, per split), where its pipeline runs, which flags
-only it reads and which function builds its iterators. Adding a backend means a row here and its builder in its
-own module; nothing else compares backend names or spells a data root's file names."""
+only it reads, what it supports and which function builds its iterators (rn50kit/data/protocol.py: the protocol).
+Adding a backend means its module (rn50kit/data/backend_<name>.py) and a row here (docs/extending.md); nothing
+else compares backend names or spells a data root's file names: the rest asks the row."""
 import dataclasses
 import os
 
@@ -77,13 +78,14 @@ NO_FILES = RootLayout()  # a backend that makes its own data
 class Backend:
     name: str
     description: str
-    builder: str  # "module:function" making (train, val) iterators: (DataConfig, Feed, rank, num_workers,
-    #               local_rank, local_size, ctx)
+    builder: str  # "module:function" making (train, val) iterators: a protocol.GetIterators
     root_layout: RootLayout = RECORDS  # the files of its data root
     pipeline_device: str = "cpu"  # where its pipeline runs: "gpu" needs a GPU on every worker
     flag_prefix: str = ""  # the flags only this backend reads start with it
     input_layout_fixed: str = None  # the layout it always delivers, whatever --input-layout says
     auto_augment: bool = False  # runs --auto-augment and --color-jitter (DALI's auto_aug and color_twist)
+    elastic: bool = False  # reads an epoch's training records from any position of its permutation (Feed.start):
+    #                        an elastic run's new world reads the records the old one did not
 
     @property
     def reads_records(self):
@@ -92,16 +94,37 @@ class Backend:
 
 
 BACKENDS = {backend.name: backend for backend in (
-    Backend("dali-gpu", "DALI: nvJPEG decoding and augmentation on the GPU", "rn50kit.data.loaders:get_dali_iterators",
-            pipeline_device="gpu", flag_prefix="dali_", auto_augment=True),
-    Backend("dali-cpu", "DALI: decoding and augmentation on the CPU", "rn50kit.data.loaders:get_dali_iterators",
-            flag_prefix="dali_", auto_augment=True),
-    Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "rn50kit.data.loaders:get_mxnet_iterators",
+    Backend("dali-gpu", "DALI: nvJPEG decoding and augmentation on the GPU",
+            "rn50kit.data.backend_dali:get_iterators", pipeline_device="gpu", flag_prefix="dali_", auto_augment=True,
+            elastic=True),
+    Backend("dali-cpu", "DALI: decoding and augmentation on the CPU", "rn50kit.data.backend_dali:get_iterators",
+            flag_prefix="dali_", auto_augment=True, elastic=True),
+    Backend("mxnet", "MXNet's ImageRecordIter (CPU)", "rn50kit.data.backend_mxnet:get_iterators",
             flag_prefix="data_mxnet_", input_layout_fixed="NCHW"),
     Backend("synthetic", "random images made on the device (speed tests)",
-            "rn50kit.data.loaders:get_synthetic_iterators", root_layout=NO_FILES),
+            "rn50kit.data.backend_synthetic:get_iterators", root_layout=NO_FILES),
 )}
-NAMES = list(BACKENDS)
+NAMES = list(BACKENDS)  # --data-backend's choices (runner's and train.py's parsers hold this list itself)
+
+
+def register(backend):
+    """Add a row at run time, as a line in the table above does (a backend kept outside the kit: a plugin, a
+    test); train.py and runner accept its name from then on."""
+    if backend.name in BACKENDS:
+        raise ValueError(f"a data backend named {backend.name} exists already")
+    BACKENDS[backend.name] = backend
+    NAMES.append(backend.name)
+    return backend
+
+
+def unregister(name):
+    del BACKENDS[name]
+    NAMES.remove(name)
+
+
+def names_with(feature):
+    """The backends whose row has ``feature`` (a Backend field: "elastic", "auto_augment"), in name order."""
+    return sorted(name for name, backend in BACKENDS.items() if getattr(backend, feature))
 
 
 def get(name):

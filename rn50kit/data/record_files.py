@@ -1,0 +1,100 @@
+"""RecordIO access for the backends and train.py's checks: the record files of a run, each opened and checked once
+per process (records.RecordFile: the .idx read once, the headers of a bounded sample of records read), the labels
+that check read and their one-line verdicts, and the one line naming the record a pipeline failed on."""
+import os
+
+import numpy as np
+
+from rn50kit.common import backends
+from rn50kit.data import records
+from rn50kit.data.protocol import DataError
+
+
+_opened = {}  # (path, index, mmap, sizes, mtimes) -> RecordFile: train.py rebuilds the training pipeline per epoch
+
+
+def open_record_file(rec_path, idx_path, use_mmap=True):
+    """A records.RecordFile, its index checked against the file once (offsets and record headers only)."""
+    stats = [os.stat(path) for path in (rec_path, idx_path)]
+    key = (rec_path, idx_path, use_mmap, tuple((s.st_size, s.st_mtime_ns) for s in stats))
+    if key not in _opened:
+        try:
+            _opened[key] = records.RecordFile(rec_path, idx_path, use_mmap=use_mmap)
+        except records.RecordFileError as error:
+            raise DataError(str(error)) from None
+    return _opened[key]
+
+
+def open_record_files(cfg):
+    """{"train": RecordFile, "val": RecordFile} for the data given, each checked before any pipeline is built,
+    so a bad file stops the run with one line naming tools/check_dataset.py, not a C++ assertion."""
+    use_mmap = not cfg.dali_dont_use_mmap
+    files = {}
+    for split in ("train", "val"):
+        rec = getattr(cfg, f"data_{split}")
+        if rec:
+            files[split] = open_record_file(rec, getattr(cfg, f"data_{split}_idx"), use_mmap)
+    return files
+
+
+def record_labels(cfg):
+    """The distinct class labels of a DataConfig's record files, read from the record headers by the index
+    check (every record of a small file, a sample of a large one: records.checked_records; cached: the pipelines
+    reuse the opened files); empty for a backend that makes its own data."""
+    if not backends.reads_records(cfg.data_backend):
+        return set()
+    labels = set()
+    for records_file in open_record_files(cfg).values():
+        values = records_file.labels[np.isfinite(records_file.labels)]  # NaN: extra labels, not a class
+        labels.update(np.unique(values).astype(np.int64).tolist())
+    return labels
+
+
+def label_problem(cfg, num_classes):
+    """One line naming the file and the first record whose label is not a class 0 to ``num_classes`` - 1 (not an
+    integer, NaN, negative, too large, infinite), or None. A reader would pass such a label on as it is (2.5, 1e-38),
+    and the loss would take it for another class. Records with extra labels (NaN here) are not judged. The records
+    judged are those the index check read (records.checked_records); the training pipelines judge the others
+    as they read them (check_batch_labels)."""
+    if not backends.reads_records(cfg.data_backend):
+        return None
+    for records_file in open_record_files(cfg).values():
+        labels = records_file.labels
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(~records_file.extra_labels & (np.isnan(labels) | (labels != np.floor(labels)) |
+                                                               (labels < 0) | (labels >= num_classes)))
+        if not len(bad):
+            continue
+        first, top, where = bad[0], np.nanmax(labels), records_file.describe(records_file.checked[bad[0]])
+        integers = labels[bad] == np.floor(labels[bad])
+        if np.isfinite(top) and np.all(integers & (labels[bad] >= num_classes)):  # likely a wrong --num-classes
+            return (f"the data has labels up to {int(top)} but --num-classes is {num_classes}; use --num-classes "
+                    f"{int(top) + 1} (the first such record: {where}, label {int(labels[first])})")
+        return (f"{where} has label {labels[first]:g}, not a class 0 to {num_classes - 1} (--num-classes "
+                f"{num_classes}); {len(bad)} record(s) so; {records.fix_hint(records_file.rec_path)}")
+    return None
+
+
+def describe_failure(failing_record, error):
+    """One line for a pipeline ``error``: the record that does not decode (found by ``failing_record()``, which
+    returns (RecordFile, record number) or None), else the last line of the library's message."""
+    try:
+        found = failing_record() if failing_record else None
+    except records.RecordFileError as damaged:  # a record the start-up did not check, found damaged where read
+        return str(damaged)
+    if found:
+        record_file, i = found
+        return f"{record_file.describe(i)} does not decode as an image; {records.fix_hint(record_file.rec_path)}"
+    return f"the data pipeline failed: {library_error_line(error)}; check the data with tools/check_dataset.py"
+
+
+def library_error_line(error):
+    """The telling line of a DALI or MXNet error (they span pages): the failing operator and what it met."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    where = next((line.rstrip(",") for line in lines if line.startswith("Error in ")), None)
+    if "encountered:" in lines and lines.index("encountered:") + 1 < len(lines):
+        what = lines[lines.index("encountered:") + 1]
+    else:
+        what = next((line for line in lines if "Error" in line and not line.startswith("Traceback")),
+                    lines[0] if lines else type(error).__name__)
+    return f"{where}: {what}" if where else what
