@@ -11,39 +11,31 @@ float32 model, fused or not, are interchangeable.
 `python models.py` lists the models; `python models.py --summary` prints parameters, GMACs and images/s.
 """
 import argparse
-import ctypes
-import dataclasses
 import json
 import logging
 import os
 import re
 import sys
 import time
-import warnings
 
 import mxnet as mx
 import numpy as np
 from mxnet.gluon import nn
 
-from rn50kit.common.cli import config_defaults, config_from
+from rn50kit.config.cli import config_from
+# The graph transforms and loaders live in rn50kit/graph; their names stay reachable as models.* for the scripts
+# that call them so (docs/training.md's inference helpers, the checkpoint writer).
+from rn50kit.graph.inference import optimize_for_inference, to_bfloat16  # noqa: F401 -- see above
+from rn50kit.graph.parameters import load_parameters
+from rn50kit.graph.symbol_files import export, load_checkpoint, without_amp_casts  # noqa: F401 -- see above
 from rn50kit.launch import devices
+# the Model flags and the tables they choose from live in the configuration home; read here too
+from rn50kit.config.model_flags import (ARCHS, DTYPES, LAYOUTS, RESNET_SPEC, RESNEXT_WIDTH,  # noqa: F401
+                                        ModelConfig, add_model_args, model_name, model_name_from_args)
+
 
 log = logging.getLogger("rn50")
 
-# depth -> (block kind, units per stage, channels: stem output then each stage's output)
-RESNET_SPEC = {
-    18: ("basic", [2, 2, 2, 2], [64, 64, 128, 256, 512]),
-    34: ("basic", [3, 4, 6, 3], [64, 64, 128, 256, 512]),
-    50: ("bottleneck", [3, 4, 6, 3], [64, 256, 512, 1024, 2048]),
-    101: ("bottleneck", [3, 4, 23, 3], [64, 256, 512, 1024, 2048]),
-    152: ("bottleneck", [3, 8, 36, 3], [64, 256, 512, 1024, 2048]),
-}
-# The original kit's --arch values: (family, version)
-ARCHS = {"resnetv1": ("resnet", "1"), "resnetv15": ("resnet", "1.5"),
-         "resnextv1": ("resnext", "1"), "resnextv15": ("resnext", "1.5")}
-DTYPES = ("float32", "float16", "bfloat16")
-LAYOUTS = ("NCHW", "NHWC")
-RESNEXT_WIDTH = 4  # channels per group in the first stage (the "4d" of 32x4d)
 _NAME_RE = re.compile(r"^resnet(\d+)_v(1|1\.5)$|^resnext(\d+)_(\d+)x(\d+)d(?:_v(1|1\.5))?$")
 
 
@@ -334,278 +326,6 @@ def get_model(name, num_classes=1000, bn_eps=1e-5, bn_mom=0.9, zero_init_last_ga
     return net
 
 
-def load_parameters(net, path, ctx):
-    """Load a params file written by ``export`` (``arg:``/``aux:`` keys) or ``save_parameters`` into ``net``, on
-    ``ctx`` (a context or a list: an initialised network must get exactly the contexts it was initialised on).
-
-    The saved dtype may differ from the network's (float16 <-> float32): values are cast to the network's.
-    A 3-channel stem is zero-padded for a 4-channel network (the fourth input channel is the zero padding).
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no parameter file {path}")
-    saved = {key.split(":", 1)[-1]: value for key, value in mx.nd.load(path).items()}
-    params = dict(net.collect_params().items())
-    if set(saved) != set(params):
-        # save_parameters() files use structural names (features.1.weight); those load the Gluon way.
-        structural = net._collect_params_with_prefix()
-        if set(saved) != set(structural):
-            missing = sorted(set(params) - set(saved))[:3]
-            extra = sorted(set(saved) - set(params))[:3]
-            raise ValueError(f"{path} does not fit {net.__class__.__name__}: missing {missing}, unexpected {extra}")
-        params = structural
-    # NHWC convolutions keep weights as (O, kh, kw, I): convert when the file and the network differ.
-    # The stem's weight (64, C, 7, 7) or (64, 7, 7, C) tells the file's layout without ambiguity.
-    stem = [value for key, value in saved.items() if params[key].name == "conv0_weight"]
-    saved_layout = "NHWC" if stem and stem[0].shape[1] == stem[0].shape[2] == 7 else "NCHW"
-    net_layout = getattr(net, "layout", "NCHW")
-    for key, value in saved.items():
-        param = params[key]
-        if value.ndim == 4 and saved_layout != net_layout:
-            value = value.transpose((0, 2, 3, 1) if net_layout == "NHWC" else (0, 3, 1, 2))
-        if param.shape and tuple(param.shape) != value.shape:
-            value = _adapt_stem(param.name, value, param.shape, path, net_layout)
-        param._load_init(value.astype(param.dtype), ctx, cast_dtype=True, dtype_source="current")
-
-
-def _adapt_stem(name, value, shape, path, layout):
-    """Zero-pad (or cut) the stem's input channels: a 3-channel checkpoint in a 4-channel network and back."""
-    axis = 3 if layout == "NHWC" else 1
-    same_elsewhere = all(value.shape[i] == shape[i] for i in range(4) if i != axis)
-    if name == "conv0_weight" and same_elsewhere and {value.shape[axis], shape[axis]} <= {3, 4}:
-        keep = min(shape[axis], value.shape[axis])
-        kept = value.slice_axis(axis=axis, begin=0, end=keep)
-        if keep == shape[axis]:
-            return kept
-        pad_shape = list(shape)
-        pad_shape[axis] = shape[axis] - keep
-        return mx.nd.concat(kept, mx.nd.zeros(pad_shape, dtype=value.dtype), dim=axis)
-    raise ValueError(f"{path}: parameter {name} has shape {value.shape}, the network needs {tuple(shape)}")
-
-
-def load_checkpoint(prefix, epoch, ctx=None):
-    """Load `<prefix>-symbol.json` + `<prefix>-NNNN.params` (as written by ``export``) as a SymbolBlock."""
-    symbol_file, params_file = f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
-    for path in (symbol_file, params_file):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"no checkpoint file {path}")
-    with warnings.catch_warnings():  # "Cannot decide type for data": the input's type is only known at run time
-        warnings.simplefilter("ignore", UserWarning)
-        return mx.gluon.SymbolBlock.imports(symbol_file, ["data"], params_file, ctx=ctx or mx.cpu())
-
-
-def without_amp_casts(symbol):
-    """``symbol`` without AMP's cast operators, as a Symbol that frees its graph when dropped. MXNet 1.9.1's
-    Symbol.save and tojson (and so HybridBlock.export) remove them into a handle they never free: a copy of the
-    graph per call, 112 KiB for ResNet-18, which made rank 0's memory creep by a checkpoint each epoch."""
-    handle = mx.base.SymbolHandle()
-    mx.base.check_call(mx.base._LIB.MXSymbolRemoveAmpCast(symbol.handle, ctypes.byref(handle)))
-    return mx.sym.Symbol(handle)
-
-
-def export(net, prefix, epoch=0):
-    """Write `<prefix>-symbol.json` (without AMP's casts) and `<prefix>-NNNN.params`, as HybridBlock.export does,
-    without its leak (without_amp_casts); the net must be hybridized and have run."""
-    net.export(prefix, epoch=epoch, remove_amp_cast=False)
-    without_amp_casts(net._cached_graph[1]).save(f"{prefix}-symbol.json", remove_amp_cast=False)
-    return f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
-
-
-def optimize_for_inference(net, data_shape, ctx=None):
-    """An inference-only view of an initialised network with oneDNN's graph fusions (conv+BN+ReLU, conv+add).
-
-    It shares ``net``'s parameters (``net`` itself is not changed and still trains); it uses the BatchNorm
-    running statistics. On builds without oneDNN the plain hybridized graph is returned.
-    """
-    ctx = ctx or mx.cpu()
-    data = mx.sym.var("data")
-    with warnings.catch_warnings():  # "Cannot decide type for data": known only at run time
-        warnings.simplefilter("ignore", UserWarning)
-        view = mx.gluon.SymbolBlock(_Float32Logits(net)(data), data, params=net.collect_params())
-    sample = mx.nd.zeros(data_shape, ctx=ctx)
-    if mx.runtime.Features().is_enabled("MKLDNN"):
-        view.optimize_for(sample, backend="MKLDNN", static_alloc=True, static_shape=True)
-    else:
-        view.hybridize(static_alloc=True, static_shape=True)
-    view(sample).wait_to_read()
-    return view
-
-
-def to_bfloat16(net, data_shape, ctx=None):
-    """A bfloat16 inference copy of a hybridized, initialised float32 network (MXNet AMP graph conversion), through
-    oneDNN's fusions (convolution+BatchNorm+ReLU, the residual add) where MXNet has oneDNN.
-
-    Convolutions and the classifier run in bfloat16 on oneDNN, with the parameters cast once; the input stays
-    float32 and the logits are returned as float32. The fusion comes after the cast (AMP's lists keep oneDNN's
-    fused convolutions, ``_sg_mkldnn_conv``, in float32), with BatchNorm already folded into the convolutions in
-    float32 (``fold_batchnorm``). ``net`` itself is not changed.
-    """
-    from mxnet.contrib import amp
-    ctx = ctx or mx.cpu()
-    sample = mx.nd.zeros(data_shape, ctx=ctx)
-    onednn = mx.runtime.Features().is_enabled("MKLDNN")
-    folded = fold_batchnorm(net, sample) if onednn else net
-    with warnings.catch_warnings():  # "Cannot decide type for data": known only at run time
-        warnings.simplefilter("ignore", UserWarning)
-        converted = amp.convert_hybrid_block(folded, target_dtype="bfloat16", ctx=ctx, cast_optional_params=True)
-    if onednn:
-        converted.optimize_for(sample, backend="MKLDNN", static_alloc=True, static_shape=True)
-    else:
-        converted.hybridize(static_alloc=True, static_shape=True)
-    # Not hybridized: its own graph would be traced from the unfused one. The cast of the logits runs alone.
-    return _Float32Logits(converted)
-
-
-def round_to_bfloat16(values):
-    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32: any later cast to bfloat16,
-    rounding or truncating, leaves them as they are."""
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    bits = values.view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(values), values, rounded)  # a NaN's bits could carry into another value
-
-
-def _attr_true(attrs, name, default):
-    """A boolean attribute of a node in MXNet's graph JSON, where it is a string ("True", "true", "1")."""
-    return attrs.get(name, default) in ("True", "true", "1")
-
-
-def fold_batchnorm(net, sample):
-    """``net``'s graph as a new SymbolBlock (``net`` unchanged) whose convolutions carry their BatchNorm's scale and
-    shift, folded in float32, every value that will be cast to bfloat16 already rounded to it (round_to_bfloat16).
-
-    Why: oneDNN's fusion in MXNet 1.9 folds BatchNorm into a bfloat16 convolution itself, and its float-to-bfloat16
-    cast truncates (mshadow's bf16_t keeps the upper 16 bits), shrinking every weight and bias toward zero in every
-    layer: ResNet-50's logits moved 6 % from float32's, against 1.2 % without the fusion. Here each BatchNorm is
-    left with mean 0, variance 1 and a gamma of just over sqrt(1 + eps): the fusion's factor is 1 (or a hair above),
-    and its truncation gives back the rounded values unchanged. A BatchNorm with fix_gamma, or after a convolution
-    whose output is also used elsewhere, is left to MXNet. ``net``'s parameter values are not changed.
-    """
-    net.hybridize(static_alloc=True, static_shape=True)
-    net(sample).wait_to_read()  # the graph is traced; where the forward pass fails, it fails here
-    inputs, symbol = net._cached_graph
-    graph = json.loads(without_amp_casts(symbol).tojson(remove_amp_cast=False))
-    nodes = graph["nodes"]
-    uses = {}
-    for source in [entry for node in nodes for entry in node["inputs"]] + graph["heads"]:
-        uses[source[0]] = uses.get(source[0], 0) + 1
-    values = {name: param.data().asnumpy() for name, param in net.collect_params().items()}
-    name_of = lambda entry: nodes[entry[0]]["name"]  # noqa: E731
-    for node in nodes:
-        conv = nodes[node["inputs"][0][0]] if node["op"] == "BatchNorm" else None
-        attrs = node.get("attrs", {})
-        if conv is None or conv["op"] != "Convolution" or uses[node["inputs"][0][0]] != 1 or \
-                _attr_true(attrs, "fix_gamma", "True"):
-            continue  # only a convolution feeding nothing but its BatchNorm (with a gamma) can take it in
-        gamma, beta, mean, var = (name_of(entry) for entry in node["inputs"][1:5])
-        eps = float(attrs.get("eps", 1e-3))
-        scale = values[gamma].astype(np.float64) / np.sqrt(values[var].astype(np.float64) + eps)
-        shift = values[beta] - scale * values[mean]
-        source = nodes[conv["inputs"][1][0]]
-        if source["op"] == "Concat":  # EvenChannelStem: the parameter, then zeros, along the input channels
-            source = nodes[source["inputs"][0][0]]
-        weight = source["name"]
-        w = values[weight]
-        values[weight] = round_to_bfloat16(w * scale.reshape((-1,) + (1,) * (w.ndim - 1)))
-        if not _attr_true(conv.get("attrs", {}), "no_bias", "False"):
-            bias = name_of(conv["inputs"][2])
-            shift = shift + scale * values[bias]
-            values[bias] = np.zeros_like(values[bias])
-        values[beta] = round_to_bfloat16(shift)
-        values[mean] = np.zeros_like(values[mean])
-        values[var] = np.ones_like(values[var])
-        values[gamma] = np.full_like(values[gamma], np.nextafter(np.float32(np.sqrt(1.0 + eps)), np.float32(2)))
-    for node in nodes:  # the classifier's (and any other) operands AMP will cast
-        if node["op"] in ("Convolution", "FullyConnected"):
-            for entry in node["inputs"][1:]:
-                if nodes[entry[0]]["op"] == "null":
-                    values[name_of(entry)] = round_to_bfloat16(values[name_of(entry)])
-    with warnings.catch_warnings():  # "Cannot decide type for data": known only at run time
-        warnings.simplefilter("ignore", UserWarning)
-        folded = mx.gluon.SymbolBlock(symbol, inputs)
-    ctx = sample.context
-    for name, param in folded.collect_params().items():
-        param._load_init(mx.nd.array(values[name], dtype=values[name].dtype, ctx=ctx), ctx)
-    folded.hybridize(static_alloc=True, static_shape=True)
-    folded(sample)
-    return folded
-
-
-class _Float32Logits(nn.HybridBlock):
-    def __init__(self, block, **kwargs):
-        super().__init__(prefix="", **kwargs)
-        self.block = block
-
-    def hybrid_forward(self, F, x):
-        return F.cast(self.block(x), dtype="float32")
-
-
-def model_name(arch, num_layers, num_groups=32):
-    """Map the original kit's ``--arch/--num-layers/--num-groups`` to a model name."""
-    family, version = ARCHS[arch]
-    if family == "resnet":
-        return f"resnet{num_layers}_v{version}"
-    suffix = "_v1" if version == "1" else ""
-    return f"resnext{num_layers}_{num_groups}x{RESNEXT_WIDTH}d{suffix}"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The network: the Model flags' values (their defaults are these)."""
-    arch: str = "resnetv15"
-    num_layers: int = 50
-    num_groups: int = 32
-    model: str = None
-    num_classes: int = 1000
-    batchnorm_eps: float = 1e-5
-    batchnorm_mom: float = 0.9
-    zero_init_last_gamma: bool = True
-    conv_layout: str = "NCHW"
-    batchnorm_layout: str = None
-    pooling_layout: str = None
-    fuse_bn_relu: int = 0
-    fuse_bn_add_relu: int = 0
-    drop_path: float = 0.0
-
-    @property
-    def name(self):
-        """``--model NAME``, else the name the original kit's ``--arch/--num-layers/--num-groups`` stand for."""
-        return self.model or model_name(self.arch, self.num_layers, self.num_groups)
-
-
-def add_model_args(parser):
-    group = parser.add_argument_group("Model")
-    group.add_argument("--arch", choices=sorted(ARCHS), help="model architecture")
-    group.add_argument("--num-layers", type=int, choices=sorted(RESNET_SPEC), help="number of layers in the network")
-    group.add_argument("--num-groups", type=int, help="ResNeXt cardinality (groups of 4 channels)")
-    group.add_argument("--model", help="a model by name instead of --arch/--num-layers/--num-groups "
-                       "(python models.py lists them)")
-    group.add_argument("--num-classes", type=int, help="number of classes")
-    group.add_argument("--batchnorm-eps", type=float, help="BatchNorm epsilon")
-    group.add_argument("--batchnorm-mom", type=float, help="BatchNorm momentum")
-    group.add_argument("--no-zero-init-last-gamma", dest="zero_init_last_gamma", action="store_false",
-                       help="initialise the last BatchNorm gamma of each residual block to 1 instead of 0")
-    group.add_argument("--conv-layout", choices=LAYOUTS,
-                       help="layout the network computes in (NHWC: float16 on GPU); one transpose at the input "
-                       "when it differs from --input-layout")
-    group.add_argument("--batchnorm-layout", choices=LAYOUTS,
-                       help="accepted for the original kit's command lines; must equal --conv-layout")
-    group.add_argument("--pooling-layout", choices=LAYOUTS,
-                       help="accepted for the original kit's command lines; must equal --conv-layout")
-    group.add_argument("--fuse-bn-relu", type=int, choices=[0, 1],
-                       help="fused BatchNorm+ReLU where this MXNet has it: NVIDIA's builds (GPUs; on by default "
-                       "for float16 NHWC there), upstream's nn.BatchNormReLU (CPU, oneDNN, NCHW only); plain ops "
-                       "otherwise")
-    group.add_argument("--fuse-bn-add-relu", type=int, choices=[0, 1],
-                       help="fused BatchNorm+add+ReLU where this MXNet has it (NVIDIA's builds; on by default for "
-                       "float16 NHWC on GPUs there), plain ops otherwise")
-    group.add_argument("--drop-path", type=float,
-                       help="stochastic depth: the largest chance a residual branch is dropped in training (the last "
-                            "block's, rising linearly from 0 at the first); 0 = off. Scoring builds the network "
-                            "without it")
-    parser.set_defaults(**config_defaults(ModelConfig))
-    return group
-
-
 def model_kwargs(cfg, in_channels=3, input_layout="NCHW", dtype="float32"):
     """The keyword arguments of ``get_model`` for a ModelConfig and the input it gets (ValueError, with the flag,
     on bad combinations)."""
@@ -627,11 +347,6 @@ def model_kwargs(cfg, in_channels=3, input_layout="NCHW", dtype="float32"):
 
 # --dtype int8 builds the float32 network; quantize.py turns the loaded checkpoint into the INT8 graph.
 FLOAT_NETWORK = {"int8": "float32"}
-
-
-def model_name_from_args(args):
-    """The model name of parsed flags (a Namespace, for the tools and tests that parse flags themselves)."""
-    return config_from(ModelConfig, args).name
 
 
 def build_network(cfg, in_channels=3, input_layout="NCHW", dtype="float32"):

@@ -19,7 +19,10 @@ setup(
     python_requires=">=3.10,<3.12",
     py_modules=CARD_MODULES,
     packages=find_packages(include=["rn50kit", "rn50kit.*"]),
-    package_data={"rn50kit.config": ["recipes/*.toml"]},  # the shipped recipes (schedules.RECIPES_DIR)
+    package_data={
+        "rn50kit.config": ["recipes/*.toml"],  # the shipped recipes (schedules.RECIPES_DIR)
+        "rn50kit.common": ["imagenet_classes.tsv"],  # the ImageNet-1k class names (imagenet_classes.classes)
+    },
     scripts=["runner"],
     # MXNet is left out on purpose: the CPU build (mxnet) and the GPU builds (mxnet-cu112, ...) are
     # different distributions of the same package; the Makefile installs the one asked for.

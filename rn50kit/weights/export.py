@@ -12,7 +12,9 @@ import re
 
 import numpy as np
 
-from rn50kit.weights import pretrained
+from rn50kit.weights.architecture import from_shapes
+from rn50kit.weights.readers import read_weights
+from rn50kit.weights.sources import identify
 
 _BN_FIELDS = {"gamma": "weight", "beta": "bias", "running_mean": "running_mean", "running_var": "running_var"}
 
@@ -45,7 +47,7 @@ def torchvision_name(kit_name):
 
 def to_torchvision(canon):
     """The state dict (torchvision's names, float32 arrays, convs (O, I, kH, kW)) of kit-named weights as
-    pretrained.identify gives them, with every BatchNorm's num_batches_tracked."""
+    sources.identify gives them, with every BatchNorm's num_batches_tracked."""
     out, unknown = {}, []
     for key, value in canon.items():
         name = torchvision_name(key)
@@ -72,13 +74,13 @@ def stride_fix_for_torch(architecture):
 def export(params_path, out_path, version=None):
     """Write ``params_path`` (a kit checkpoint, or any file --pretrained reads) to ``out_path`` in torchvision's
     names; ``version`` ("1" or "1.5") when the file does not record its stride placement. Returns the
-    pretrained.Architecture written."""
+    architecture.Architecture written."""
     from safetensors.numpy import save_file
-    weights, _ = pretrained.read_weights(params_path)
-    source, canon, found_version, _ = pretrained.identify(weights, params_path)
+    weights, _ = read_weights(params_path)
+    source, canon, found_version, _ = identify(weights, params_path)
     version = found_version or version or trained_version(params_path)
     shapes = {key: value.shape for key, value in canon.items()}
-    architecture = pretrained._architecture(shapes, version)
+    architecture = from_shapes(shapes, version)
     if architecture is None or architecture.kit_name() is None:
         raise ExportError(f"{params_path} holds no ResNet the kit builds")
     if architecture.kind == "bottleneck" and architecture.version is None:

@@ -1,16 +1,16 @@
-"""models.py: architectures against published parameter counts and a numpy forward, precisions, files, stochastic
-depth."""
-import json
+"""models.py: architectures against published parameter counts and a numpy forward, precisions, fused ops,
+stochastic depth (its files and graphs: test_graph.py)."""
 import math
 import mxnet as mx
 import numpy as np
 import pytest
 import models
-import os
 from mxnet import autograd
 from mxnet.gluon import nn
 from rn50kit.common import rules
-from conftest import parse_model_args, randomise, small_net
+from rn50kit.graph.parameters import load_parameters
+from rn50kit.graph.symbol_files import export
+from support.networks import parse_model_args, randomise, small_net
 
 
 def test_drop_path_keeps_the_expected_value_in_training_and_is_identity_at_inference():
@@ -125,7 +125,7 @@ def blocks_of(net, kind):
 
 def test_nvidias_fused_ops_are_read_from_mxnets_operator_registry(monkeypatch):
     """Upstream MXNet 1.9.1 (this machine's) has neither of NVIDIA's ops; a build that registers them is seen."""
-    import fused_standins
+    from support import fused_standins
     from rn50kit.launch import devices
     assert not devices.nvidia_bn_relu() and not devices.nvidia_bn_add_relu() and not devices.nvidia_fused_batchnorm()
     assert not models.fused_bn_add_relu_available()
@@ -156,7 +156,7 @@ def tiny_resnet(seed, fuse=False):
 
 
 def test_nvidias_fused_ops_build_the_fused_blocks_with_the_same_parameter_names(monkeypatch):
-    import fused_standins
+    from support import fused_standins
     fused_standins.register(monkeypatch)
     plain = models.get_model("resnet50_v1.5")
     fused = models.get_model("resnet50_v1.5", fuse_bn_relu=True, fuse_bn_add_relu=True)
@@ -175,7 +175,7 @@ def test_nvidias_fused_ops_build_the_fused_blocks_with_the_same_parameter_names(
 def test_fused_ops_give_the_plain_numbers_and_checkpoints(monkeypatch, tmp_path, hybridize, ops):
     """With NVIDIA's ops (stand-ins here) or upstream's nn.BatchNormReLU (oneDNN, this machine's): logits and
     gradients as the plain network's, and the kit's checkpoint of either loads into the other."""
-    import fused_standins
+    from support import fused_standins
     calls = fused_standins.register(monkeypatch) if ops == "nvidia" else None
     plain, fused = tiny_resnet(0), tiny_resnet(0, fuse=True)
     kind = models.BatchNormActReLU if ops == "nvidia" else nn.BatchNormReLU
@@ -197,74 +197,9 @@ def test_fused_ops_give_the_plain_numbers_and_checkpoints(monkeypatch, tmp_path,
     for source, target in ((fused, tiny_resnet(1)), (plain, tiny_resnet(2, fuse=True))):
         source.hybridize()
         source(x)
-        _, params = models.export(source, str(tmp_path / f"net{id(source)}"), epoch=1)
-        models.load_parameters(target, params, mx.cpu())
+        _, params = export(source, str(tmp_path / f"net{id(source)}"), epoch=1)
+        load_parameters(target, params, mx.cpu())
         np.testing.assert_allclose(target(x).asnumpy(), source(x).asnumpy(), rtol=1e-5, atol=1e-5)
-
-
-def test_export_import_round_trip_and_float16_interchange(tmp_path):
-    net = small_net()
-    net.hybridize(static_alloc=True, static_shape=True)
-    x = mx.nd.random.uniform(-1, 1, shape=(2, 3, 32, 32))
-    expected = net(x).asnumpy()
-    prefix = str(tmp_path / "model")
-    models.export(net, prefix, epoch=3)
-    np.testing.assert_array_equal(models.load_checkpoint(prefix, 3)(x).asnumpy(), expected)
-    again = models.get_model("resnet18_v1.5", num_classes=10, pretrained=f"{prefix}-0003.params")
-    np.testing.assert_array_equal(again(x).asnumpy(), expected)
-
-    # float16 checkpoint of the same model: same names, loads into float32 (values rounded to float16)
-    half = models.get_model("resnet18_v1.5", num_classes=10, dtype="float16", pretrained=f"{prefix}-0003.params")
-    assert np.dtype(half.collect_params()["conv0_weight"].dtype) == np.float16
-    assert np.dtype(half.collect_params()["bn0_gamma"].dtype) == np.float32
-    half.hybridize()
-    half._build_cache(mx.nd.zeros((1, 3, 32, 32), dtype="float16"))  # trace only: no float16 conv on CPU
-    half.export(str(tmp_path / "half"), epoch=3)
-    sym32, sym16 = mx.sym.load(f"{prefix}-symbol.json"), mx.sym.load(str(tmp_path / "half-symbol.json"))
-    assert sym16.list_arguments() == sym32.list_arguments()
-    assert sym16.list_auxiliary_states() == sym32.list_auxiliary_states()
-    saved16 = mx.nd.load(str(tmp_path / "half-0003.params"))
-    assert set(saved16) == set(mx.nd.load(f"{prefix}-0003.params"))
-    back = models.get_model("resnet18_v1.5", num_classes=10, pretrained=str(tmp_path / "half-0003.params"))
-    weight = back.collect_params()["conv0_weight"].data()
-    assert weight.dtype == np.float32
-    np.testing.assert_array_equal(weight.asnumpy(),
-                                  net.collect_params()["conv0_weight"].data().astype("float16").asnumpy())
-    np.testing.assert_allclose(back(x).asnumpy(), expected, rtol=0.02, atol=0.02 * np.abs(expected).max())
-
-
-def test_input_and_compute_layouts(tmp_path):
-    nhwc = models.get_model("resnet50_v1.5", layout="NHWC", input_layout="NCHW")
-    sym = nhwc(mx.sym.var("data")).tojson()
-    assert sym.count('"transpose"') == 1  # one transpose at the input, none per layer
-    assert models.get_model("resnet50_v1.5", layout="NHWC", input_layout="NHWC")(
-        mx.sym.var("data")).tojson().count('"transpose"') == 0
-    # NCHW checkpoint -> NHWC network -> NCHW network keeps every value (conv weights OIHW <-> OHWI)
-    net = small_net()
-    net.hybridize()
-    x = mx.nd.random.uniform(shape=(1, 3, 32, 32))
-    expected = net(x).asnumpy()
-    models.export(net, str(tmp_path / "nchw"), 0)
-    turned = models.get_model("resnet18_v1.5", num_classes=10, layout="NHWC",
-                              pretrained=str(tmp_path / "nchw-0000.params"))
-    assert turned.collect_params()["conv0_weight"].shape == (64, 7, 7, 3)
-    turned.collect_params().save(str(tmp_path / "nhwc.params"))  # by parameter name
-    back = models.get_model("resnet18_v1.5", num_classes=10, pretrained=str(tmp_path / "nhwc.params"))
-    np.testing.assert_array_equal(back(x).asnumpy(), expected)
-
-
-def test_four_channel_input():
-    net = small_net()
-    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
-    expected = net(x).asnumpy()
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rn-4ch-{os.getpid()}.params")
-    net.save_parameters(path)
-    try:
-        four = models.get_model("resnet18_v1.5", num_classes=10, in_channels=4, pretrained=path)
-    finally:
-        os.remove(path)
-    x4 = mx.nd.concat(x, mx.nd.zeros((2, 1, 32, 32)), dim=1)  # the zero padding channel
-    np.testing.assert_allclose(four(x4).asnumpy(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_float16_model_from_args_and_numerics():
@@ -299,46 +234,3 @@ def test_float16_model_from_args_and_numerics():
     got = half(x.as_in_context(ctx).astype("float16"))
     assert got.dtype == np.float32
     np.testing.assert_allclose(got.asnumpy(), expected, atol=0.01 * np.abs(expected).max(), rtol=0.01)
-
-
-def test_round_to_bfloat16_is_nearest_even():
-    """Against a float64 re-computation: of the two bfloat16 values around x (its upper 16 bits, and one step
-    away from zero), the nearer; on a tie, the one whose last kept bit is 0."""
-    rng = np.random.RandomState(3)
-    values = np.concatenate([rng.normal(0, 1, 5000), rng.normal(0, 1e-3, 1000), [0.0, -0.0, 1.0, -2.5]])
-    values = values.astype(np.float32)
-    bits = values.view(np.uint32)
-    halfway = (bits & 0xFFFF0000) | 0x8000  # exact ties, both parities of the kept bits
-    values = np.concatenate([values, halfway.astype(np.uint32).view(np.float32)])
-    got = models.round_to_bfloat16(values)
-    bits = values.view(np.uint32)
-    low = (bits & 0xFFFF0000).astype(np.uint32)
-    high = (low + 0x10000).astype(np.uint32)
-    low_f, high_f = low.view(np.float32).astype(np.float64), high.view(np.float32).astype(np.float64)
-    x = values.astype(np.float64)
-    d_low, d_high = np.abs(x - low_f), np.abs(high_f - x)
-    even_low = ((low >> 16) & 1) == 0
-    expected = np.where(d_low < d_high, low_f, np.where(d_high < d_low, high_f, np.where(even_low, low_f, high_f)))
-    np.testing.assert_array_equal(got.astype(np.float64), expected)
-    assert (got.view(np.uint32) & 0xFFFF == 0).all()
-
-
-def test_onednn_fused_inference_matches():
-    net = small_net("resnet50_v1.5")
-    net.hybridize()
-    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
-    expected = net(x).asnumpy()
-    fused = models.optimize_for_inference(net, x.shape)
-    np.testing.assert_allclose(fused(x).asnumpy(), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
-
-
-def test_without_amp_casts_gives_what_mxnet_saves():
-    """The graph models.export saves is MXNet's own tojson() of it: AMP's casts gone, nothing else changed."""
-    data = mx.sym.var("data")
-    symbol = mx.sym.relu(mx.sym.FullyConnected(mx.sym.amp_cast(data, dtype="float16"), num_hidden=4, name="fc"))
-
-    def ops(text):
-        return [node["op"] for node in json.loads(text)["nodes"] if node["op"] != "null"]
-    assert ops(symbol.tojson(remove_amp_cast=False)) == ["amp_cast", "FullyConnected", "relu"]
-    cleaned = models.without_amp_casts(symbol).tojson(remove_amp_cast=False)
-    assert cleaned == symbol.tojson() and ops(cleaned) == ["FullyConnected", "relu"]

@@ -6,10 +6,11 @@ import mxnet as mx
 import numpy as np
 import pytest
 import models
-import resnet_reference as ref
+from support import resnet_reference as ref
 from mxnet import autograd, gluon
 from rn50kit.weights import pretrained
-from conftest import X, assert_logits, kit_net, load, logits, save_safetensors, Weights, refusal
+from rn50kit.weights.architecture import Architecture, network_architecture
+from support.weights import X, assert_logits, kit_net, load, logits, save_safetensors, Weights, refusal
 
 
 def save_params(weights, path):
@@ -104,12 +105,12 @@ def test_other_depth_is_refused_in_one_line(tv18):
 
 def test_wide_resnet_is_named_and_refused():
     """torchvision's wide_resnet50_2: bottleneck width 128 for 256 outputs (the kit builds width 64)."""
-    arch = pretrained.Architecture(kind="bottleneck", units=(3, 4, 6, 3), groups=1, width=128,
-                                   out_channels=(64, 256, 512, 1024, 2048), version="1.5", num_classes=1000)
+    arch = Architecture(kind="bottleneck", units=(3, 4, 6, 3), groups=1, width=128,
+                        out_channels=(64, 256, 512, 1024, 2048), version="1.5", num_classes=1000)
     assert arch.family_name() == "wide_resnet50_2" and arch.kit_name() is None
     net = kit_net("resnet50_v1.5", 10)
     message = str(pretrained._refusal("w.safetensors", arch, "torchvision/timm",
-                                      pretrained.network_architecture(net), "resnet50_v1.5"))
+                                      network_architecture(net), "resnet50_v1.5"))
     assert message == ("w.safetensors holds a torchvision/timm wide_resnet50_2 (v1.5: stride in the 3x3 "
                        "convolutions, 1000 classes); this run builds resnet50_v1.5: the kit builds no such network "
                        "(python models.py lists what it builds)")
