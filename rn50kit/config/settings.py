@@ -4,6 +4,9 @@ The same defaults whether train.py is started by runner or alone: the data backe
 machine, the data files of a data root (those its backend's row names) and their indexes, the workspace
 runs/<model>/, and for --mode val/pred the settings the scored checkpoint was trained with (model, classes, image
 shape, resize, normalisation), which a contradicting flag cannot silently override.
+
+MXNet-free at import: what reads a checkpoint (rn50kit.training.checkpoint) or this machine's MXNet build
+(rn50kit.launch.devices' float16 defaults) is imported by the functions that need it, when they run.
 """
 import argparse
 import glob
@@ -13,12 +16,9 @@ import re
 import shutil
 import time
 
-from rn50kit.common import backends
-from rn50kit.training import checkpoint
-from rn50kit.common import cli
-from rn50kit.launch import devices
-import models
-from rn50kit.common import rules
+from rn50kit.common import backends, rules
+from rn50kit.config import cli
+from rn50kit.config.model_flags import model_name_from_args
 
 RUNS_DIR = "runs"
 # What a checkpoint's state records about the data the network expects: scoring or predicting with other values
@@ -88,6 +88,7 @@ def default_workspace(model_name):
 def trained_settings(params_path):
     """The state (with its "args") saved with a checkpoint's parameters: beside <prefix>-NNNN[-stepS][-ema].params,
     or, for <prefix>-best.params, the latest of the same run. None for a file without one (another kit's)."""
+    from rn50kit.training import checkpoint
     name = os.path.basename(params_path)
     directory = os.path.dirname(params_path)
     tagged = re.match(r"^(.*-\d{4}(?:-step\d{6})?)(?:-ema)?\.params$", name)
@@ -114,7 +115,7 @@ def apply_trained_settings(args, state, given, source):
     saved_model = state.get("model") or saved.get("model_name")
     if saved_model:
         if given & set(MODEL_FLAGS):
-            wanted = models.model_name_from_args(args)
+            wanted = model_name_from_args(args)
             if wanted != saved_model:
                 flags = " ".join(f"{flag_name(d)} {getattr(args, d)}" for d in MODEL_FLAGS if d in given)
                 raise ValueError(f"{flags} asks for {wanted}, but {source} is a {saved_model} (another "
@@ -171,11 +172,13 @@ def score_report_beside(params_path, tag):
 def complete(args, given, num_gpus):
     """Fill every default that depends on the machine, the data root, the model or the scored checkpoint.
     Returns the checkpoint path scored or predicted with (or None). Raises ValueError for bad input."""
+    from rn50kit.launch import devices
+    from rn50kit.training import checkpoint
     machine_defaults(args, num_gpus, given)
     fill_data_files(args)
     workspace_given = args.workspace is not None
     if not workspace_given:
-        args.workspace = default_workspace(models.model_name_from_args(args))
+        args.workspace = default_workspace(model_name_from_args(args))
     devices.apply_float16_gpu_defaults(args, given, num_gpus)  # NHWC, 4 channels: not flags the user typed
     if args.mode not in ("val", "pred"):
         return None
@@ -262,6 +265,7 @@ def set_aside_superseded(workspace, prefix_name, state, other_files=()):
     earlier run (checkpoints, best, scores, ``other_files`` such as its report and log), else (--resume PATH)
     the checkpoints later than ``state``. Moved aside, not deleted, so that a later --resume auto cannot
     continue the abandoned run. Returns the folder they went to, or None."""
+    from rn50kit.training import checkpoint
     if state is None:
         names = previous_run_files(workspace, prefix_name, other_files)
     else:

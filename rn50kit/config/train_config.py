@@ -1,18 +1,17 @@
-"""train.py's configuration: one frozen, typed config per concern, each beside the code that reads it and the flags that
-set it (models.ModelConfig, data.DataConfig, fit_flags.FitConfig, pretrained.FinetuneConfig, quantize.QuantizeConfig,
-predict.PredictConfig, watchdog.WatchdogConfig). Every flag of train.py is a field of exactly one of them; their
-defaults are the flags' defaults. The entry point builds a RunConfig once from the parsed and completed flags and passes
-it down: no argparse Namespace goes past train.py."""
+"""train.py's configuration: one frozen, typed config per concern, each beside the flags that set it, in this folder
+(model_flags.ModelConfig, data_flags.DataConfig, fit_flags.FitConfig, finetune_flags.FinetuneConfig,
+scoring_flags.QuantizeConfig and PredictConfig, faults_flags.WatchdogConfig). Every flag of train.py is a field of
+exactly one of them; their defaults are the flags' defaults. The entry point builds a RunConfig once from the parsed
+and completed flags and passes it down: no argparse Namespace goes past train.py."""
 import dataclasses
 
-from rn50kit.common.cli import config_from
-from rn50kit.data.loaders import DataConfig
-from rn50kit.training.fit_flags import FitConfig
-from models import ModelConfig
-from rn50kit.scoring.predict import PredictConfig
-from rn50kit.weights.pretrained import FinetuneConfig
-from rn50kit.scoring.quantize import QuantizeConfig
-from rn50kit.reliability.watchdog import WatchdogConfig
+from rn50kit.config.cli import config_from
+from rn50kit.config.data_flags import DataConfig
+from rn50kit.config.faults_flags import WatchdogConfig
+from rn50kit.config.finetune_flags import FinetuneConfig
+from rn50kit.config.fit_flags import FitConfig
+from rn50kit.config.model_flags import ModelConfig
+from rn50kit.config.scoring_flags import PredictConfig, QuantizeConfig
 
 CONFIGS = {"model": ModelConfig, "data": DataConfig, "fit": FitConfig, "finetune": FinetuneConfig,
            "quantize": QuantizeConfig, "predict": PredictConfig, "watchdog": WatchdogConfig}

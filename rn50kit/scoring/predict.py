@@ -1,12 +1,12 @@
 """--mode pred: the top-5 classes of one image, through the validation transform, with class names."""
-import dataclasses
 import logging
 import os
 
 import mxnet as mx
 import numpy as np
 
-from rn50kit.common import cli
+from rn50kit.config import cli
+from rn50kit.config.scoring_flags import LIST_SUFFIXES, check_pred_args, is_glob  # noqa: F401  (read as predict.*)
 from rn50kit.data.loaders import out_dtype
 
 log = logging.getLogger("rn50")
@@ -19,56 +19,6 @@ class PredictionError(Exception):
     def __init__(self, message, reason=None):
         super().__init__(message)
         self.reason = reason or message
-
-
-@dataclasses.dataclass(frozen=True)
-class PredictConfig:
-    """The Prediction flags' values."""
-    data_pred: str = None
-    class_names: str = None
-    pred_out: str = None
-    pred_top_k: int = 5
-
-
-def add_pred_args(parser):
-    group = parser.add_argument_group("Prediction", "--mode pred")
-    group.add_argument("--data-pred",
-                       help="pred: what to classify: an image (its top classes printed), or many: a folder (its "
-                            "images, in subfolders too), a quoted glob ('photos/*/*.jpg'), or a list file (.txt or "
-                            ".lst: a path per line, relative to the list's folder), written to --pred-out")
-    group.add_argument("--pred-out", metavar="FILE",
-                       help="pred: the predictions, one row per image (path, error, top-k names and probabilities): "
-                            "CSV, or JSON for a .json name (relative: from the current directory; default "
-                            "predictions.csv beside the checkpoint, or in --workspace, when --data-pred names many "
-                            "images)")
-    group.add_argument("--pred-top-k", type=int, help="pred: the classes listed per image (default 5)")
-    group.add_argument("--class-names",
-                       help="file with one class name per line, in label order (default: the names saved with the "
-                            "checkpoint, else classes.txt or the .lst beside --data-train; training saves the "
-                            "names in its checkpoints)")
-    parser.set_defaults(**cli.config_defaults(PredictConfig))
-    return group
-
-
-LIST_SUFFIXES = (".txt", ".lst")  # --data-pred: a list of images, not one
-OUT_SUFFIXES = (".csv", ".json")
-
-
-def is_glob(pattern):
-    return any(char in pattern for char in "*?[")
-
-
-def check_pred_args(data_pred, pred_out=None, top_k=5):
-    """Raise ValueError unless --data-pred names an existing file or folder, or a glob, and --pred-out a .csv or
-    .json file."""
-    if not data_pred:
-        raise ValueError("--mode pred needs an image: --data-pred IMAGE (or a folder, a glob or a list file)")
-    if not (os.path.exists(data_pred) or is_glob(data_pred)):
-        raise ValueError(f"--data-pred {data_pred} does not exist")
-    if pred_out and not pred_out.lower().endswith(OUT_SUFFIXES):
-        raise ValueError(f"--pred-out {pred_out}: give a .csv or a .json file name")
-    if top_k < 1:
-        raise ValueError(f"--pred-top-k must be at least 1, got {top_k}")
 
 
 def read_names_file(path):

@@ -7,7 +7,6 @@ describing the calibration. The key covers everything the graph depends on (the 
 calibration mode, data and amount, batch and image shape, MXNet's version), so a later run with the same settings
 reuses the graph and a different checkpoint or calibration never does.
 """
-import dataclasses
 import hashlib
 import json
 import logging
@@ -19,39 +18,18 @@ import mxnet as mx
 
 import models
 from rn50kit.common import backends
-from rn50kit.common import cli
 from rn50kit.reporting.report import write_json
 from rn50kit.common import rules
 from rn50kit.common.rules import cpu_flags
 
 log = logging.getLogger(__name__)
 
-# MXNet's third mode, 'none' (ranges measured at run time), gave near-uniform outputs here: not offered.
-CALIB_MODES = ["naive", "entropy"]
 # MXNet 1.9.1's calibrated INT8 graph with convolution+residual-add fusion is wrong here: on a ResNet-18 trained on
 # the digits its logits were 25 % off float32's (3 % without this fusion; top-1 agreement 98.9 % -> 99.2 %).
 # MXNet reads the switch once, when the library loads: set it in the environment before `import mxnet`.
 INT8_ENV = {"MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM": "1"}
 # oneDNN's INT8 convolutions need at least AVX2; VNNI (AVX512_VNNI or AVX_VNNI) makes them about twice as fast.
 INT8_ISA = ("avx2", "avx512_vnni", "avx_vnni", "amx_int8")
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantizeConfig:
-    """The INT8 flags' values."""
-    calib_batches: int = 10
-    calib_mode: str = "naive"
-
-
-def add_quantize_args(parser):
-    group = parser.add_argument_group("INT8", "--dtype int8: scoring and prediction with oneDNN on the CPU")
-    group.add_argument("--calib-batches", type=int,
-                       help="int8: training batches (of --batch-size per worker) used to calibrate")
-    group.add_argument("--calib-mode", choices=CALIB_MODES,
-                       help="int8: naive (min/max of each layer's output), entropy (KL-optimal thresholds, slower "
-                            "to calibrate)")
-    parser.set_defaults(**cli.config_defaults(QuantizeConfig))
-    return group
 
 
 def int8_unavailable(mode, ctxs, conv_layout, calib_batches, flags=None):

@@ -15,12 +15,15 @@ in groups (`preloaded_multi_sgd_mom_update`, unvectorized like SGD's), LAMB in g
 A whole ResNet-50 update, same machine: LARS 105-114 ms -> 43, LAMB 774-820 ms -> 179.
 
 At the end, the optimizer a run trains with, from its flags: weight-decay groups (none on BatchNorm gamma/beta and
-biases), the optimizer's parameters, and the trainer that applies it (Horovod's DistributedTrainer or a Gluon
-Trainer on a kvstore).
+biases), the registry's factories of the kit's optimizers (rn50kit/config/optimizer_registry.py names them; a new
+optimizer is a module of its own, docs/extending.md), and the trainer that applies the optimizer (Horovod's
+DistributedTrainer or a Gluon Trainer on a kvstore).
 """
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
+
+from rn50kit.config import optimizer_registry
 
 
 class SGD(mx.optimizer.SGD):
@@ -202,9 +205,6 @@ def create(name, **params):
     return BY_NAME[name](**params) if name in BY_NAME else mx.optimizer.create(name, **params)
 
 
-OPTIMIZERS = ("sgd", "nag", "lars", "lamb")  # MXNet's registered names
-
-
 def no_decay(name):
     """BatchNorm gamma/beta and biases: decaying them only hurts (Goyal et al. 2017; NVIDIA's README)."""
     return name.endswith(("gamma", "beta", "bias"))
@@ -215,15 +215,44 @@ def set_wd_groups(net, decay_all=False):
         param.wd_mult = 1.0 if decay_all or not no_decay(name) else 0.0
 
 
-def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0):
-    """The optimizer's parameters (the LR is set every step).
+# The registry's factories for the kit's optimizers: factory(base, knobs, param_names) -> an MXNet optimizer
+# (optimizer_registry's doc). ``base``: learning_rate (0.0: the schedule sets it every step), wd, multi_precision.
+def sgd(base, knobs, param_names):
+    return SGD(momentum=knobs.momentum, **base)
 
-    lars: MXNet 1.9.1's LARS decides which parameters get no trust ratio by their names (ending in gamma, beta or
+
+def nag(base, knobs, param_names):
+    return mx.optimizer.create("nag", momentum=knobs.momentum, **base)
+
+
+def lars(base, knobs, param_names):
+    """MXNet 1.9.1's LARS decides which parameters get no trust ratio by their names (ending in gamma, beta or
     bias), read from ``param_idx2name``, which a Gluon Trainer does not fill in (every parameter would get one):
-    it is given here, indexed as the Trainer indexes (parameters sorted by name). Its momentum correction (momentum
-    x LR / previous LR) is off: the LR changes every step, and from a warmup's first LR of 0 it would make the
-    second step's momentum 2x. lamb: its own moments (MXNet's defaults, timm's: betas 0.9/0.999, eps 1e-6, bias
-    correction), no momentum."""
+    it is given here, indexed as the Trainer indexes (parameters sorted by name). Its momentum correction
+    (momentum x LR / previous LR) is off: the LR changes every step, and from a warmup's first LR of 0 it would
+    make the second step's momentum 2x. --opt-eps, when given, is its eps (else --lars-eps)."""
+    eps = knobs.lars_eps if knobs.eps is None else knobs.eps
+    return LARS(momentum=knobs.momentum, eta=knobs.lars_eta, eps=eps, momentum_correction=False,
+                param_idx2name=dict(enumerate(param_names)), **base)
+
+
+def lamb(base, knobs, param_names):
+    """Its own moments, no momentum: MXNet's defaults, timm's (betas 0.9/0.999, eps 1e-6, bias correction) unless
+    --opt-betas/--opt-eps say otherwise."""
+    beta1, beta2 = knobs.betas or (0.9, 0.999)
+    return LAMB(beta1=beta1, beta2=beta2, epsilon=1e-6 if knobs.eps is None else knobs.eps, **base)
+
+
+def build(name, knobs, param_names):
+    """The optimizer the registry's entry ``name`` makes with ``knobs`` (optimizer_registry.Knobs) for parameters
+    ``param_names`` (sorted, as the Trainer indexes them)."""
+    base = {"learning_rate": 0.0, "wd": knobs.wd, "multi_precision": True}
+    return optimizer_registry.factory(name)(base, knobs, list(param_names))
+
+
+def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0):
+    """The keyword arguments MXNet's optimizer ``optimizer`` takes for the kit's built-in ones (the LR is set every
+    step), as the registry's factories give them (for tools that build an optimizer by MXNet's name)."""
     params = {"learning_rate": 0.0, "wd": wd, "multi_precision": True}
     if optimizer != "lamb":
         params["momentum"] = momentum
@@ -234,19 +263,20 @@ def optimizer_params(net, optimizer, wd, momentum, lars_eta=0.001, lars_eps=0.0)
 
 
 def make_trainer(net, dist, kvstore, optimizer, wd, momentum, fp16_allreduce=False, num_groups=0, lars_eta=0.001,
-                 lars_eps=0.0):
-    """Multi-precision SGD/NAG/LARS/LAMB; Horovod's DistributedTrainer or a Gluon Trainer on a kvstore."""
-    optimizer_params_ = optimizer_params(net, optimizer, wd, momentum, lars_eta, lars_eps)
-    # MXNet's optimizers; SGD, LARS and LAMB with faster updates on CPU (above)
-    optimizer, optimizer_params_ = create(optimizer, **optimizer_params_), None
+                 lars_eps=0.0, betas=None, eps=None):
+    """The optimizer named ``optimizer`` in the registry, applied by Horovod's DistributedTrainer or a Gluon Trainer
+    on a kvstore."""
+    knobs = optimizer_registry.Knobs(wd=wd, momentum=momentum, betas=betas, eps=eps, lars_eta=lars_eta,
+                                     lars_eps=lars_eps)
     params = net.collect_params()
+    optimizer = build(optimizer, knobs, sorted(params.keys()))
     if kvstore == "horovod":
         hvd = dist.hvd
         compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         trainer_class = one_dtype_at_a_time(dist) if dist.elastic else hvd.DistributedTrainer
-        return trainer_class(params, optimizer, optimizer_params_, compression=compression, num_groups=num_groups)
+        return trainer_class(params, optimizer, None, compression=compression, num_groups=num_groups)
     store = mx.kvstore.create(kvstore) if kvstore else None
-    return gluon.Trainer(params, optimizer, optimizer_params_, kvstore=store, update_on_kvstore=False)
+    return gluon.Trainer(params, optimizer, None, kvstore=store, update_on_kvstore=False)
 
 
 def one_dtype_at_a_time(dist):
@@ -291,5 +321,7 @@ def trainer_for(net, dist, cfg):
     An elastic run allreduces the gradients one dtype at a time, each waited for (one_dtype_at_a_time): a lost
     peer fails every collective in flight at once, which corrupts MXNet 1.9.1's engine when there are several
     (docs/design.md)."""
+    knobs = optimizer_registry.knobs_of(cfg)
     return make_trainer(net, dist, cfg.kv_store, cfg.optimizer, cfg.wd, cfg.mom, cfg.fp16_allreduce,
-                        1 if dist.elastic else cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps)
+                        1 if dist.elastic else cfg.horovod_num_groups, cfg.lars_eta, cfg.lars_eps, knobs.betas,
+                        knobs.eps)

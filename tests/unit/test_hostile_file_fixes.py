@@ -6,7 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from rn50kit.common import cli, config_files, schedules
+from rn50kit.config import cli, config_files
+from rn50kit.config import recipe as recipes
 from rn50kit.data import records
 from rn50kit.reliability import run_lock
 from rn50kit.scoring import predict
@@ -86,4 +87,4 @@ def test_an_infinite_lr_per_256_in_a_recipe_is_refused(tmp_path):
     path = tmp_path / "r.toml"
     path.write_text("lr_per_256 = inf\nnum_epochs = 3\n")
     with pytest.raises(config_files.ConfigError, match="lr_per_256 = inf: expected a positive number"):
-        schedules.load_recipe(str(path))
+        recipes.load_recipe(str(path))

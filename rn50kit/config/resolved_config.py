@@ -6,7 +6,7 @@ replays from any directory; those inside the workspace (model_prefix, report, js
 tensorboard) stay as given, so a replay with --workspace elsewhere writes there."""
 import os
 
-from rn50kit.common import config_files
+from rn50kit.config import config_files
 from rn50kit.reporting.outputs import Output
 
 RESOLVED_CONFIG = "config.toml"
@@ -27,6 +27,10 @@ class ResolvedConfig(Output):
     def __init__(self, path, tables):
         """``path``: where to write (None: not this rank, or not a training run); ``tables``: the TOML tables."""
         self.path, self.tables = path, tables
+
+    @classmethod
+    def open(cls, context):
+        return cls(context.file(RESOLVED_CONFIG), context.run.resolved_config)
 
     def run_start(self, first_epoch, last_epoch, resumed_from):
         if self.path and self.tables:

@@ -1,11 +1,14 @@
-"""Training recipes (named hyper-parameter presets, one TOML file each in rn50kit/config/recipes/) and learning-rate
-schedules.
+"""Training recipes: named hyper-parameter presets, one TOML file each in rn50kit/config/recipes/.
 
 A recipe gives the parser its defaults: a config file's values and a flag on the command line win. `--lr` is the
 absolute learning rate for the global batch (runner passes it already scaled); when it is not given, the recipe's
 LR per 256 images is scaled linearly: lr = lr_per_256 * batch_size / 256, or, for a recipe with LR points
 (mlperf), the nearest point's LR scaled by the square root of the batch ratio (points_lr).
 The batch is the effective global batch: --batch-size x --grad-accum-steps.
+
+Nothing is read at import: a recipe's file is read (once, cached) when that recipe is used, so one malformed file
+is a one-line ConfigError for the runs that use it, not a traceback for every command. The help texts list the
+recipes that read; a malformed one is left out of them, and refused when chosen.
 """
 import argparse
 import math
@@ -13,12 +16,12 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from rn50kit.common import config_files
-from rn50kit.common.config_files import ConfigError
+from rn50kit.config import config_files
+from rn50kit.config.config_files import ConfigError
 
 # One TOML file per recipe, shipped in the package (setup.py's package_data): its source and published result are
 # comments at its top. A user's recipe is a file of the same form, given as --recipe PATH.toml.
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "config" / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 DEFAULT_RECIPE = "nvidia"
 # Not parser defaults: the LR depends on the global batch, the epochs on --mode (scoring makes 1 pass).
 DERIVED_FIELDS = ("lr_per_256", "lr_points", "num_epochs")
@@ -100,7 +103,23 @@ def recipe_argument(text):
     return os.path.abspath(text) if is_recipe_file(text) else text
 
 
-RECIPES = {name: load_recipe(name) for name in shipped_names()}  # the shipped recipes by name, from their files
+def shipped():
+    """The shipped recipes that read, by name ({name: fields}), the default first: for help texts and listings (a
+    malformed file is left out here, and refused with its one line when it is chosen)."""
+    fields = {}
+    for name in shipped_names():
+        try:
+            fields[name] = load_recipe(name)
+        except ConfigError:
+            continue
+    return fields
+
+
+def __getattr__(name):
+    """RECIPES, the shipped recipes by name (shipped()), read when first asked for, not at import."""
+    if name == "RECIPES":
+        return shipped()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def recipe(name):
@@ -147,7 +166,7 @@ def recipe_lr_source(name, batch_size):
 def recipe_lr_help():
     """--lr's help: each recipe's LR rule."""
     parts = []
-    for name, recipe in RECIPES.items():
+    for name, recipe in shipped().items():
         if "lr_points" in recipe:
             points = ", ".join(f"{b} -> {lr:g}" for b, lr in sorted(recipe["lr_points"].items()))
             parts.append(f"{name}: LARS points {points}, the nearest scaled by sqrt(batch / its batch)")
@@ -171,65 +190,16 @@ def steps_for_length(name, num_epochs):
     return [round(s * num_epochs / recipe_epochs(name), 2) for s in load_recipe(name)["lr_steps"]]
 
 
-# After the warmup, the LR of each schedule as a small function of the progress through the remaining epochs (0 to
-# 1), the epoch, and the schedule's own parameters.
-def cosine(base_lr, progress, epoch, final_lr=0.0, **_):
-    return final_lr + (base_lr - final_lr) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def step(base_lr, progress, epoch, steps=(), factor=0.1, **_):
-    """Multiply by ``factor`` at each epoch in ``steps``."""
-    return base_lr * factor ** sum(1 for s in steps if s <= epoch)
-
-
-def poly(base_lr, progress, epoch, power=2.0, final_lr=0.0, **_):
-    return final_lr + (base_lr - final_lr) * (1 - progress) ** power
-
-
-def linear(base_lr, progress, epoch, final_lr=0.0, **_):
-    return final_lr + (base_lr - final_lr) * (1 - progress)
-
-
-SCHEDULE_FUNCTIONS = {"cosine": cosine, "step": step, "poly": poly, "linear": linear}
-SCHEDULES = list(SCHEDULE_FUNCTIONS)
-
-
-def get_schedule(kind, base_lr, num_epochs, warmup_epochs=0.0, steps=(), factor=0.1, power=2.0, final_lr=0.0):
-    """LR as a function of the fractional epoch (epoch + step / steps_per_epoch): a linear warmup from 0 over
-    ``warmup_epochs``, then the schedule named ``kind`` to the end of ``num_epochs``."""
-    if kind not in SCHEDULE_FUNCTIONS:
-        raise ValueError(f"unknown LR schedule '{kind}'; choose one of: {', '.join(SCHEDULES)}")
-    after_warmup = SCHEDULE_FUNCTIONS[kind]
-    params = dict(steps=sorted(steps), factor=factor, power=power, final_lr=final_lr)
-    span = max(num_epochs - warmup_epochs, 1e-8)
-
-    def schedule(epoch):
-        if epoch < warmup_epochs:
-            return base_lr * epoch / warmup_epochs
-        progress = min(max((epoch - warmup_epochs) / span, 0.0), 1.0)
-        return after_warmup(base_lr, progress, epoch, **params)
-    return schedule
-
-
-def train_size(epoch, start, end, first_epoch, last_epoch, step=32):
-    """Progressive resizing, as FFCV's get_resolution: ``start`` up to epoch ``first_epoch`` (0-based), ``end``
-    from ``last_epoch`` on, between them the linear interpolation rounded to the nearest multiple of ``step``."""
-    if epoch <= first_epoch:
-        return start
-    if epoch >= last_epoch:
-        return end
-    size = start + (end - start) * (epoch - first_epoch) / (last_epoch - first_epoch)
-    return int(round(size / step)) * step
-
-
 def recipe_help(name):
     """A help text's "recipe: ..." for a hyper-parameter: its value in each recipe."""
-    values = {recipe: fields.get(name) for recipe, fields in RECIPES.items()}
+    values = {recipe: fields.get(name) for recipe, fields in shipped().items()}
 
     def show(value):
         if isinstance(value, list):
             return ",".join(f"{v:g}" for v in value) or "none"
         return f"{value:g}" if isinstance(value, float) else str(value)
+    if not values:
+        return "recipe: see --recipe"
     if len({show(v) for v in values.values()}) == 1:
         return f"recipe: {show(next(iter(values.values())))}"
     return "recipe: " + ", ".join(f"{show(v)} ({recipe})" for recipe, v in values.items())

@@ -3,19 +3,18 @@ one small function per titled group, and check (their consistency)."""
 import dataclasses
 import importlib.util
 
-from rn50kit.common import cli, schedules
-from rn50kit.training import optimizers
-
-
-_RECIPE = schedules.recipe_defaults(schedules.DEFAULT_RECIPE)  # the defaults a recipe sets
+from rn50kit.config import cli, lr_schedules, optimizer_registry
+from rn50kit.config import recipe
+from rn50kit.config.recipe import DEFAULT_RECIPE
 
 
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
-    """The Training flags' values (their defaults are these; a recipe's are the default recipe's, and the LR
-    and the epochs are filled in from the recipe and the batch by train.fill_hyper_parameters)."""
+    """The Training flags' values (their defaults are these; those a recipe sets are the default recipe's, nvidia's,
+    written here so that nothing is read at import: test_settings checks them against its file; the LR and the
+    epochs are filled in from the recipe and the batch by train_flags.fill_hyper_parameters)."""
     mode: str = "train_val"
-    recipe: str = schedules.DEFAULT_RECIPE
+    recipe: str = DEFAULT_RECIPE
     config: str = None  # --config FILE.toml: the file's values over the recipe's (config_files)
     seed: int = None
     kv_store: str = "horovod"
@@ -27,20 +26,22 @@ class FitConfig:
     num_epochs: int = None
     run_epochs: int = -1
     lr: float = None
-    lr_schedule: str = _RECIPE["lr_schedule"]
-    lr_steps: tuple = tuple(_RECIPE["lr_steps"])
-    lr_factor: float = _RECIPE["lr_factor"]
+    lr_schedule: str = "cosine"
+    lr_steps: tuple = ()
+    lr_factor: float = 0.1
     lr_power: float = 2.0
     lr_end: float = 0.0
-    warmup_epochs: float = _RECIPE["warmup_epochs"]
-    optimizer: str = _RECIPE["optimizer"]
-    mom: float = _RECIPE["mom"]
+    warmup_epochs: float = 5.0
+    optimizer: str = "sgd"
+    mom: float = 0.875
+    opt_betas: tuple = None  # the optimizer's own (optimizer_registry.Knobs)
+    opt_eps: float = None
     lars_eta: float = 0.001
     lars_eps: float = 0.0
-    wd: float = _RECIPE["wd"]
+    wd: float = 1 / 32768
     wd_bn_bias: bool = False
-    label_smoothing: float = _RECIPE["label_smoothing"]
-    mixup: float = _RECIPE["mixup"]
+    label_smoothing: float = 0.1
+    mixup: float = 0.0
     mixup_off_epochs: int = 0
     cutmix: float = 0.0
     mixup_switch_prob: float = 0.5
@@ -74,14 +75,20 @@ class FitConfig:
     tensorboard: str = None
 
 
+def float_pair(text):
+    """--opt-betas' type: two comma-separated numbers."""
+    return [float(x) for x in text.split(",")]
+
+
 def add_run_args(parser):
     group = parser.add_argument_group("Run", "--recipe gives the defaults marked recipe:; a flag given wins")
     group.add_argument("--mode", choices=["train_val", "train", "val", "pred"],
                        help="train_val: train and validate each epoch; train: no validation; val: score a "
                             "checkpoint --num-epochs times; pred: top-5 classes of --data-pred")
-    group.add_argument("--recipe", type=schedules.recipe_argument, metavar="NAME|FILE.toml",
+    group.add_argument("--recipe", type=recipe.recipe_argument, metavar="NAME|FILE.toml",
                        help="hyper-parameter preset: the defaults of the flags marked 'recipe:' (a config file's "
-                            "value or a flag given on the command line wins): " + ", ".join(schedules.RECIPES) +
+                            "value or a flag given on the command line wins): " +
+                            ", ".join(recipe.shipped_names()) +
                             " (rn50kit/config/recipes/), or a recipe file of your own")
     group.add_argument("--config", metavar="FILE.toml",
                        help="settings from a TOML file: keys are the flags' long names, at the top level or in a "
@@ -102,7 +109,7 @@ def add_run_args(parser):
                        help="gradient accumulation (timm's name): sum the gradients of K batches locally, allreduce "
                             "and update once, for an effective global batch of K x --batch-size; the LR, its "
                             "schedule and the recipe's LR follow the effective batch")
-    group.add_argument("--num-epochs", type=int, help=f"epochs ({schedules.recipe_help('num_epochs')})")
+    group.add_argument("--num-epochs", type=int, help=f"epochs ({recipe.recipe_help('num_epochs')})")
     group.add_argument("--run-epochs", type=int, help="stop after this many epochs in this run")
     group.add_argument("--horovod-num-groups", type=int, help="grouped allreduce: number of groups")
     group.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for allreduce")
@@ -132,15 +139,17 @@ def add_run_args(parser):
 
 def add_optimizer_args(parser):
     group = parser.add_argument_group("Optimizer")
-    group.add_argument("--optimizer", choices=list(optimizers.OPTIMIZERS),
-                       help="sgd (momentum), nag (Nesterov), lars (MXNet's LARS: SGD with momentum, each "
-                            "weight's LR times eta x |w| / (|g| + wd x |w| + eps); none on BatchNorm "
-                            "gamma/beta and biases) or lamb (MXNet's LAMB: layer-wise trust ratio, betas "
-                            f"0.9/0.999, eps 1e-6; --mom unused) ({schedules.recipe_help('optimizer')})")
+    group.add_argument("--optimizer", choices=list(optimizer_registry.OPTIMIZERS),
+                       help=f"{optimizer_registry.optimizer_help()} ({recipe.recipe_help('optimizer')})")
+    group.add_argument("--opt-betas", type=float_pair, metavar="B1,B2",
+                       help="the optimizer's betas, for those that have them (lamb: default 0.9,0.999)")
+    group.add_argument("--opt-eps", type=float, metavar="EPS",
+                       help="the optimizer's epsilon, for those that have one (lamb: default 1e-6; lars: "
+                            "--lars-eps's)")
     group.add_argument("--lars-eta", type=float, help="lars: trust coefficient eta")
     group.add_argument("--lars-eps", type=float, help="lars: epsilon in the trust ratio's denominator")
-    group.add_argument("--mom", type=float, help=f"momentum ({schedules.recipe_help('mom')})")
-    group.add_argument("--wd", type=float, help=f"weight decay ({schedules.recipe_help('wd')})")
+    group.add_argument("--mom", type=float, help=f"momentum ({recipe.recipe_help('mom')})")
+    group.add_argument("--wd", type=float, help=f"weight decay ({recipe.recipe_help('wd')})")
     group.add_argument("--wd-bn-bias", action="store_true",
                        help="also decay BatchNorm gamma/beta and biases (default: they get no weight decay)")
     return group
@@ -150,28 +159,28 @@ def add_lr_schedule_args(parser):
     group = parser.add_argument_group("LR schedule")
     group.add_argument("--lr", type=float,
                        help="absolute LR for the effective global batch (default: the recipe's LR per 256 x "
-                            f"batch/256, or from its points; {schedules.recipe_lr_help()})")
-    group.add_argument("--lr-schedule", choices=schedules.SCHEDULES,
-                       help=f"LR schedule ({schedules.recipe_help('lr_schedule')})")
+                            f"batch/256, or from its points; {recipe.recipe_lr_help()})")
+    group.add_argument("--lr-schedule", choices=lr_schedules.SCHEDULES,
+                       help=f"LR schedule ({recipe.recipe_help('lr_schedule')})")
     group.add_argument("--lr-steps", type=lambda s: [float(x) for x in s.split(",") if x],
                        help="step schedule: epochs at which the LR is multiplied by --lr-factor "
-                            f"({schedules.recipe_help('lr_steps')})")
+                            f"({recipe.recipe_help('lr_steps')})")
     group.add_argument("--lr-factor", type=float,
-                       help=f"step schedule: decay factor ({schedules.recipe_help('lr_factor')})")
+                       help=f"step schedule: decay factor ({recipe.recipe_help('lr_factor')})")
     group.add_argument("--lr-power", type=float, help="poly schedule: exponent")
     group.add_argument("--lr-end", type=float,
                        help="cosine/poly/linear: the LR at the end of --num-epochs (mlperf recipe: 1e-4)")
     group.add_argument("--warmup-epochs", type=float,
-                       help=f"linear warmup from 0, in epochs ({schedules.recipe_help('warmup_epochs')})")
+                       help=f"linear warmup from 0, in epochs ({recipe.recipe_help('warmup_epochs')})")
     return group
 
 
 def add_regularization_args(parser):
     group = parser.add_argument_group("Regularization / targets")
     group.add_argument("--label-smoothing", type=float,
-                       help=f"label smoothing factor ({schedules.recipe_help('label_smoothing')})")
+                       help=f"label smoothing factor ({recipe.recipe_help('label_smoothing')})")
     group.add_argument("--mixup", type=float,
-                       help=f"mixup Beta(a, a) parameter; 0 = off ({schedules.recipe_help('mixup')})")
+                       help=f"mixup Beta(a, a) parameter; 0 = off ({recipe.recipe_help('mixup')})")
     group.add_argument("--mixup-off-epochs", type=int, help="no mixup (nor CutMix) in the last N epochs")
     group.add_argument("--cutmix", type=float,
                        help="CutMix Beta(a, a) parameter: a box of the reversed batch pasted in, the targets mixed by "
@@ -297,3 +306,6 @@ def check(cfg):
                 raise ValueError
         except ValueError:
             raise ValueError(f"--loss-scale must be 'dynamic' or a positive number, got {cfg.loss_scale}")
+    problem = optimizer_registry.knob_problem(cfg.optimizer, optimizer_registry.knobs_of(cfg))
+    if problem:
+        raise ValueError(problem)
