@@ -1,13 +1,17 @@
 """The training loop's outputs as one list: each output (the console, the JSON-lines log, the report, the MLPerf
-log) is an Output that hears the loop's events, and the loop tells an Outputs list, which tells each of them in
-turn. Adding an output is one Output subclass here and one line where fit.py builds the list.
+log here; summary.csv, TensorBoard, the resolved config in modules of their own) is an Output that hears the loop's
+events, and the loop tells an Outputs list, which tells each of them in turn. A run opens the outputs
+output_table.py lists, each with its ``open(context)`` from the run's OutputContext: adding an output is one new
+module and one row there (docs/extending.md, "An output").
 
 Epochs are numbered from 1 in every event, as every output shows them.
 """
 import dataclasses
 import logging
+from typing import Callable
 
-from rn50kit.reporting.progress import format_seconds
+from rn50kit.reporting.mlperf_log import MLPerfLog
+from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
 
 log = logging.getLogger("rn50")
 
@@ -28,8 +32,32 @@ class Step:
     samples: int = 0  # read by the run after this step, all epochs so far (TensorBoard's step)
 
 
+@dataclasses.dataclass(frozen=True)
+class OutputContext:
+    """What a run gives its outputs when it opens them (fit.open_outputs); every rank opens them all."""
+    cfg: object  # the FitConfig: the flags (cfg.batch_size, cfg.json_log, cfg.tensorboard, ...)
+    run: object  # the run's description (state.RunInfo: record, report_path, resolved_config)
+    report: object  # the report.Report the run fills (every rank keeps one; rank 0 saves it)
+    is_primary: bool  # rank 0: the rank that writes files
+    workers: int  # devices over all workers
+    device: str  # "cpu" or "gpu"
+    fresh: bool  # a new run, not a resumed one (nor an elastic run's new world)
+    train_samples: Callable = None  # an epoch's samples, when asked (None: not known at this opening)
+    rank0_file: Callable = None  # a file name in the workspace -> its path on rank 0, None on the other ranks
+
+    def file(self, name):
+        """Where this rank writes the workspace file ``name``: its path on rank 0; None elsewhere or without a name."""
+        return self.rank0_file(name) if self.rank0_file and name else None
+
+
 class Output:
     """One output of the loop: every event does nothing unless the output needs it."""
+
+    @classmethod
+    def open(cls, context):
+        """This output for the run an OutputContext describes (output_table.py opens each row so), or None to stay
+        out of this run."""
+        raise NotImplementedError(f"{cls.__name__} has no open(context): output_table.py cannot open it")
 
     def run_start(self, first_epoch, last_epoch, resumed_from):
         """Training epochs ``first_epoch`` to ``last_epoch`` (none when first > last) begin; ``resumed_from``: the
@@ -150,6 +178,11 @@ class Console(Output):
         self.progress = progress
         self.batch_size = batch_size
 
+    @classmethod
+    def open(cls, context):
+        cfg = context.cfg
+        return cls(Progress(context.is_primary, cfg.disp_batches, num_epochs=cfg.num_epochs), cfg.batch_size)
+
     def iteration(self, step):
         self.progress.update(step.epoch, step.step + 1, step.steps, step.speed, step.mean_loss, step.lr,
                              step.eta_seconds)
@@ -181,6 +214,10 @@ class JsonLines(Output):
         self.json_log = json_log
         self.record = record  # the run's description (state.RunInfo.record)
 
+    @classmethod
+    def open(cls, context):
+        return cls(JsonLog(context.file(context.cfg.json_log)), context.run.record)
+
     def run_start(self, first_epoch, last_epoch, resumed_from):
         self.json_log.write("params", **self.record, resumed_from=resumed_from)
 
@@ -210,6 +247,10 @@ class ReportOutput(Output):
         self.batch_size = batch_size
         self.path = path
 
+    @classmethod
+    def open(cls, context):
+        return cls(context.report, context.cfg.batch_size, context.file(context.run.report_path))
+
     def trained(self, epoch, metrics, durations, lr, seconds):
         self.report.add_epoch("train", durations=durations, batch_size=self.batch_size, **metrics)
         self.report.add("train.lr", lr)
@@ -238,6 +279,11 @@ class MLPerf(Output):
         self.workers, self.device = workers, device
         self.train_samples = train_samples
         self.fresh = fresh
+
+    @classmethod
+    def open(cls, context):
+        return cls(MLPerfLog(context.file(context.cfg.mllog), fresh=context.fresh), context.cfg, context.workers,
+                   context.device, context.train_samples, context.fresh)
 
     def run_start(self, first_epoch, last_epoch, resumed_from):
         if self.cfg.mllog and self.fresh and first_epoch <= last_epoch:  # a resumed run continues the log

@@ -32,6 +32,10 @@ class SummaryCsv(Output):
         self.untimed_iters = untimed_iters
         self.row = {}
 
+    @classmethod
+    def open(cls, context):
+        return cls(context.file(SUMMARY_CSV), context.cfg.batch_size, context.cfg.untimed_iters)
+
     def run_start(self, first_epoch, last_epoch, resumed_from):
         if self.path is None:
             return

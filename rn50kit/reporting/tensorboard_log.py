@@ -44,6 +44,11 @@ class TensorBoard(Output):
             # overwrite the last one's
             self.writer = SummaryWriter(logdir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
 
+    @classmethod
+    def open(cls, context):
+        return cls(context.file(context.cfg.tensorboard), context.run.record.get("args"),
+                   ema=context.cfg.ema_decay > 0)
+
     def run_start(self, first_epoch, last_epoch, resumed_from):
         if self.writer is None or resumed_from is not None:
             return
