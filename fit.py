@@ -17,14 +17,11 @@ from models import running_stats
 from rn50kit.common import schedules
 from rn50kit.config import settings
 from rn50kit.data import identity
-from rn50kit.reporting import outputs
-from rn50kit.reporting.mlperf_log import MLPerfLog
-from rn50kit.reporting.outputs import Outputs, Step
-from rn50kit.reporting.progress import JsonLog, Progress, format_seconds
+from rn50kit.reporting import output_table
+from rn50kit.reporting.outputs import OutputContext, Outputs, Step
+from rn50kit.reporting.progress import format_seconds
 from rn50kit.reporting.report import Report
-from rn50kit.reporting.resolved_config import RESOLVED_CONFIG, ResolvedConfig
-from rn50kit.reporting.summary_csv import SUMMARY_CSV, SummaryCsv
-from rn50kit.reporting.tensorboard_log import TensorBoard
+from rn50kit.reporting.summary_csv import SUMMARY_CSV
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
 from rn50kit.training import checkpoint, optimizer_state, optimizers
 from rn50kit.training.optimizers import accumulate_gradients, zero_accumulated
@@ -428,20 +425,13 @@ def planned_end(cfg, state, dist):
 
 
 def open_outputs(cfg, run, report, dist, ctxs, fresh, train_samples):
-    """The run's outputs, one line each, in the order every event reaches them; their files are rank 0's.
+    """The run's outputs (reporting/output_table.py's rows, in order), opened for this run; their files are rank 0's.
     ``fresh``: not resumed; ``train_samples()``: an epoch's samples."""
     def rank0_file(name):
         return workspace_path(cfg.workspace, name) if dist.is_primary and name else None
-    return Outputs([
-        outputs.Console(Progress(dist.is_primary, cfg.disp_batches, num_epochs=cfg.num_epochs), cfg.batch_size),
-        outputs.JsonLines(JsonLog(rank0_file(cfg.json_log)), run.record),
-        outputs.ReportOutput(report, cfg.batch_size, rank0_file(run.report_path)),
-        outputs.MLPerf(MLPerfLog(rank0_file(cfg.mllog), fresh=fresh), cfg, dist.size * len(ctxs),
-                       ctxs[0].device_type, train_samples, fresh),
-        SummaryCsv(rank0_file(SUMMARY_CSV), cfg.batch_size, cfg.untimed_iters),
-        TensorBoard(rank0_file(cfg.tensorboard), run.record.get("args"), ema=cfg.ema_decay > 0),
-        ResolvedConfig(rank0_file(RESOLVED_CONFIG), run.resolved_config),
-    ])
+    return output_table.open_outputs(OutputContext(
+        cfg=cfg, run=run, report=report, is_primary=dist.is_primary, workers=dist.size * len(ctxs),
+        device=ctxs[0].device_type, fresh=fresh, train_samples=train_samples, rank0_file=rank0_file))
 
 
 def train_epochs(cfg, loop, state, epochs, epoch_iter, val_iter, save, finetune):
