@@ -66,9 +66,9 @@ def mxnet_facts():
 
 
 def horovod_facts():
-    from rn50kit.launch import launcher
+    from rn50kit.launch.horovod_build import horovod_build
     version = distribution_version("horovod")
-    build = launcher.horovod_build() if version else None
+    build = horovod_build() if version else None
     facts = {"version": version, "build": build, "problem": supported.horovod_problem(build)}
     if version:  # other frameworks' bindings are reported, not needed
         import importlib.util

@@ -33,8 +33,8 @@ except Exception as error:
              "container's MXNet: use NVIDIA's MXNet container, or `make setup` outside one")
 if supported.mxnet_problem(mxnet.__version__):
     sys.exit(f"setup_container: error: {supported.mxnet_problem(mxnet.__version__)}")
-from rn50kit.launch import launcher
-problem = supported.horovod_problem(launcher.horovod_build())
+from rn50kit.launch.horovod_build import horovod_build
+problem = supported.horovod_problem(horovod_build())
 if problem:
     sys.exit(f"setup_container: error: {problem}")
 PY

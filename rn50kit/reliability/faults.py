@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from rn50kit.launch import world
+from rn50kit.reliability import world
 
 FAULTS_ENV = "RN50_FAULTS"
 # How a collective fails once another rank is gone: Horovod's shutdown, Gloo's and MPI's transport errors.

@@ -15,7 +15,6 @@ lock). Every waiting rank does the same; the launcher then ends the stalled one.
 The same thread notices when the worker's launcher is gone (its parent process changed: an SSH session cut, a
 launcher killed outright) and asks for a stop, as SIGTERM does: save at the next step boundary and end.
 """
-import dataclasses
 import os
 import signal
 import sys
@@ -23,29 +22,11 @@ import threading
 import time
 
 import rn50kit
-from rn50kit.common.cli import config_defaults
 from rn50kit.reliability import faults
-from rn50kit.launch import world
+from rn50kit.reliability import world
 
-DEFAULT_STALL_TIMEOUT = 600.0
 ELASTIC_RESET = "ElasticTraining._reset_horovod"  # the frame of an elastic run's hvd.shutdown()/hvd.init()
 STALL_EXIT = 124
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchdogConfig:
-    """The Faults flags' values."""
-    stall_timeout: float = DEFAULT_STALL_TIMEOUT
-
-
-def add_watchdog_args(parser):
-    group = parser.add_argument_group("Faults")
-    group.add_argument("--stall-timeout", type=float, metavar="SECONDS",
-                       help="end the run when a worker makes no progress for this long (a rank stopped, hung or "
-                            "gone: the others would wait in a collective for ever); longer than the slowest step, "
-                            "validation pass or checkpoint save; 0: never")
-    parser.set_defaults(**config_defaults(WatchdogConfig))
-    return group
 
 
 def where(frame):

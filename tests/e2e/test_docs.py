@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from conftest import LONG_HANG_S, ROOT, doc_blocks, doc_files, run, venv_env
+from support.processes import LONG_HANG_S, ROOT, run, venv_env
+from support.docs import doc_blocks, doc_files
 
 pytestmark = pytest.mark.slow  # trains the demo and runs every command of the guide
 
@@ -19,8 +20,8 @@ RUN_BLOCKS = [block for path in doc_files() for block in doc_blocks(path)
 
 # Imported by every Python the dry-run commands start (runner, benchmark.py, the examples' runner): runner's planner
 # sees an 8-GPU machine, since no GPU is here. Everything else (the flags, train.py's parser) is as on that machine.
-EIGHT_GPUS = """from rn50kit.launch import launcher
-launcher.detect_machine = lambda: launcher.Machine(8, 64)
+EIGHT_GPUS = """from rn50kit.launch import machine
+machine.detect_machine = lambda: machine.Machine(8, 64)
 """
 
 

@@ -12,9 +12,10 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from conftest import (HANG_S, ROOT, venv_env, TEST_HOSTS, require, loopback_address, need_ssh_hosts, need_mpi,
-                      need_slurm, mpirun_root_env, horovod_has_mpi)
-from rn50kit.launch import world
+from support.processes import WORKERS, HANG_S, ROOT, venv_env
+from support.cluster import (TEST_HOSTS, require, loopback_address, need_ssh_hosts, need_mpi, need_slurm,
+    mpirun_root_env, horovod_has_mpi)
+from rn50kit.reliability import world
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -27,7 +28,7 @@ def kit(tmp_path_factory):
     """runner (an exact copy) beside the stand-in train.py: runner starts `python <its folder>/train.py`."""
     folder = tmp_path_factory.mktemp("kit")
     shutil.copy2(os.path.join(ROOT, "runner"), folder / "runner")
-    shutil.copy2(os.path.join(ROOT, "tests", "launch_worker.py"), folder / "train.py")
+    shutil.copy2(os.path.join(WORKERS, "launch_worker.py"), folder / "train.py")
     return folder
 
 
@@ -191,13 +192,13 @@ def test_world_check_reads_each_launchers_variables(launcher):
 
 
 def test_runners_probe_of_horovods_build_agrees_with_horovods_own_check():
-    """runner asks Horovod's library what it was built with (launcher.horovod_build, no MXNet import); horovodrun's
+    """runner asks Horovod's library what it was built with (horovod_build, no MXNet import); horovodrun's
     own check (a forked process per framework, importing it) must give the same answers."""
-    from rn50kit.launch import launcher
+    from rn50kit.launch.horovod_build import horovod_build
     code = ("from horovod.common.util import gloo_built, mpi_built, nccl_built; "
             "print(bool(gloo_built()), bool(mpi_built()), bool(nccl_built()))")
     own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, check=True)
-    build = launcher.horovod_build()
+    build = horovod_build()
     assert own.stdout.split() == [str(build["gloo"]), str(build["mpi"]), str(build["nccl"])]
     assert build["gloo"]  # make setup builds it with Gloo
 

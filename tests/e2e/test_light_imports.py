@@ -3,7 +3,7 @@ DALI is imported only for a DALI backend."""
 import subprocess
 import sys
 import pytest
-from conftest import HANG_S, ROOT, venv_env
+from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -17,7 +17,7 @@ def modules_after(code):
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_runner_logic_and_benchmark_import_no_mxnet():
-    loaded = modules_after("from rn50kit.launch import launcher; import benchmark")
+    loaded = modules_after("from rn50kit.launch import runner; import benchmark")
     assert not {"mxnet", "horovod", "nvidia"} & loaded
 
 

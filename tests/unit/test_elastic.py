@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 
 from rn50kit.data import records
-from rn50kit.launch import launcher as runner
+from rn50kit.config.cli import UsageError
+from rn50kit.launch import discovery
+from rn50kit.launch.launchers import elastic
+from rn50kit.launch.machine import Machine
+from rn50kit.launch.plan import plan_launch
 from rn50kit.launch.discovery import hostfile_lines
 from rn50kit.reporting.outputs import describe_world_change
 from rn50kit.training.elastic import ElasticEpoch, WorldPlan, describe_plan, plan_world
@@ -95,7 +99,7 @@ def data_root(tmp_path):
 
 
 def plan(argv, environ=None):
-    return runner.plan_launch([str(a) for a in argv], runner.Machine(0, 2), environ or {})
+    return plan_launch([str(a) for a in argv], Machine(0, 2), environ or {})
 
 
 def test_runner_starts_horovodrun_elastic_with_a_discovery_script_of_its_host_list(data_root):
@@ -107,8 +111,8 @@ def test_runner_starts_horovodrun_elastic_with_a_discovery_script_of_its_host_li
     assert train_batch(command) == 24  # -b per worker x -n, as for any run
     printed = subprocess.run(command[at + 1], shell=True, capture_output=True, text=True, check=True).stdout
     assert printed.split() == ["localhost:2", "hostA:1"]
-    # Horovod 0.28.1 crashes re-initialising after a reset with these set (launcher.ELASTIC_UNSAFE_ENV)
-    assert not set(runner.ELASTIC_UNSAFE_ENV) & set(env)
+    # Horovod 0.28.1 crashes re-initialising after a reset with these set (elastic.ELASTIC_UNSAFE_ENV)
+    assert not set(elastic.ELASTIC_UNSAFE_ENV) & set(env)
     fixed = plan(["-n", "2", "--data-root", data_root])[1]
     assert "HOROVOD_FUSION_THRESHOLD" in fixed and "HOROVOD_CYCLE_TIME" in fixed
 
@@ -136,7 +140,7 @@ def test_a_hostfile_is_read_again_at_every_discovery(data_root, tmp_path):
     (["--min-np", "1", "--host-discovery-script", "d.sh", "-H", "h:2"], "either --host-discovery-script"),
 ])
 def test_elastic_flags_that_cannot_work_are_refused_in_one_line(data_root, flags, says):
-    with pytest.raises(runner.UsageError) as refused:
+    with pytest.raises(UsageError) as refused:
         plan(["-n", "2", "--data-root", data_root, *flags])
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
@@ -147,7 +151,7 @@ def test_a_discovery_script_places_workers_beyond_this_machines_cores(data_root)
 
 
 def test_the_discovery_script_runs_on_the_standard_library_alone(tmp_path):
-    script = [sys.executable, "-I", runner.Path(runner.__file__).with_name("discovery.py"), "--hosts", "a:2,b"]
+    script = [sys.executable, "-I", discovery.__file__, "--hosts", "a:2,b"]
     assert subprocess.run(script, capture_output=True, text=True, check=True).stdout.split() == ["a:2", "b:1"]
     missing = [sys.executable, "-I", script[2], "--hostfile", tmp_path / "gone"]
     assert subprocess.run(missing, capture_output=True, text=True, check=True).stdout.strip() == ""

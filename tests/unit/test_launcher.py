@@ -8,20 +8,24 @@ import pytest
 import models
 import train
 
-from rn50kit.launch import launcher as runner
+from rn50kit.config.cli import UsageError
+from rn50kit.launch import environment
+from rn50kit.launch.machine import Machine
+from rn50kit.launch.plan import plan_launch
 
-from conftest import ROOT, planned_train_argv
+from support.processes import ROOT
+from support.runs import planned_train_argv
 from rn50kit.launch import devices
 from rn50kit.config import settings, train_config
 from rn50kit.common import rules
-from conftest import fake_checkpoint
+from support.checkpoints import fake_checkpoint
 
 
 def test_runner_passes_bfloat16_to_train_py_on_a_cpu_and_refuses_it_on_gpus(tmp_path):
     for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
         (tmp_path / name).write_bytes(b"")
-    _, _, command = runner.plan_launch(["-n", "1", "--dtype", "bfloat16", "--data-root", str(tmp_path)],
-                                       runner.Machine(0, 8), {})
+    _, _, command = plan_launch(["-n", "1", "--dtype", "bfloat16", "--data-root", str(tmp_path)],
+                                Machine(0, 8), {})
     args = train.parse_args(command[next(i for i, w in enumerate(command) if w.endswith("train.py")) + 1:])
     assert args.dtype == "bfloat16"
     net = models.get_model_from_args(args)  # as train.py builds it for AMP: float32 parameters, float32 logits
@@ -31,9 +35,9 @@ def test_runner_passes_bfloat16_to_train_py_on_a_cpu_and_refuses_it_on_gpus(tmp_
     assert {np.dtype(p.dtype) for p in net.collect_params().values()} == {np.dtype(np.float32)}
     _, (logits,), _ = net(mx.sym.var("data")).infer_type(data="float32")
     assert np.dtype(logits) == np.float32
-    with pytest.raises(runner.UsageError, match="bfloat16 runs on the CPU only"):
-        runner.plan_launch(["-n", "1", "--dtype", "bfloat16", "--data-root", str(tmp_path)],
-                           runner.Machine(8, 64), {})
+    with pytest.raises(UsageError, match="bfloat16 runs on the CPU only"):
+        plan_launch(["-n", "1", "--dtype", "bfloat16", "--data-root", str(tmp_path)],
+                    Machine(8, 64), {})
 
 
 def test_runner_float16_scoring_takes_a_32_pixel_checkpoints_shape(data_folder, tmp_path):
@@ -62,7 +66,7 @@ def data_root(tmp_path):
 
 
 def plan(argv, gpus, cores, environ=None):
-    _, env, command = runner.plan_launch([str(a) for a in argv], runner.Machine(gpus, cores), environ or {})
+    _, env, command = plan_launch([str(a) for a in argv], Machine(gpus, cores), environ or {})
     return env, command
 
 
@@ -98,7 +102,7 @@ def test_eight_gpus_float16_is_the_originals_settings_without_fusions(data_root)
     assert params["bn0_gamma"].dtype == "float32"
     assert all(layer._kwargs["layout"] == "NHWC" for layer in walk(net) if isinstance(layer, mx.gluon.nn.Conv2D))
     assert all(layer._kwargs["axis"] == 3 for layer in walk(net) if isinstance(layer, mx.gluon.nn.BatchNorm))
-    for key, value in runner.GPU_ENV.items():
+    for key, value in environment.GPU_ENV.items():
         assert env[key] == value
     assert env["OMP_NUM_THREADS"] == "1" and env["HOROVOD_CYCLE_TIME"] == "0.1"
 
@@ -131,7 +135,7 @@ def test_users_layout_and_shape_are_kept_and_mxnet_backend_gets_3_channels_nchw_
 
 
 def test_fused_bn_relu_is_refused_on_gpus_and_allowed_on_cpus(data_root):
-    with pytest.raises(runner.UsageError, match="--fuse-bn-relu 1 runs on CPUs only"):
+    with pytest.raises(UsageError, match="--fuse-bn-relu 1 runs on CPUs only"):
         plan(["-n", 8, "--data-root", data_root, "--fuse-bn-relu", "1"], **EIGHT_GPUS)
     _, command = plan(["-n", 1, "--data-root", data_root, "--fuse-bn-relu", "1"], gpus=0, cores=2)
     assert train_args(command).fuse_bn_relu == 1
@@ -160,9 +164,9 @@ def test_two_nodes_of_eight_gpus(data_root):
     assert command[1:6] == ["-np", "16", "-H", "node1:8,node2:8", "--gloo"]
     args = train_args(command)
     assert args.batch_size == 16 * 208 and args.dtype == "float16" and args.conv_layout == "NHWC"
-    with pytest.raises(runner.UsageError, match="more than the 16 slots"):
+    with pytest.raises(UsageError, match="more than the 16 slots"):
         plan(["-n", 17, "-H", "node1:8,node2:8", "--data-root", data_root], **EIGHT_GPUS)
-    with pytest.raises(runner.UsageError, match="more than the 8 GPU"):
+    with pytest.raises(UsageError, match="more than the 8 GPU"):
         plan(["-n", 9, "--data-root", data_root], **EIGHT_GPUS)
 
 
@@ -174,7 +178,7 @@ def test_cpu_machine(data_root):
     assert env["OMP_NUM_THREADS"] == "8" and env["HOROVOD_CYCLE_TIME"] == "20"
     assert env["HOROVOD_FUSION_THRESHOLD"] == "1000"  # a value already set wins
     assert "MXNET_ENABLE_CUDA_GRAPHS" not in env and "MXNET_OPTIMIZER_AGGREGATION_SIZE" not in env
-    with pytest.raises(runner.UsageError, match="float16 needs a GPU"):
+    with pytest.raises(UsageError, match="float16 needs a GPU"):
         plan(["-n", 1, "--dtype", "float16", "--data-root", data_root], gpus=0, cores=16)
 
 
@@ -192,17 +196,17 @@ def test_every_variable_runner_sets_is_read_by_the_installed_libraries():
                 if name.endswith(suffixes):
                     with open(os.path.join(base, name), "rb") as f:
                         texts.append(f.read())
-    for variable in {**runner.COMMON_ENV, **runner.GPU_ENV}:
+    for variable in {**environment.COMMON_ENV, **environment.GPU_ENV}:
         if variable in GPU_BUILD_ONLY:
             continue
         assert any(variable.encode() in text for text in texts), f"{variable}: no installed library reads it"
 
 
 def test_gpu_of_each_rank():
-    assert [train.gpu_ordinal(r, 8, 8) for r in range(8)] == list(range(8))  # horovodrun: all GPUs visible
-    assert [train.gpu_ordinal(r, 8, 1) for r in range(8)] == [0] * 8  # srun --gpus-per-task=1
-    with pytest.raises(train.UsageError, match="sees 2 GPUs"):
-        train.gpu_ordinal(5, 8, 2)
+    assert [devices.horovod_ordinal(r, 8, 8) for r in range(8)] == list(range(8))  # horovodrun: all GPUs visible
+    assert [devices.horovod_ordinal(r, 8, 1) for r in range(8)] == [0] * 8  # srun --gpus-per-task=1
+    with pytest.raises(ValueError, match="sees 2 GPUs"):
+        devices.horovod_ordinal(5, 8, 2)
 
 
 def test_fused_bn_relu_is_refused_where_upstream_has_no_kernel():
@@ -218,23 +222,23 @@ def test_with_nvidias_build_float16_on_gpus_fuses_as_the_original_and_upstream_i
     """NVIDIA's MXNet (its fused BatchNorm ops, stand-ins here): runner lets --fuse-bn-relu 1 through and a float16
     NHWC run gets the original's `--fuse-bn-relu 1 --fuse-bn-add-relu 1`; flags the user typed and an NCHW run
     keep theirs. Upstream's build (test_eight_gpus_float16_...): no fusions and the refusal."""
-    import fused_standins
+    from support import fused_standins
     fused_standins.register(monkeypatch)
-    nvidia = runner.Machine(8, 64, nvidia_fused=True)
-    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root)], nvidia, {})
+    nvidia = Machine(8, 64, nvidia_fused=True)
+    _, _, command = plan_launch(["-n", "8", "--data-root", str(data_root)], nvidia, {})
     args = train_args(command)
     assert args.fuse_bn_relu == 1 and args.fuse_bn_add_relu == 1 and args.conv_layout == "NHWC"
     net = models.get_model_from_args(args)
     assert any(isinstance(block, models.BatchNormActReLU) for block in walk(net))
     assert all(block.fused for block in walk(net) if isinstance(block, models.BatchNormAddReLU))
-    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root), "--fuse-bn-relu", "1",
-                                        "--fuse-bn-add-relu", "0"], nvidia, {})
+    _, _, command = plan_launch(["-n", "8", "--data-root", str(data_root), "--fuse-bn-relu", "1",
+                                 "--fuse-bn-add-relu", "0"], nvidia, {})
     args = train_args(command)
     assert args.fuse_bn_relu == 1 and args.fuse_bn_add_relu == 0
-    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root), "--conv-layout", "NCHW"],
-                                       nvidia, {})
+    _, _, command = plan_launch(["-n", "8", "--data-root", str(data_root), "--conv-layout", "NCHW"],
+                                nvidia, {})
     assert train_args(command).fuse_bn_relu == 0
-    _, _, command = runner.plan_launch(["-n", "8", "--data-root", str(data_root), "--dtype", "float32"], nvidia, {})
+    _, _, command = plan_launch(["-n", "8", "--data-root", str(data_root), "--dtype", "float32"], nvidia, {})
     assert train_args(command).fuse_bn_relu == 0
     assert rules.fusion_problem(1, gpu=True, nvidia_fused=True) is None
     assert "CPUs only" in rules.fusion_problem(1, gpu=True)

@@ -1,0 +1,151 @@
+"""--launcher horovod (the default): horovodrun on Gloo, run inside runner's process, fixed or elastic.
+
+horovodrun's launcher runs in this process, so that a failed worker ends the run with one line (the worker's own
+message is above it) rather than the launcher's traceback.
+
+A SIGTERM/SIGUSR1 to runner goes on to the workers, which save at the next step boundary and exit 0. Horovod's own
+answer (terminate the workers, kill them 5 seconds later) would lose that checkpoint whenever a step and the save
+take longer, so it is kept for SIGINT (Ctrl-C) only."""
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from rn50kit.config.cli import UsageError
+from rn50kit.launch import horovod_build
+from rn50kit.launch import supervision
+from rn50kit.launch.launchers import elastic
+from rn50kit.launch.launchers.base import Launcher
+
+
+class Horovodrun(Launcher):
+    name = "horovod"
+    help = "horovodrun"
+    elastic = True
+
+    def env(self, args):
+        return {}  # horovodrun takes --network-interface as a flag: it sets Open MPI's and NCCL's variables itself
+
+    def prefix(self, args, env):
+        if args.kv_store != "horovod":
+            return []  # one process drives every GPU
+        hosts = ["--hostfile", str(args.hostfile)] if args.hostfile else \
+            ["-H", args.hosts or f"localhost:{args.ngpus}"]
+        nics = ["--network-interfaces", args.network_interface] if args.network_interface else []
+        if elastic.is_elastic(args):
+            hosts = elastic.elastic_flags(args)
+        return [horovodrun(), "-np", str(args.ngpus), *hosts, *nics, "--gloo"]
+
+    def start(self, args, command):
+        if elastic.is_elastic(args):
+            elastic.drop_elastic_unsafe_env(os.environ)
+        return run_horovodrun(command[1:])
+
+
+def horovodrun_path():
+    """horovodrun beside this Python (a venv's bin need not be on PATH), else from PATH, else None."""
+    beside = Path(sys.executable).parent / "horovodrun"
+    return str(beside) if beside.is_file() else shutil.which("horovodrun")
+
+
+def horovodrun():
+    found = horovodrun_path()
+    if found is None:
+        raise UsageError("horovodrun is not installed; run `make setup` (it builds Horovod into .venv)")
+    return found
+
+
+def run_horovodrun(arguments):
+    """horovodrun's command line ``arguments`` run to their end in this process: a supervision.Ended."""
+    from horovod.runner import gloo_run
+    from horovod.runner import launch as horovod_launch
+    from horovod.runner.common.util.timeout import TimeoutException
+    build = horovod_build.horovod_build()
+    if build is not None:  # horovodrun's own check of --gloo, answered without importing MXNet
+        horovod_launch.gloo_built = lambda verbose=False: build["gloo"]
+    stop = supervision.StopRelay()
+    gloo_run.register_shutdown_event = shutdown_on_second_interrupt(stop)
+    drivers = elastic.record_elastic_drivers(gloo_run)
+    restore = supervision.forward_stop_signals(lambda signum: stop.request())
+    sys.argv = ["horovodrun", *arguments]
+    logs = DriverLogs("--min-np" in arguments)
+    try:
+        horovod_launch.run_commandline()
+    except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
+        if logs.driver.ended:
+            return supervision.Ended(1, logs.driver.ended, driver_ended=True)
+        return failed_run(error, stop)
+    except TimeoutException as error:  # the elastic driver's wait for the first slots (gloo_run.py)
+        for driver in drivers:  # its discovery thread would go on running the script while runner ends
+            driver.stop(str(error))
+        return supervision.Ended(1, f"horovodrun: {elastic.elastic_start_timeout(error)}")
+    except KeyboardInterrupt:
+        return supervision.Ended(supervision.INTERRUPTED, "interrupted")
+    finally:
+        stop.done.set()
+        restore()
+        logs.remove()
+    return supervision.Ended(supervision.INTERRUPTED, "interrupted") if stop.interrupted else supervision.Ended(0)
+
+
+def shutdown_on_second_interrupt(stop):
+    """horovodrun's hook for the event that makes it terminate the workers: a Ctrl-C asks them to save and stop
+    as SIGTERM does (``stop``, a supervision.StopRelay), a second one sets the event (at once)."""
+    shutdown = threading.Event()
+
+    def interrupt(signum, frame):
+        if stop.interrupted:
+            shutdown.set()
+        stop.interrupted = True
+        stop.request()
+
+    def register_shutdown_event():
+        signal.signal(signal.SIGINT, interrupt)
+        return shutdown
+    return register_shutdown_event
+
+
+class DriverLogs:
+    """The root logger while horovodrun runs: the elastic driver's lines without tracebacks (elastic.
+    ElasticDriverLog) and, for an elastic run, its progress (Horovod logs it at INFO)."""
+
+    def __init__(self, elastic_run):
+        self.driver, self.progress = elastic.ElasticDriverLog(), elastic.ElasticProgress()
+        self.level = logging.getLogger().level
+        logging.getLogger().addFilter(self.driver)
+        if elastic_run:
+            logging.getLogger().addHandler(self.progress)
+            logging.getLogger().setLevel(logging.INFO)
+
+    def remove(self):
+        logging.getLogger().removeFilter(self.driver)
+        logging.getLogger().removeHandler(self.progress)
+        logging.getLogger().setLevel(self.level)
+
+
+def failed_run(error, stop):
+    """horovodrun's RuntimeError as a supervision.Ended: the first worker to fail and its status, or horovodrun's
+    refusal before it started any (its reason per host is printed above)."""
+    codes = re.findall(r"Exit code: (-?\d+)", str(error))
+    if not codes:
+        return supervision.Ended(1, f"horovodrun: {horovodrun_refusal(error)}")
+    workers = re.findall(r"Process name: (\S+)", str(error))
+    first = (int(workers[0]), int(codes[0])) if workers and workers[0].isdigit() else None  # rank, status
+    return supervision.Ended(int(codes[0]), f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
+                                            f"{stop.note()}; its message is above", first)
+
+
+def horovodrun_refusal(error):
+    """One line for a horovodrun failure before any worker started, with what to do where it is known."""
+    message = " ".join(str(error).split())
+    if "via ssh" in message:
+        return (f"{message}: each host in -H/--hostfile must accept `ssh HOST true` without a password from this "
+                "machine (docs/multi-node.md), or use --launcher mpi")
+    return message
+
+
+HOROVODRUN = Horovodrun()
