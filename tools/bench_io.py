@@ -37,7 +37,6 @@ pinned memory; normalized on the GPU).
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -46,40 +45,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
 
+from rn50kit.benchmarking.photos import make_photo_rec  # noqa: E402
+from rn50kit.benchmarking.pipeline_rates import ceiling_summary, devices_summary  # noqa: E402
 
-def make_photo_rec(prefix, count, seed=0):
-    import cv2
-    import numpy as np
-    import sklearn.datasets
-    from mxnet import recordio
-    folder = os.path.join(os.path.dirname(sklearn.datasets.__file__), "images")
-    photos = [cv2.imread(os.path.join(folder, name)) for name in ("china.jpg", "flower.jpg")]
-    rng = np.random.RandomState(seed)
-    writer = recordio.MXIndexedRecordIO(prefix + ".idx.tmp", prefix + ".rec.tmp", "w")
-    for i in range(count):
-        photo = photos[i % 2]
-        h, w = rng.randint(250, 427), rng.randint(300, 640)
-        y, x = rng.randint(0, 428 - h), rng.randint(0, 641 - w)
-        size = (500, 375) if rng.rand() < 0.75 else (375, 500)  # mostly landscape, like ImageNet
-        image = cv2.resize(photo[y:y + h, x:x + w], size, interpolation=cv2.INTER_AREA)
-        if rng.rand() < 0.5:
-            image = image[:, ::-1]
-        jpeg = cv2.imencode(".jpg", np.ascontiguousarray(image), [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
-        writer.write_idx(i, recordio.pack(recordio.IRHeader(0, float(i % 10), i, 0), jpeg.tobytes()))
-    writer.close()
-    os.replace(prefix + ".rec.tmp", prefix + ".rec")
-    os.replace(prefix + ".idx.tmp", prefix + ".idx")
-
-
-# ResNet-50 v1.5 float16 training images/s of one GPU published for the original MXNet example (V100 16 GB in a
-# DGX-1, batch 208; A100 80 GB): the rate its input pipeline must keep up with.
-GPU_RATES = {"V100": 1442, "A100": 3410}
 # The rows that time the DALI CPU training pipeline as it feeds a GPU (uint8 crops, normalized on the GPU).
 FOR_GPU = "dali-cpu for a GPU"
-# What the DALI CPU pipeline should reach (each measured fraction is printed beside these).
-SHARE_OF_DECODE_TARGET = 0.85
-SCALING_TARGET = 0.9
 
 
 # cv2.imdecode returns a new 0.5 MB array per photo, which glibc maps and unmaps each time (page faults, zeroing:
@@ -90,7 +62,6 @@ DECODE_ONLY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 26), "MALLOC_TRIM_THRESHOL
 
 def encoded_images(rec, idx):
     """Every record's image bytes, copied out of the file."""
-    sys.path.insert(0, ROOT)
     import numpy as np
     from rn50kit.data import records
     record_file = records.RecordFile(rec, idx)
@@ -140,7 +111,6 @@ def dali_decode_only(rec, idx, batch_size):
 def step_thread_ms(rec, idx, batch_size, ahead, use_mmap, cold, steps, step_ms):
     """Median ms per batch that the step's thread spends in the training record source's pipe.run(), with step_ms
     of compute (a sleep: the GIL released, as in MXNet's engine) after each; DALI's prefetch fill is skipped."""
-    sys.path.insert(0, ROOT)
     from nvidia.dali import fn, pipeline_def, types
     from rn50kit.data import loaders
     from rn50kit.data import records
@@ -202,7 +172,6 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, normalized, s
     run() of a batch it has made meanwhile, then the batch handed to MXNet, shared (an NDArray on DALI's memory) or
     copied into reused NDArrays (as into pinned memory for a GPU), with step_ms of compute (a sleep) after each;
     DALI's prefetch fill is skipped."""
-    sys.path.insert(0, ROOT)
     import mxnet as mx
     import dali
     from rn50kit.data import loaders
@@ -241,77 +210,19 @@ def handover(args, rec, idx):
                       "threads": args.threads, "step_ms": args.step_ms, "rounds": rounds}))
 
 
-def pipeline_summary(name, decode_rate, dali_decode_rate, one_thread, all_threads, threads, cores):
-    """One DALI CPU training pipeline against decoding alone and against linear scaling: (lines, result)."""
-    share = one_thread / decode_rate
-    after_decode_ms = 1000 / one_thread - 1000 / dali_decode_rate
-    lines = [f"{name}, 1 thread on 1 core: {one_thread:.1f} images/s = {share:.2f} of decoding alone (target "
-             f"{SHARE_OF_DECODE_TARGET}); after the decoder {after_decode_ms:.2f} ms per image"]
-    result = {"after_decode_ms": after_decode_ms, "pipeline_1_thread": one_thread, "share_of_decode": share}
-    if threads > 1:
-        scaling = all_threads / (threads * one_thread)
-        result.update(pipeline_threads=threads, pipeline_all_threads=all_threads, scaling=scaling)
-        lines.append(f"{name}, {threads} threads: {all_threads:.1f} images/s = {scaling:.2f} of linear (target "
-                     f"{SCALING_TARGET})" + ("" if threads < cores else f"; {cores} cores here: the {threads} "
-                                             f"threads share them with DALI's executor and the step's thread"))
-    return lines, result
-
-
-def ceiling_summary(decode_rate, dali_decode_rate, for_cpu, for_gpu, threads, cores):
-    """The training pipeline as it feeds the CPU's own training and as it feeds a GPU (each (1 thread, all
-    threads) images/s; for_gpu None when not timed) against decoding alone, and the cores a GPU needs."""
-    lines = [f"decoding alone (OpenCV, 1 thread on 1 core): {decode_rate:.1f} images/s",
-             f"DALI's crop-window decoder alone, 1 core: {dali_decode_rate:.1f} images/s"]
-    cpu_lines, result = pipeline_summary("dali-cpu training pipeline for the CPU (normalized in the pipeline)",
-                                         decode_rate, dali_decode_rate, *for_cpu, threads, cores)
-    lines += cpu_lines
-    result.update(decode_only=decode_rate, dali_decode_only=dali_decode_rate)
-    feeding = for_cpu
-    if for_gpu is not None:
-        gpu_lines, result["for_gpu"] = pipeline_summary(
-            "dali-cpu training pipeline for a GPU (uint8 crops, normalized on the GPU)", decode_rate,
-            dali_decode_rate, *for_gpu, threads, cores)
-        lines += gpu_lines
-        feeding = for_gpu
-    if threads == 1:
-        lines.append(f"scaling over threads not measured: --threads 1 (give --threads {max(2, cores)})")
-    per_core = feeding[0] if threads == 1 else feeding[1] / min(threads, cores)
-    result["cores_per_gpu"] = {gpu: math.ceil(rate / per_core) for gpu, rate in GPU_RATES.items()}
-    lines.append("cores of this kind to feed one GPU's training: " + ", ".join(
-        f"{gpu} ({rate:,} images/s) {result['cores_per_gpu'][gpu]}" for gpu, rate in GPU_RATES.items()))
-    return lines, result
-
-
-def devices_summary(devices, threads_each, rate, one_rate, all_threads_rate, cores):
-    """Per-device pipelines against one pipeline with the threads each has (each on a core per thread: up to
-    ``devices``x when they run at once) and, when timed, one pipeline with all their threads (1 when they use the
-    cores as its threads do)."""
-    result = {"devices": devices, "threads_each": threads_each, "images_per_sec": rate, "one_pipeline": one_rate,
-              "speedup": rate / one_rate}
-    each = f"{threads_each} thread" + "s" * (threads_each > 1)
-    line = (f"{devices} per-device pipelines (--kv-store device), {each} each: {rate:.1f} images/s = "
-            f"{rate / one_rate:.2f}x one pipeline of {each} (up to {devices}x when they run at once)")
-    if all_threads_rate:
-        result["of_one_pipeline_all_threads"] = rate / all_threads_rate
-        line += f", {rate / all_threads_rate:.2f} of one pipeline of all {devices * threads_each} threads"
-    if devices * threads_each > cores:
-        line += f"; only {cores} cores here"
-    return line, result
-
-
 def run_one(argv, for_gpu=False):
     """In a child process: build one backend's iterators and time them (train.py's parser, loaders.test_io).
     ``for_gpu``: time the CPU's part of feeding a GPU, the DALI pipeline's uint8 crops copied into reused host
     arrays (as DaliBatches copies them into pinned memory); their copy to the GPU and normalization there, GPU work,
     are left out (no GPU here)."""
-    sys.path.insert(0, ROOT)
     from rn50kit.config import train_config
     from rn50kit.data import loaders
+    from rn50kit.training import worker
     import train
     args = train.parse_args(argv + ["--dali-normalize", "device"] if for_gpu else argv)
     cfg = train_config.from_args(args)
     # --kv-store device --cpu-contexts N: a pipeline per context, as train.py builds them
-    train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, 0, 1, 0, 1, train.contexts(cfg.fit, 0, 1, 0))
+    train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, 0, 1, 0, 1, worker.contexts(cfg.fit, 0, 1, 0))
     if for_gpu:
         for iterator in (train_iter, val_iter):
             for part in getattr(iterator, "iterators", [iterator]) if iterator is not None else []:
@@ -382,9 +293,8 @@ def add_child_args(parser):
 
 
 def get_args_parser():
-    sys.path.insert(0, ROOT)  # rn50kit
     from rn50kit.common.helptext import HelpFormatter
-    from rn50kit.common import cli
+    from rn50kit.config import cli
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     add_data_args(parser)
     add_sweep_args(parser)

@@ -13,7 +13,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-import benchmark  # noqa: E402  (the repository root is on the path only now)
+from rn50kit.benchmarking.results import summarize  # noqa: E402  (the repository root is on the path only now)
+from rn50kit.benchmarking.runs import run_one  # noqa: E402
 
 
 def main():
@@ -36,11 +37,11 @@ def main():
                        "--benchmark-iters", str(args.iters), "--no-metrics", "--num-examples",
                        str(args.iters * args.global_batch), "--report", report,
                        "--workspace", os.path.join(scratch, f"run{workers}"), *extra]  # fresh: no resume
-            reason = benchmark.run_one(command, None)
+            reason = run_one(command, None)
             if reason:
                 sys.exit(f"horovod_overhead: error: -n {workers} failed: {reason}")
             with open(report) as f:
-                cell = benchmark.summarize(json.load(f), ["train.total_ips"], args.epochs, 1)
+                cell = summarize(json.load(f), ["train.total_ips"], args.epochs, 1)
             ips[workers] = cell["train.total_ips"]
     ratio = ips[2] / ips[1]
     print(json.dumps({"ips_n1_2threads": ips[1], "ips_n2_1thread": ips[2], "ratio": ratio}))

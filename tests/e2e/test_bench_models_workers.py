@@ -5,7 +5,8 @@ import subprocess
 import sys
 import pytest
 import bench_models
-from conftest import ROOT, alone_env, mxnet_openmp_threads, physical_cores, HANG_S
+from model_workers import breakdown
+from support.processes import ROOT, alone_env, mxnet_openmp_threads, physical_cores, HANG_S
 
 pytestmark = pytest.mark.slow  # launches processes
 
@@ -39,7 +40,7 @@ def test_mxnet_workers_get_a_thread_per_core(monkeypatch):
 
 def onednn_kernels(verbose_log, kind):
     """How many oneDNN ``kind`` kernels ran between bench_models' breakdown marks."""
-    marks = bench_models.BREAKDOWN_MARKS
+    marks = breakdown.BREAKDOWN_MARKS
     inside = verbose_log[verbose_log.index(marks[0]):verbose_log.index(marks[1])]
     return sum(line.startswith(("dnnl_verbose,exec,", "onednn_verbose,exec,")) and line.split(",")[3] == kind
                for line in inside.splitlines())

@@ -8,10 +8,11 @@ import cv2
 import mxnet as mx
 import numpy as np
 import pytest
-import benchmark
+from rn50kit.benchmarking.runs import run_settings
 import models
 import train
-from conftest import HANG_S, ROOT, venv_env, write_record_file
+from support.processes import HANG_S, ROOT, venv_env
+from support.datasets import write_record_file
 from rn50kit.config import train_config
 from rn50kit.data import loaders
 from rn50kit.training import distributed
@@ -122,9 +123,9 @@ def test_real_data_loaded_checkpoint(tmp_path, data_root, checkpoint):
 def test_the_report_names_the_image_shape_a_loaded_checkpoint_is_scored_at(checkpoint):
     # train.py takes the shape from the checkpoint when --image-shape is not typed; a flag typed wins
     command = f"python train.py --mode val --load {checkpoint} --data-backend dali-cpu"
-    assert benchmark.run_settings(command)["image_shape"] == "3,32,32"  # TINY_MODEL's, not train.py's 3,224,224
-    assert benchmark.run_settings(command + " --image-shape 3,40,40")["image_shape"] == "3,40,40"
-    assert benchmark.run_settings("python train.py --mode val")["image_shape"] == "3,224,224"
+    assert run_settings(command)["image_shape"] == "3,32,32"  # TINY_MODEL's, not train.py's 3,224,224
+    assert run_settings(command + " --image-shape 3,40,40")["image_shape"] == "3,40,40"
+    assert run_settings("python train.py --mode val")["image_shape"] == "3,224,224"
 
 
 def test_a_missing_checkpoint_is_refused_before_any_run(tmp_path, data_root):

@@ -7,7 +7,10 @@ import subprocess
 import sys
 import pytest
 import benchmark
-from conftest import HANG_S, ROOT, TINY_RUN as TINY, venv_env, wait_until, steps_logged, run_command
+from rn50kit.benchmarking.results import combine_runs, metric_keys, speedup, summarize
+from rn50kit.benchmarking.tables import tables, with_spread
+from support.processes import HANG_S, ROOT, venv_env, wait_until, run_command
+from support.runs import TINY_RUN as TINY, steps_logged
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -171,27 +174,27 @@ def test_warmup_iterations_are_the_ones_the_report_leaves_out():
 
 def test_repeats_give_the_median_and_the_spread():
     runs = [{"val.total_ips": v, "val.latency_avg": 1 / v, "val.timed_iters": 5} for v in (30.0, 10.0, 20.0)]
-    cell = benchmark.combine_runs(runs)
+    cell = combine_runs(runs)
     assert cell["val.total_ips"] == 20.0 and cell["runs"] == 3 and cell["val.timed_iters"] == 5
     assert cell["spread"]["val.total_ips"] == [10.0, 30.0] and cell["repeats"]["val.total_ips"] == [30.0, 10.0, 20.0]
-    assert benchmark.with_spread(cell, "val.total_ips", lambda v: f"{v:.1f}") == "20.0 (10.0-30.0)"
-    single = benchmark.combine_runs(runs[:1])
+    assert with_spread(cell, "val.total_ips", lambda v: f"{v:.1f}") == "20.0 (10.0-30.0)"
+    single = combine_runs(runs[:1])
     assert single["val.total_ips"] == 30.0 and "spread" not in single
 
 
 def test_summary_is_harmonic_mean_after_warmup():
     report = {"metrics": {"val.total_ips": [1000.0, 100.0, 300.0], "val.latency_avg": [9.0, 1.0, 2.0]}}
-    cell = benchmark.summarize(report, ["val.total_ips", "val.latency_avg"], epochs=3, warmup=1)
+    cell = summarize(report, ["val.total_ips", "val.latency_avg"], epochs=3, warmup=1)
     assert cell["val.total_ips"] == pytest.approx(2 / (1 / 100 + 1 / 300))  # 150, not the arithmetic 200
     assert cell["val.latency_avg"] == pytest.approx(1.5)
     with pytest.raises(ValueError):
-        benchmark.summarize(report, ["val.total_ips"], epochs=2, warmup=0)
+        summarize(report, ["val.total_ips"], epochs=2, warmup=0)
 
 
 def test_speedup_against_a_baseline():
     metrics = {"1": {"8": {"train.total_ips": 30.0}, "16": {"train.total_ips": 50.0}}}
     baseline = {"metrics": {"1": {"8": {"train.total_ips": 20.0}}}}
-    assert benchmark.speedup(metrics, baseline, "train.total_ips") == {"1": {"8": pytest.approx(1.5)}}
+    assert speedup(metrics, baseline, "train.total_ips") == {"1": {"8": pytest.approx(1.5)}}
 
 
 def test_missing_data_root_sweeps_synthetic_data_and_says_so(tmp_path):
@@ -218,9 +221,9 @@ def test_missing_data_root_sweeps_synthetic_data_and_says_so(tmp_path):
 def test_train_val_tables_show_training_and_validation():
     cell = {"train.total_ips": 40.0, "train.latency_avg": 0.1, "val.total_ips": 120.0, "val.latency_avg": 0.02,
             "runs": 1}
-    result = {"model": "m", "ngpus": [1], "bs": [4], "metric_keys": benchmark.metric_keys("train_val"),
+    result = {"model": "m", "ngpus": [1], "bs": [4], "metric_keys": metric_keys("train_val"),
               "metrics": {"1": {"4": cell}}, "failed": [], "dtype": "float32", "timed_iters": 5}
-    text = benchmark.tables(result)
+    text = tables(result)
     assert "### train.total_ips" in text and "### val.total_ips" in text
     assert "| 1 | 40.0 |" in text and "| 1 | 120.0 |" in text
     assert "| 4 | 100.00 |" in text and "| 4 | 20.00 |" in text  # the latencies of each, in ms
@@ -232,7 +235,8 @@ def test_ctrl_c_in_benchmark_is_one_line_and_leaves_no_partial_run(tmp_path):
     import signal
     import subprocess
     import sys
-    from conftest import HANG_S, ROOT, TINY_RUN, venv_env, wait_until
+    from support.processes import HANG_S, ROOT, venv_env, wait_until
+    from support.runs import TINY_RUN
     out = tmp_path / "sweep.json"
     err = open(tmp_path / "sweep.err", "w")
     sweep = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmark.py"), "-n", "1", "-b", "8", "-i", "100000",

@@ -5,7 +5,8 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from conftest import HANG_S, ROOT, venv_env, CPU_CHECKS, GPU_CHECKS
+from support.processes import HANG_S, ROOT, venv_env
+from support.runs import CPU_CHECKS, GPU_CHECKS
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -40,19 +41,19 @@ def test_fused_batchnorm_comparison_runs_on_the_cpu_and_sees_a_wrong_op(tmp_path
     fails it. Upstream MXNet on a GPU: not applicable, nothing built."""
     import types
     import mxnet as mx
-    import fused_standins
-    import gpu_check
+    from support import fused_standins
+    from selfcheck import fused_batchnorm
     machine = types.SimpleNamespace(gpu=False, num_gpus=0, workdir=str(tmp_path))
-    monkeypatch.setattr(gpu_check, "compare_fused", lambda *a, **k: pytest.fail("compared without the ops"))
-    verdict, detail, _ = gpu_check.check_fused_batchnorm(machine, None)
+    monkeypatch.setattr(fused_batchnorm, "compare_fused", lambda *a, **k: pytest.fail("compared without the ops"))
+    verdict, detail, _ = fused_batchnorm.check_fused_batchnorm(machine, None)
     assert verdict == "not applicable" and "upstream" in detail
     monkeypatch.undo()
     calls = fused_standins.register(monkeypatch)
-    verdict, detail, found = gpu_check.compare_fused(machine, mx.cpu(), "float32", "NCHW", 3, 18, 16, 2, steps=1)
+    verdict, detail, found = fused_batchnorm.compare_fused(machine, mx.cpu(), "float32", "NCHW", 3, 18, 16, 2, steps=1)
     assert verdict == "pass" and calls["BatchNormAddRelu"] and calls["BatchNorm act_type"]
     assert found["forward_relative_error"] < 1e-5 and found["gradient_relative_error"] < 1e-4
     assert found["plain_step_s"] > 0 and found["fused_step_s"] > 0 and "fused vs plain" in detail
     monkeypatch.undo()
     fused_standins.register(monkeypatch, wrong=True)
-    verdict, _, found = gpu_check.compare_fused(machine, mx.cpu(), "float32", "NCHW", 3, 18, 16, 2, steps=1)
+    verdict, _, found = fused_batchnorm.compare_fused(machine, mx.cpu(), "float32", "NCHW", 3, 18, 16, 2, steps=1)
     assert verdict == "fail" and found["forward_relative_error"] > 1e-2

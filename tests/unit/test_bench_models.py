@@ -2,9 +2,11 @@
 marked steps (its workers as processes: e2e/test_bench_models_workers.py)."""
 import pytest
 import bench_models
+from model_workers import mxnet_steps
+from model_workers.breakdown import BREAKDOWN_MARKS, kernel_times, step_breakdown
 import mxnet as mx
 import numpy as np
-from conftest import NO_BFLOAT16
+from support.networks import NO_BFLOAT16
 
 
 def test_a_share_above_the_ceiling_is_explained():
@@ -27,11 +29,11 @@ def test_bench_models_bfloat16_operands_and_matrix_product():
     with pytest.raises(TypeError, match="bfloat16"):  # why bench_models casts with mxnet_bfloat16()
         mx.nd.amp_cast(mx.nd.ones((2, 2)), dtype="bfloat16")
     mx.random.seed(3)
-    low = bench_models.mxnet_matrix_products(mx, "bfloat16", size=64)["bfloat16"]
+    low = mxnet_steps.mxnet_matrix_products(mx, "bfloat16", size=64)["bfloat16"]
     mx.random.seed(3)
-    full = bench_models.mxnet_matrix_products(mx, "float32", size=64)["float32"]
+    full = mxnet_steps.mxnet_matrix_products(mx, "float32", size=64)["float32"]
     for x, reference in zip(low.operands, full.operands):
-        assert x.dtype == bench_models.mxnet_bfloat16() and bench_models.dtype_name(x.dtype) == "bfloat16"
+        assert x.dtype == mxnet_steps.mxnet_bfloat16() and mxnet_steps.dtype_name(x.dtype) == "bfloat16"
         back = mx.nd.amp_cast(x, dtype="float32").asnumpy()
         error = np.abs(back - reference.asnumpy()).max()
         assert 0 < error <= 2 ** -8  # bfloat16 keeps 8 bits of mantissa; |values| < 1
@@ -49,16 +51,16 @@ def test_bench_models_sums_onednn_kernels_of_the_marked_steps_only():
     log = "\n".join([
         "dnnl_verbose,info,oneDNN v2.4.4",
         "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2_ic3oc64,9.0",
-        bench_models.BREAKDOWN_MARKS[0],
+        BREAKDOWN_MARKS[0],
         "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2_ic3oc64,2.5",
         "dnnl_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:abcd:f0 dst_f32,,,64x3x7x7,0.25",
         "a line of the network's own output",
         "dnnl_verbose,exec,cpu,convolution,jit:avx2,backward_data,src_f32,,alg:convolution_direct,mb2_ic3oc64,1.5",
-        bench_models.BREAKDOWN_MARKS[1] + " after 20.000 ms",
+        BREAKDOWN_MARKS[1] + " after 20.000 ms",
         "dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32,,alg:convolution_direct,mb2,7.0"])
-    totals, wall_ms = bench_models.kernel_times(log)
+    totals, wall_ms = kernel_times(log)
     assert totals == {"convolution": 4.0, "reorder": 0.25} and wall_ms == 20.0
-    breakdown = bench_models.step_breakdown(totals, steps=2, wall_ms=wall_ms)
+    breakdown = step_breakdown(totals, steps=2, wall_ms=wall_ms)
     assert breakdown["step_ms"] == 10.0
     assert breakdown["kernels_ms"] == {"convolution": 2.0, "reorder": 0.125}
     assert breakdown["matrix_product_share"] == pytest.approx(0.2) and breakdown["overhead_share"] == pytest.approx(0.8)

@@ -7,7 +7,8 @@ import types
 import numpy as np
 import pytest
 import gpu_check
-from conftest import CPU_CHECKS, GPU_CHECKS, EIGHT_GPU_MACHINE, planned_train_argv
+from selfcheck import collectives, environment, pipelines, speed
+from support.runs import CPU_CHECKS, GPU_CHECKS, EIGHT_GPU_MACHINE, planned_train_argv
 from rn50kit.launch import devices
 
 
@@ -34,9 +35,9 @@ def test_a_check_that_breaks_or_measures_wrong_fails(tmp_path, monkeypatch):
     assert results[0]["detail"] == "RuntimeError: no such thing"
     # the data check against a reference that is off: it fails rather than passes
     args = types.SimpleNamespace(data_val=None)
-    assert gpu_check.check_data_cpu(machine, args)[0] == "pass"
-    monkeypatch.setattr(gpu_check, "opencv_reference", lambda rec, idx, count: np.zeros((count, 3, 224, 224)))
-    verdict, detail, _ = gpu_check.check_data_cpu(machine, args)
+    assert pipelines.check_data_cpu(machine, args)[0] == "pass"
+    monkeypatch.setattr(pipelines, "opencv_reference", lambda rec, idx, count: np.zeros((count, 3, 224, 224)))
+    verdict, detail, _ = pipelines.check_data_cpu(machine, args)
     assert verdict == "fail" and "tolerance 4" in detail
 
 
@@ -49,14 +50,14 @@ def test_exit_status_and_json_say_fail(tmp_path, monkeypatch):
 
 def test_driver_and_architecture_verdicts(monkeypatch):
     machine = types.SimpleNamespace(gpu=True, num_gpus=8)
-    monkeypatch.setattr(gpu_check, "nvidia_smi", lambda: [("Tesla V100-SXM2-32GB", "470.82.01")] * 8)
-    verdict, detail, _ = gpu_check.check_driver(machine, None)
+    monkeypatch.setattr(environment, "nvidia_smi", lambda: [("Tesla V100-SXM2-32GB", "470.82.01")] * 8)
+    verdict, detail, _ = environment.check_driver(machine, None)
     assert verdict == "fail" and "older than r525" in detail and "--data-backend mxnet" in detail
-    monkeypatch.setattr(gpu_check, "nvidia_smi", lambda: [("NVIDIA A100-SXM4-80GB", "535.104.05")] * 8)
-    verdict, detail, _ = gpu_check.check_driver(machine, None)
+    monkeypatch.setattr(environment, "nvidia_smi", lambda: [("NVIDIA A100-SXM4-80GB", "535.104.05")] * 8)
+    verdict, detail, _ = environment.check_driver(machine, None)
     assert verdict == "pass" and detail.startswith("8 x NVIDIA A100-SXM4-80GB, driver 535.104.05")
     # V100, T4, A100, A10, L4 have cubins in the mxnet-cu112 wheel; H100 does not
-    assert [gpu_check.wheel_covers(arch) for arch in (70, 75, 80, 86, 89, 90)] == [True] * 5 + [False]
+    assert [environment.wheel_covers(arch) for arch in (70, 75, 80, 86, 89, 90)] == [True] * 5 + [False]
 
 
 def test_the_data_gpu_checks_batches_on_the_cpu(tmp_path, monkeypatch):
@@ -73,22 +74,22 @@ def test_the_data_gpu_checks_batches_on_the_cpu(tmp_path, monkeypatch):
         return real_call(self, images)
     monkeypatch.setattr(dali.DeviceNormalize, "__call__", normalize)
     machine = types.SimpleNamespace(gpu=False, num_gpus=0, workdir=str(tmp_path))
-    rec, idx = gpu_check.validation_records(machine, types.SimpleNamespace(data_val=None))
-    reference, labels, _ = gpu_check.dali_batch(rec, idx, "cpu", mx.cpu())
-    images, got_labels, where = gpu_check.dali_batch(rec, idx, "cpu", mx.cpu(), "float16", "NHWC", 4,
+    rec, idx = pipelines.validation_records(machine, types.SimpleNamespace(data_val=None))
+    reference, labels, _ = pipelines.dali_batch(rec, idx, "cpu", mx.cpu())
+    images, got_labels, where = pipelines.dali_batch(rec, idx, "cpu", mx.cpu(), "float16", "NHWC", 4,
                                                      normalize="device")
     assert where[1] == "float16" and tuple(where[2]) == (8, 224, 224, 4)
     assert handed_over == [np.uint8]
-    assert (got_labels == labels).all() and gpu_check.pixel_error(images, reference) < 0.1
-    assert gpu_check.pixel_error(images * 1.02, reference) > 1  # 2 % off is seen
+    assert (got_labels == labels).all() and pipelines.pixel_error(images, reference) < 0.1
+    assert pipelines.pixel_error(images * 1.02, reference) > 1  # 2 % off is seen
 
 
 def test_the_checks_run_with_runners_variables_and_batch(tmp_path, monkeypatch):
     """The variables and the batch of `runner -n 8` on an 8-GPU machine (runner's plan), set before MXNet runs
     anything: CUDA graphs on and cuDNN autotune off, as training has them."""
-    from rn50kit.launch import launcher
+    from rn50kit.launch import machine
     runners_env, _ = planned_train_argv(["-n", "8", "--data-backend", "synthetic"], EIGHT_GPU_MACHINE, {})
-    monkeypatch.setattr(launcher, "nvidia_gpu_count", lambda: EIGHT_GPU_MACHINE.gpus)
+    monkeypatch.setattr(machine, "nvidia_gpu_count", lambda: EIGHT_GPU_MACHINE.gpus)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(EIGHT_GPU_MACHINE.cores)), raising=False)
     for key in runners_env:
         os.environ.pop(key, None)
@@ -122,7 +123,7 @@ def fake_step_processes(monkeypatch, events):
         out = {"seconds": 0.2 if layout == "NCHW" else 0.1} if batch < 300 else \
             {"error": "out of GPU memory: lower the batch"}
         return subprocess.CompletedProcess(command, 0, "STEP " + json.dumps(out) + "\n", "")
-    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    monkeypatch.setattr(speed.subprocess, "run", fake_run)
 
 
 def record_pool_releases(monkeypatch, events):
@@ -139,17 +140,17 @@ def test_layout_timing_and_memory_run_at_the_batch_in_fresh_processes(monkeypatc
     events = []
     fake_step_processes(monkeypatch, events)
     record_pool_releases(monkeypatch, events)
-    monkeypatch.setattr(gpu_check, "step_seconds", lambda *a, **k: pytest.fail("timed in the checking process"))
+    monkeypatch.setattr(speed, "step_seconds", lambda *a, **k: pytest.fail("timed in the checking process"))
     machine = types.SimpleNamespace(gpu=True, num_gpus=1)
-    verdict, detail, found = gpu_check.check_layout_speed(machine, types.SimpleNamespace(batch_size=208))
+    verdict, detail, found = speed.check_layout_speed(machine, types.SimpleNamespace(batch_size=208))
     assert verdict == "pass" and "at batch 208" in detail and found["batch"] == 208
-    verdict, detail, _ = gpu_check.check_memory(machine, types.SimpleNamespace(batch_size=208))
+    verdict, detail, _ = speed.check_memory(machine, types.SimpleNamespace(batch_size=208))
     assert verdict == "pass" and "fresh process" in detail
     specs = [spec for kind, spec in events if kind == "fresh process"]
     reserve = specs[-1][5]
     assert [spec[:3] for spec in specs] == [["NCHW", 4, 208], ["NHWC", 4, 208], ["NHWC", 4, 208]]
     assert [spec[5] for spec in specs[:2]] == [0, 0] and reserve > 0
-    verdict, detail, _ = gpu_check.check_memory(machine, types.SimpleNamespace(batch_size=400))
+    verdict, detail, _ = speed.check_memory(machine, types.SimpleNamespace(batch_size=400))
     assert verdict == "fail" and detail.startswith("-b 400 does not fit with ")
     assert detail.endswith(": out of GPU memory: lower the batch")
 
@@ -162,7 +163,7 @@ def test_the_memory_verdict_holds_a_stated_margin_for_the_pipeline_and_the_colle
     fake_step_processes(monkeypatch, events)
     record_pool_releases(monkeypatch, events)
     monkeypatch.setitem(os.environ, "HOROVOD_FUSION_THRESHOLD", str(64 << 20))
-    verdict, detail, found = gpu_check.check_memory(types.SimpleNamespace(gpu=True, num_gpus=1),
+    verdict, detail, found = speed.check_memory(types.SimpleNamespace(gpu=True, num_gpus=1),
                                                     types.SimpleNamespace(batch_size=192))
     parts = found["margin_bytes"]
     assert parts["Horovod's fusion buffer"] == 64 << 20 and len(parts) == 3
@@ -171,8 +172,8 @@ def test_the_memory_verdict_holds_a_stated_margin_for_the_pipeline_and_the_colle
     for part, size in parts.items():
         assert f"{part} ({size >> 20} MiB)" in detail
     assert "dali-gpu" in detail and "NCCL" in detail
-    held = gpu_check.hold_memory(3 << 20, mx.cpu())  # what the fresh process holds, on the CPU here
-    assert held.shape == (3 << 20,) and held.dtype == np.uint8 and gpu_check.hold_memory(0, mx.cpu()) is None
+    held = speed.hold_memory(3 << 20, mx.cpu())  # what the fresh process holds, on the CPU here
+    assert held.shape == (3 << 20,) and held.dtype == np.uint8 and speed.hold_memory(0, mx.cpu()) is None
 
 
 def test_emptying_the_pools_of_gpus_this_process_never_used_is_no_error():
@@ -181,7 +182,7 @@ def test_emptying_the_pools_of_gpus_this_process_never_used_is_no_error():
     import mxnet as mx
     with pytest.raises(mx.base.MXNetError, match="have not allocated"):
         mx.gpu(1).empty_cache()
-    gpu_check.release_gpu_memory(types.SimpleNamespace(gpu=True, num_gpus=2))
+    speed.release_gpu_memory(types.SimpleNamespace(gpu=True, num_gpus=2))
 
 
 def test_fresh_process_checks_run_before_any_gpu_work_here_with_the_pools_emptied(tmp_path, monkeypatch):
@@ -209,8 +210,8 @@ def test_fresh_process_checks_run_before_any_gpu_work_here_with_the_pools_emptie
 
 
 def test_allreduce_on_one_gpu_is_not_applicable(monkeypatch):
-    monkeypatch.setattr(gpu_check, "run_allreduce", lambda workers: pytest.fail("ran on one GPU"))
-    verdict, _, _ = gpu_check.check_allreduce_gpu(types.SimpleNamespace(gpu=True, num_gpus=1), None)
+    monkeypatch.setattr(collectives, "run_allreduce", lambda workers: pytest.fail("ran on one GPU"))
+    verdict, _, _ = collectives.check_allreduce_gpu(types.SimpleNamespace(gpu=True, num_gpus=1), None)
     assert verdict == "not applicable"
     assert gpu_check.summary([{"verdict": verdict}]) == {"not applicable": 1}
 
@@ -240,7 +241,7 @@ def test_compute_capability_from_the_drivers_versioned_library(monkeypatch):
         if name != "libcuda.so.1":
             raise OSError(f"{name}: cannot open shared object file")
         return FakeCuda(90)
-    monkeypatch.setattr(gpu_check.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(environment.ctypes, "CDLL", cdll)
     assert devices.compute_capability(0) == 90 and loaded == ["libcuda.so.1"]
 
 
@@ -251,7 +252,7 @@ def test_an_h100_with_a_pypi_wheel_is_named_in_one_line_before_any_kernel(tmp_pa
             monkeypatch.setattr(check, "run", lambda machine, args, name=check.name: ran.append(name))
     monkeypatch.setattr(gpu_check, "Machine", lambda: types.SimpleNamespace(gpu=True, num_gpus=8,
                                                                             workdir=str(tmp_path / "w")))
-    monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name: FakeCuda(90))
+    monkeypatch.setattr(environment.ctypes, "CDLL", lambda name: FakeCuda(90))
     monkeypatch.setattr(devices, "pypi_gpu_wheel", lambda: "mxnet-cu112 1.9.1")
     gpu_only = ",".join(c.name for c in gpu_check.CHECKS if c.gpu_only)
     assert gpu_check.main(["--json", str(tmp_path / "r.json"), "--only", gpu_only]) == 1
@@ -264,7 +265,7 @@ def test_an_h100_with_a_pypi_wheel_is_named_in_one_line_before_any_kernel(tmp_pa
     assert verdicts.pop("kernels") == "fail" and set(verdicts.values()) == {"not run (no MXNet kernels for this GPU)"}
     # an A100 (8.0), or an H100 with NGC's or a source build (no mxnet-cuXXX wheel installed): the checks run
     for arch, wheel in ((80, "mxnet-cu112 1.9.1"), (90, None)):
-        monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name, arch=arch: FakeCuda(arch))
+        monkeypatch.setattr(environment.ctypes, "CDLL", lambda name, arch=arch: FakeCuda(arch))
         monkeypatch.setattr(devices, "pypi_gpu_wheel", lambda wheel=wheel: wheel)
         assert gpu_check.unsupported_gpu(types.SimpleNamespace(gpu=True, num_gpus=1)) is None
 
@@ -272,18 +273,18 @@ def test_an_h100_with_a_pypi_wheel_is_named_in_one_line_before_any_kernel(tmp_pa
 def test_runner_refuses_an_h100_with_a_pypi_wheel_before_any_worker_by_the_self_checks_test(monkeypatch, capsys):
     """runner on compute capability 9.0 with mxnet-cu112: one line (gpu_check's), exit 2, nothing launched."""
     import mxnet as mx
-    from rn50kit.launch import launcher
-    monkeypatch.setattr(launcher, "nvidia_gpu_count", lambda: 8)
+    from rn50kit.launch import machine as this_machine, plan, runner
+    monkeypatch.setattr(this_machine, "nvidia_gpu_count", lambda: 8)
     monkeypatch.setattr(mx.context, "num_gpus", lambda: 8)
-    monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name: FakeCuda(90))
+    monkeypatch.setattr(environment.ctypes, "CDLL", lambda name: FakeCuda(90))
     monkeypatch.setattr(devices, "pypi_gpu_wheel", lambda: "mxnet-cu112 1.9.1")
-    monkeypatch.setattr(launcher, "plan_launch", lambda *a, **k: pytest.fail("planned a launch"))
+    monkeypatch.setattr(plan, "plan_launch", lambda *a, **k: pytest.fail("planned a launch"))
     with pytest.raises(SystemExit) as refused:
-        launcher.main(["-n", "8", "--data-backend", "synthetic"])
+        runner.main(["-n", "8", "--data-backend", "synthetic"])
     err = capsys.readouterr().err.strip()
     assert refused.value.code == 2 and "\n" not in err
     assert err == "runner: error: " + gpu_check.unsupported_gpu(types.SimpleNamespace(gpu=True, num_gpus=8))
     assert "compute capability 9.0 (sm_90)" in err and "NGC MXNet container" in err
-    monkeypatch.setattr(gpu_check.ctypes, "CDLL", lambda name: FakeCuda(80))  # an A100: the GPUs are used
-    machine = launcher.detect_machine()
+    monkeypatch.setattr(environment.ctypes, "CDLL", lambda name: FakeCuda(80))  # an A100: the GPUs are used
+    machine = this_machine.detect_machine()
     assert machine.gpus == 8 and machine.nvidia_fused is False  # upstream MXNet: no fused BatchNorm on GPUs

@@ -6,10 +6,10 @@ import pkgutil
 import subprocess
 import sys
 import pytest
-from conftest import HANG_S, ROOT, venv_env
+from support.processes import HANG_S, ROOT, venv_env
 
 
-MXNET_FREE = ["common", "launch", "reliability", "reporting"]
+MXNET_FREE = ["benchmarking", "common", "config", "launch", "reliability", "reporting"]
 
 
 def modules_of(folder):
