@@ -14,7 +14,8 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from models import running_stats
-from rn50kit.common import schedules
+from rn50kit.config import lr_schedules
+from rn50kit.config.finetune_flags import FinetuneConfig
 from rn50kit.config import settings
 from rn50kit.data import identity
 from rn50kit.reporting import output_table
@@ -33,7 +34,7 @@ from rn50kit.training.state import (EpochStats, TrainState, changed_on_resume, g
                                     samples_read, sum_partial)
 from rn50kit.training.stop_signals import StopFlag
 from rn50kit.training.targets import make_loss, make_targets, mean_loss
-from rn50kit.weights.pretrained import FinetuneConfig, backbone_lr_mult, set_backbone_lr_mult
+from rn50kit.weights.pretrained import backbone_lr_mult, set_backbone_lr_mult
 
 log = logging.getLogger("rn50")
 
@@ -90,20 +91,6 @@ def apply_step(trainer, scaler, losses, batch_size, guard=None, vote=None, scan_
     return loss, finite
 
 
-def resume_state(resume, prefix, warn=None):
-    """The checkpoint state --resume asks to continue from (``prefix``: the workspace's checkpoint prefix), or
-    None to start afresh. ``warn`` hears of damaged checkpoints skipped."""
-    if resume == "none":
-        return None
-    if resume == "auto":
-        return checkpoint.resume_point(prefix, warn)
-    state, why = checkpoint.named(resume)  # faults: verified, or why not
-    if state is None:
-        raise TrainingError(f"--resume {resume}: {why}" if why and "damaged" in why else
-                            checkpoint.why_not_resumable(resume))
-    return state
-
-
 def prepare(cfg, run, net, ctxs, dist, broadcast=True):
     """A fresh TrainState: optimizer, loss scaler, EMA, LR schedule, report; rank 0's weights on every rank (an
     elastic run's first sync broadcasts them instead: ``broadcast`` False)."""
@@ -116,7 +103,7 @@ def prepare(cfg, run, net, ctxs, dist, broadcast=True):
         trainer=optimizers.trainer_for(net, dist, cfg),
         scaler=make_loss_scaler(cfg.loss_scale, cfg.dtype),
         ema=EMA(net, cfg.ema_decay) if cfg.ema_decay else None,
-        schedule=schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
+        schedule=lr_schedules.get_schedule(cfg.lr_schedule, cfg.lr, cfg.num_epochs, cfg.warmup_epochs,
                                         cfg.lr_steps, cfg.lr_factor, cfg.lr_power, cfg.lr_end),
         report=Report(model=run.model_name, ngpus=dist.size * len(ctxs), cmd=run.command, info=run.report_info,
                       untimed_iters=cfg.untimed_iters))
@@ -397,7 +384,8 @@ def start(cfg, run, net, ctxs, dist, prefix, broadcast=True):
     """A prepared state, resumed as --resume says (the files of a run not continued set aside); returns it and
     the checkpoint state resumed, or None."""
     state = prepare(cfg, run, net, ctxs, dist, broadcast)
-    resumed = checkpoint.chosen_by_rank_0(lambda warn: resume_state(cfg.resume, prefix, warn), dist, log.warning)
+    resumed = checkpoint.chosen_by_rank_0(lambda warn: checkpoint.resume_state(cfg.resume, prefix, warn), dist,
+                                          log.warning)
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:

@@ -306,6 +306,19 @@ def resume_point(prefix, warn=None):
     return latest
 
 
+def resume_state(resume, prefix, warn=None):
+    """The checkpoint state --resume asks to continue from (``prefix``: the workspace's checkpoint prefix), or
+    None to start afresh. ``warn`` hears of damaged checkpoints skipped."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return resume_point(prefix, warn)
+    state, why = named(resume)  # faults: verified, or why not
+    if state is None:
+        raise CheckpointError(f"--resume {resume}: {why}" if why and "damaged" in why else why_not_resumable(resume))
+    return state
+
+
 def chosen_by_rank_0(choose, dist, warn=None):
     """``choose(warn)``'s checkpoint state (or None) on every rank, its files read once: rank 0 chooses (verifying
     each file's SHA-256; ``warn`` hears of the damaged ones) and tells the others which, or the one-line error;

@@ -12,7 +12,7 @@ class Distributed:
 
     def __init__(self, hvd):
         self.hvd = hvd
-        self.elastic = False  # an elastic run (train.start_worker): no collective before its first sync
+        self.elastic = False  # an elastic run (worker.start_worker): no collective before its first sync
         self.refresh()
 
     def refresh(self):

@@ -1,6 +1,6 @@
 """What can be known about a run before any worker starts, each check one line naming the problem and the fix.
 
-train.check_before_start runs these (with the flags' own checks, validate_args, and the memory estimate) in
+start_checks.check_before_start runs these (with the flags' own checks, validate_args, and the memory estimate) in
 runner's check of train.py's flags, so `./runner` and `./runner --dry-run` refuse them before launching, and at
 a worker's start (train.py run by hand or under a launcher of the user's own). Cheap by design: the label check
 reads what the start-up index check reads (a bounded sample of each record file) and the .lst lists beside
@@ -22,7 +22,7 @@ def trains(cfg):
 
 
 def problem(cfg, resume=True):
-    """The first problem of ``cfg`` (a RunConfig, completed by train.configure) that is known before any worker
+    """The first problem of ``cfg`` (a RunConfig, completed by train.py's configure) that is known before any worker
     starts, in one line, or None. ``resume``: the checkpoint too (at a worker's start fit.resume checks it after
     the workspace lock: a workspace another run holds is refused as busy first)."""
     return labels_problem(cfg) or workspace_problem(cfg) or (resume_problem(cfg) if resume else None)
@@ -81,10 +81,9 @@ def resume_problem(cfg):
     another dtype, layout or channel count (fit.resume's refusals, made before any worker starts)."""
     if not trains(cfg):
         return None
-    import fit  # the kit's training loop (train.py's folder is on the path wherever train is imported)
     try:
-        state = fit.resume_state(cfg.fit.resume, checkpoint_prefix(cfg))
-    except (fit.TrainingError, checkpoint.CheckpointError) as error:
+        state = checkpoint.resume_state(cfg.fit.resume, checkpoint_prefix(cfg))
+    except checkpoint.CheckpointError as error:
         return str(error)
     if state is None:
         return None

@@ -11,9 +11,12 @@ import cv2
 import gc
 import types
 import weakref
-from rn50kit.data import loaders, records
-from conftest import write_record_file, HANG_S, ROOT, venv_env, parse_train, parse_ordered
+from rn50kit.data import backend_dali, loaders, records
+from support.datasets import write_record_file
+from support.processes import HANG_S, ROOT, venv_env
+from support.runs import parse_train, parse_ordered
 from rn50kit.config import train_config, settings
+from rn50kit.training import epoch_data
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -40,7 +43,7 @@ def batches(rec, seed=3, n=2, layout="NCHW", **augment):
     cfg = loaders.DataConfig(data_backend="dali-cpu", data_train=rec_path, data_train_idx=idx, image_shape=(3, 32, 32),
                           input_layout=layout, dali_threads=1, dali_prefetch_queue=2, min_random_area=1.0,
                           min_random_aspect_ratio=1.0, max_random_aspect_ratio=1.0, random_mirror=0, **augment)
-    train_iter, _ = loaders.get_dali_iterators(cfg, loaders.Feed(batch_size=8, seed=seed), 0, 1, 0, 1, mx.cpu())
+    train_iter, _ = backend_dali.get_iterators(cfg, loaders.Feed(batch_size=8, seed=seed), 0, 1, 0, 1, mx.cpu())
     out = []
     for batch in train_iter:
         out.append((batch.data[0].asnumpy().copy(), batch.label[0].asnumpy().copy()))
@@ -240,7 +243,7 @@ def test_training_size_changes_on_the_planned_epochs_and_validation_stays(small_
     cfg = configured(small_rec, "dali-cpu", *extra, *(["--seed", str(seed)] if seed is not None else []))
     first, val = loaders.get_data_iterators_per_device(cfg, 0, 1, 0, 1, [mx.cpu()])
     dist = types.SimpleNamespace(rank=0, size=1, local_rank=0, local_size=1)
-    make = train.train_iterator_factory(cfg, dist, [mx.cpu()], first)
+    make = epoch_data.train_iterator_factory(cfg, dist, [mx.cpu()], first)
     sizes, previous = [], None
     for epoch in range(5):
         iterator = make(epoch)

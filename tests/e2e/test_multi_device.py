@@ -7,7 +7,7 @@ import sys
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import ROOT, venv_env, HANG_S
+from support.processes import ROOT, venv_env, HANG_S
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -53,8 +53,9 @@ def test_train_resume_and_score_on_two_contexts(digits_data, tmp_path):
 # train.py with its CPU contexts moved up by one ([cpu(1), cpu(2)]): no cpu(0), as on GPUs, where
 # Parameter.data() without a context (which asks for cpu(0)) fails.
 WITHOUT_CPU0 = """import sys, mxnet as mx, train
-chosen = train.contexts
-train.contexts = lambda *args, **kwargs: [mx.cpu(c.device_id + 1) for c in chosen(*args, **kwargs)]
+from rn50kit.training import worker
+chosen = worker.contexts
+worker.contexts = lambda *args, **kwargs: [mx.cpu(c.device_id + 1) for c in chosen(*args, **kwargs)]
 train.run(sys.argv[1:])
 """
 

@@ -4,13 +4,15 @@ progress bar when rank 0's output is a terminal, and warnings about a batch larg
 import os
 import numpy as np
 import pytest
-import train
 import glob
 import json
 import pty
 import re
 import sys
-from conftest import ROOT, venv_env, labelled_records, record_config, run
+from support.processes import ROOT, venv_env, run
+from support.datasets import labelled_records
+from support.runs import record_config
+from rn50kit.training import announce
 
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
@@ -20,7 +22,7 @@ def test_a_batch_larger_than_the_data_and_class_names_of_the_wrong_length_are_wa
     from rn50kit.scoring import predict
     files = labelled_records(tmp_path, [i % 10 for i in range(20)])
     with caplog.at_level("WARNING"):
-        train.warn_about(record_config(files, "dali-cpu", 10).replace(fit__batch_size=32), primary=True)
+        announce.warn_about(record_config(files, "dali-cpu", 10).replace(fit__batch_size=32), primary=True)
     assert "--batch-size 32 (global) is larger than the 20 training records" in caplog.text
     caplog.clear()
     net = mx.gluon.nn.Dense(4)

@@ -7,11 +7,16 @@ import re
 import pytest
 
 import train
-from conftest import ROOT
-from rn50kit.common import config_files, schedules
+from support.processes import ROOT
+from rn50kit.config import config_files
+from rn50kit.config import recipe as recipes
 from rn50kit.config import train_config
-from rn50kit.launch import launcher
-from rn50kit.reporting import resolved_config
+from rn50kit.config.cli import UsageError
+from rn50kit.launch import arguments, train_flags
+from rn50kit.launch.machine import Machine
+from rn50kit.launch.plan import plan_launch
+from rn50kit.config import resolved_config
+from rn50kit.training import run_record, state
 
 tomllib = config_files.tomllib  # the standard library's from Python 3.11 on, tomli on 3.10
 
@@ -22,15 +27,15 @@ def write(path, text):
 
 
 def test_each_shipped_recipe_is_its_file_with_source_and_result():
-    files = sorted(schedules.RECIPES_DIR.glob("*.toml"))
-    assert sorted(p.stem for p in files) == sorted(schedules.RECIPES)
+    files = sorted(recipes.RECIPES_DIR.glob("*.toml"))
+    assert sorted(p.stem for p in files) == sorted(recipes.RECIPES)
     for path in files:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
         points = raw.pop("lr_points", None)
         expected = dict(raw, **({"lr_points": {int(b): lr for b, lr in points.items()}} if points else {}))
         expected.setdefault("lr_steps", [])
-        assert schedules.RECIPES[path.stem] == expected, path.name
+        assert recipes.RECIPES[path.stem] == expected, path.name
         comment = path.read_text().split("\n\n")[0]
         assert comment.startswith(f"# {path.stem}: ") and "Published" in comment, path.name
 
@@ -45,10 +50,10 @@ def readme_recipe_rows():
 
 def test_the_docs_recipe_table_agrees_with_the_files():
     rows = readme_recipe_rows()
-    assert sorted(rows) == sorted(schedules.RECIPES)
+    assert sorted(rows) == sorted(recipes.RECIPES)
     optimizers = {"sgd": "SGD", "nag": "Nesterov", "lars": "LARS", "lamb": "LAMB"}
     for name, (_, optimizer, lr, schedule, warmup, wd, smoothing, epochs) in rows.items():
-        recipe = schedules.RECIPES[name]
+        recipe = recipes.RECIPES[name]
         assert optimizer.startswith(optimizers[recipe["optimizer"]]), name
         if "lr_points" in recipe:
             assert lr.startswith("by global batch"), name
@@ -129,18 +134,18 @@ def worker_config(train_argv, num_gpus):
 
 
 @pytest.mark.parametrize("machine, text", [
-    (launcher.Machine(0, 4), 'ngpus = 2\nbatch_size = 48\ndtype = "float32"\nmode = "train"\n'),
-    (launcher.Machine(8, 64), '[runner]\nngpus = 4\n[fit]\nbatch_size = 256\ndtype = "float16"\nmode = "train"\n'
+    (Machine(0, 4), 'ngpus = 2\nbatch_size = 48\ndtype = "float32"\nmode = "train"\n'),
+    (Machine(8, 64), '[runner]\nngpus = 4\n[fit]\nbatch_size = 256\ndtype = "float16"\nmode = "train"\n'
                               'kv_store = "horovod"\n'),
-    (launcher.Machine(8, 64), 'ngpus = 2\nbatch_size = 64\ndtype = "float16"\nmode = "train"\nkv_store = "device"\n'
+    (Machine(8, 64), 'ngpus = 2\nbatch_size = 64\ndtype = "float16"\nmode = "train"\nkv_store = "device"\n'
                               'gpus = "2,3"\n'),
 ])
 def test_runners_plan_and_the_workers_config_agree(tmp_path, machine, text):
     workspace = tmp_path / "ws"
     path = write(tmp_path / "run.toml", f'data_backend = "synthetic"\nworkspace = "{workspace}"\n' + text)
-    args, env, command = launcher.plan_launch(["--config", path], machine, {})
-    planned = launcher.peek_extra(launcher.train_arguments(command), args.file_values)
-    cfg = worker_config(launcher.train_arguments(command), machine.gpus)
+    args, env, command = plan_launch(["--config", path], machine, {})
+    planned = arguments.peek_extra(train_flags.train_arguments(command), args.file_values)
+    cfg = worker_config(train_flags.train_arguments(command), machine.gpus)
     written = tomllib.loads(open(path).read())
     flat = {**written, **written.get("fit", {}), **written.get("runner", {})}
     assert args.ngpus == flat["ngpus"] and args.batch_size * args.ngpus == cfg.fit.batch_size == flat["batch_size"]
@@ -153,19 +158,19 @@ def test_runners_plan_and_the_workers_config_agree(tmp_path, machine, text):
         assert planned.gpus == cfg.fit.gpus == "2,3" and env["CUDA_VISIBLE_DEVICES"] == "2,3"
     # The command line wins for runner and workers alike.
     gpus = ["--gpus", "5"] if "gpus" in flat else []
-    args, env, command = launcher.plan_launch(["--config", path, "-n", "1", "-b", "16", "--mode", "train_val", *gpus],
-                                              machine, {})
-    cfg = worker_config(launcher.train_arguments(command), machine.gpus)
+    args, env, command = plan_launch(["--config", path, "-n", "1", "-b", "16", "--mode", "train_val", *gpus],
+                                     machine, {})
+    cfg = worker_config(train_flags.train_arguments(command), machine.gpus)
     assert (args.ngpus, cfg.fit.batch_size, cfg.fit.mode) == (1, 16, "train_val")
     if gpus:
         assert cfg.fit.gpus == "5" and env["CUDA_VISIBLE_DEVICES"] == "5"
-    assert launcher.peek_extra(launcher.train_arguments(command), args.file_values).mode == "train_val"
+    assert arguments.peek_extra(train_flags.train_arguments(command), args.file_values).mode == "train_val"
 
 
 def test_a_global_batch_that_does_not_divide_is_refused(tmp_path):
     path = write(tmp_path / "run.toml", 'batch_size = 50\nngpus = 4\ndata_backend = "synthetic"\n')
-    with pytest.raises(launcher.UsageError, match=r"batch_size = 50 in .*run.toml is the global batch"):
-        launcher.plan_launch(["--config", path], launcher.Machine(0, 4), {})
+    with pytest.raises(UsageError, match=r"batch_size = 50 in .*run.toml is the global batch"):
+        plan_launch(["--config", path], Machine(0, 4), {})
 
 
 def test_the_resolved_tables_read_back_as_the_same_run_config(tmp_path):
@@ -173,8 +178,8 @@ def test_the_resolved_tables_read_back_as_the_same_run_config(tmp_path):
     cfg = train_config.RunConfig().replace(fit__seed=5, fit__lr=0.3, fit__lr_steps=(3.0, 6.5), fit__dtype="float32",
                                            data__image_shape=(4, 32, 32), data__color_jitter=(0.1, 0.2, 0.3),
                                            fit__fp16_allreduce=True, model__num_layers=34)
-    info = train.state.RunInfo(model_name="x", arch="y", command=[], report_path="r", record={}, report_info={})
-    path = config_files.write_resolved(tmp_path / "config.toml", train.resolved_tables(cfg, info, 2))
+    info = state.RunInfo(model_name="x", arch="y", command=[], report_path="r", record={}, report_info={})
+    path = config_files.write_resolved(tmp_path / "config.toml", run_record.resolved_tables(cfg, info, 2))
     read = train_config.from_args(train.parse_args(["--config", str(path)]))
     for concern in train_config.CONFIGS:
         for field in dataclasses.fields(getattr(cfg, concern)):
@@ -188,7 +193,7 @@ def test_the_readme_recipe_table_names_every_recipe_with_its_epochs():
     table = text[text.index("| recipe | epochs |"):].split("\n\n")[0].splitlines()[2:]
     rows = {re.match(r"`([^`]+)`", cells[0]).group(1): int(cells[1])
             for cells in ([c.strip() for c in row.strip("|").split("|")] for row in table)}
-    assert rows == {name: recipe["num_epochs"] for name, recipe in schedules.RECIPES.items()}
+    assert rows == {name: recipe["num_epochs"] for name, recipe in recipes.RECIPES.items()}
 
 
 def test_the_resolved_config_holds_absolute_paths_and_replays_from_another_directory(tmp_path, monkeypatch):
@@ -199,8 +204,8 @@ def test_the_resolved_config_holds_absolute_paths_and_replays_from_another_direc
                                            fit__model_prefix="ckpt/model", fit__report="r.json",
                                            finetune__pretrained="weights/r50.safetensors",
                                            predict__data_pred="photos/*.jpg", predict__pred_out="out.csv")
-    info = train.state.RunInfo(model_name="x", arch="y", command=[], report_path="r", record={}, report_info={})
-    path = config_files.write_resolved(tmp_path / "config.toml", train.resolved_tables(cfg, info, 1))
+    info = state.RunInfo(model_name="x", arch="y", command=[], report_path="r", record={}, report_info={})
+    path = config_files.write_resolved(tmp_path / "config.toml", run_record.resolved_tables(cfg, info, 1))
     (tmp_path / "other").mkdir()
     monkeypatch.chdir(tmp_path / "other")
     read = train_config.from_args(train.parse_args(["--config", str(path)]))
@@ -239,10 +244,10 @@ def test_a_bad_config_file_says_it_as_the_file_wrote_it(tmp_path, capsys, text, 
 
 def test_runners_refusal_of_a_value_from_the_file_names_the_file(tmp_path):
     path = write(tmp_path / "run.toml", 'data_backend = "synthetic"\nngpus = 0\n')
-    with pytest.raises(launcher.UsageError) as refused:
-        launcher.plan_launch(["--config", path], launcher.Machine(0, 4), {})
-    assert launcher.blame_config_file(str(refused.value), ["--config", path]).endswith(
+    with pytest.raises(UsageError) as refused:
+        plan_launch(["--config", path], Machine(0, 4), {})
+    assert arguments.blame_config_file(str(refused.value), ["--config", path]).endswith(
         f"(set by ngpus in {path} line 2)")
-    with pytest.raises(launcher.UsageError) as refused:
-        launcher.plan_launch(["--config", path, "--ngpus", "0"], launcher.Machine(0, 4), {})
-    assert "set by" not in launcher.blame_config_file(str(refused.value), ["--config", path, "--ngpus", "0"])
+    with pytest.raises(UsageError) as refused:
+        plan_launch(["--config", path, "--ngpus", "0"], Machine(0, 4), {})
+    assert "set by" not in arguments.blame_config_file(str(refused.value), ["--config", path, "--ngpus", "0"])

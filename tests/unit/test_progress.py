@@ -1,5 +1,5 @@
 """progress: the first line's global and per-worker batch, the progress line's epoch of how many and its ETA."""
-import train
+from rn50kit.training import announce
 from rn50kit.config import train_config
 
 
@@ -7,8 +7,8 @@ def test_the_first_line_says_global_batch_and_per_worker():
     """Found by the second newcomer walk (issue 26)."""
     cfg = train_config.RunConfig().replace(fit__batch_size=64, fit__num_epochs=2, fit__lr=0.1, fit__workspace="ws",
                                      data__data_backend="synthetic", fit__dtype="float32")
-    assert "2 worker(s), global batch 64 (32 per worker), float32" in train.header(cfg, 2, "report.json")
-    assert "1 worker(s), global batch 64, float32" in train.header(cfg, 1, "report.json")
+    assert "2 worker(s), global batch 64 (32 per worker), float32" in announce.header(cfg, 2, "report.json")
+    assert "1 worker(s), global batch 64, float32" in announce.header(cfg, 1, "report.json")
 
 
 def test_the_progress_line_says_which_epoch_of_how_many_and_that_its_eta_is_the_runs(caplog):

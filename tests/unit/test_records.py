@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import train
 from rn50kit.data import loaders, records
-from conftest import write_record_file, NUM_RECORDS, parse_ordered, NUM_CLASSES
+from support.datasets import write_record_file, NUM_RECORDS, NUM_CLASSES
+from support.runs import parse_ordered
 from rn50kit.config import train_config
-from rn50kit.training import distributed
+from rn50kit.training import distributed, epoch_data
 
 
 def epoch_labels(iterator):
@@ -24,7 +25,7 @@ def rank_epochs(args, rank, epochs):
     first = loaders.get_data_iterators(train_config.from_args(args), rank, 2, 0, 1, mx.cpu())[0]
     dist = distributed.Distributed(None)
     dist.rank, dist.size = rank, 2
-    make = train.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
+    make = epoch_data.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
     return [epoch_labels(make(epoch)) for epoch in range(epochs)]
 
 
@@ -53,7 +54,7 @@ def test_order_reproducible_with_seed_and_on_resume(sorted_rec):
     first = loaders.get_data_iterators(train_config.from_args(args), 0, 2, 0, 1, mx.cpu())[0]
     dist = distributed.Distributed(None)
     dist.rank, dist.size = 0, 2
-    make = train.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
+    make = epoch_data.train_iterator_factory(train_config.from_args(args), dist, [mx.cpu()], first)
     assert epoch_labels(make(2)) == run_a[2]
     assert rank_epochs(parse_ordered(rec, idx, "--seed", "6"), 0, 1)[0] != run_a[0]
 

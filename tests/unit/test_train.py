@@ -7,11 +7,15 @@ import train
 
 import gc
 import weakref
-from rn50kit.common import backends, cli
+from rn50kit.common import backends
+from rn50kit.config import cli
 from rn50kit.data import loaders
 from rn50kit.config import train_config
+from rn50kit.training import announce, epoch_data, start_checks
 from rn50kit.training.distributed import Distributed
-from conftest import labelled_records, record_config, built, train_refusal, plan_refusal
+from support.datasets import labelled_records
+from support.runs import record_config, train_refusal, plan_refusal
+from support.networks import built
 
 
 # --- 7: the epoch-0 training pipeline is let go once used, or at once after a resume -------------------------
@@ -27,7 +31,7 @@ def test_epoch_0_pipeline_is_not_kept_for_the_run(monkeypatch):
     dist = Distributed(None)
     first = Pipeline()
     gone = weakref.ref(first)
-    make = train.train_iterator_factory(cfg, dist, [mx.cpu()], first)
+    make = epoch_data.train_iterator_factory(cfg, dist, [mx.cpu()], first)
     del first
     epoch0 = make(0)
     assert epoch0 is gone()
@@ -43,7 +47,7 @@ def test_a_resumed_run_lets_the_unused_epoch_0_pipeline_go(monkeypatch):
     cfg = train_config.RunConfig().replace(fit__seed=1)
     first = Pipeline()
     gone = weakref.ref(first)
-    make = train.train_iterator_factory(cfg, Distributed(None), [mx.cpu()], first)
+    make = epoch_data.train_iterator_factory(cfg, Distributed(None), [mx.cpu()], first)
     del first
     assert isinstance(make(3), Pipeline)
     gc.collect()
@@ -82,10 +86,10 @@ def test_class_count_below_the_record_labels_is_refused_without_a_lst(tmp_path, 
     """Found by the second newcomer walk (issue 26)."""
     files = labelled_records(tmp_path, [i % 10 for i in range(20)])
     with pytest.raises(cli.UsageError, match="labels up to 9 but --num-classes is 5; use --num-classes 10"):
-        train.warn_about(record_config(files, backend, 5), primary=True)
-    train.warn_about(record_config(files, backend, 10), primary=True)  # the right count passes
+        announce.warn_about(record_config(files, backend, 5), primary=True)
+    announce.warn_about(record_config(files, backend, 10), primary=True)  # the right count passes
     with caplog.at_level("WARNING"):
-        train.warn_about(record_config(files, backend, 12), primary=True)
+        announce.warn_about(record_config(files, backend, 12), primary=True)
     assert "the data has 10 classes" in caplog.text
 
 
@@ -98,9 +102,9 @@ def test_train_refuses_in_one_line_a_batch_the_machine_cannot_hold(monkeypatch):
     cfg = train_config.RunConfig().replace(fit__batch_size=4096, fit__mode="train", data__image_shape=(3, 32, 32))
     net = built(18, 32)
     with pytest.raises(cli.UsageError, match=r"this machine has 1.0 GiB; use --batch-size \d+ \(global"):
-        train.check_memory(cfg, net, [mx.cpu()], distributed.Distributed(None))
-    train.check_memory(cfg.replace(fit__batch_size=8), net, [mx.cpu()], distributed.Distributed(None))
-    train.check_memory(cfg.replace(fit__memory_check="warn"), net, [mx.cpu()], distributed.Distributed(None))
+        start_checks.check_memory(cfg, net, [mx.cpu()], distributed.Distributed(None))
+    start_checks.check_memory(cfg.replace(fit__batch_size=8), net, [mx.cpu()], distributed.Distributed(None))
+    start_checks.check_memory(cfg.replace(fit__memory_check="warn"), net, [mx.cpu()], distributed.Distributed(None))
 
 
 def test_a_negative_lr_is_refused():
