@@ -1,0 +1,56 @@
+"""The fault campaign's seeded covering set (tools/fault_campaign.py --covering, issue 57): one trial per fault
+kind, together under every launcher (horovodrun, mpirun, srun, horovodrun over SSH, an elastic run), each struck
+at a moment drawn from its seed. Every trial must survive as a user sees it (rn50kit/reliability/campaign_trial.py:
+the run ended in bounded time with runner's line naming the fault, nothing of it left, the newest complete
+checkpoint loads, the same command's rerun reports the unfaulted run's metrics); a failure names the seed that
+replays it. Needs the services of tools/ci_services.sh (skips without them, fails under CI)."""
+import json
+import os
+import sys
+
+import pytest
+from conftest import HANG_S, ROOT, need_mpi, need_slurm, need_ssh_hosts, venv_env
+
+from rn50kit.reliability import campaign_plan, campaign_report
+
+pytestmark = pytest.mark.slow  # launches processes or trains end to end
+
+
+def test_the_covering_set_strikes_every_launcher_and_fault_and_each_trial_survives(tmp_path):
+    need_mpi()
+    need_slurm()
+    need_ssh_hosts()
+    import subprocess
+    out = tmp_path / "campaign"
+    command = [sys.executable, os.path.join(ROOT, "tools", "fault_campaign.py"), "--covering", "--seed", "1",
+               "--stall-timeout", "15", "--out", str(out)]
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S * 2,
+                            stdin=subprocess.DEVNULL)
+    assert (out / "report.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    results = [json.loads(p.read_text()) for p in (out / "results").glob("*.json")]
+    assert {r["launcher"] for r in results} == set(campaign_plan.LAUNCHERS)
+    assert {f["kind"] for r in results for f in r["faults"] if f["struck"]} == set(campaign_plan.FAULTS), results
+    assert report["trials"] == len(campaign_plan.FAULTS) and report["faults_struck"] == report["trials"]
+    assert report["failures"] == [], campaign_report.table(report)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    noticed = [f["noticed_s"] for r in results for f in r["faults"]]
+    assert all(n is not None and n <= 15 + 60 for n in noticed), noticed  # within the stall timeout + margin
+
+
+def test_a_trial_is_its_seed_and_the_covering_set_covers():
+    """Each trial replays from its seed alone (--replay), and the covering set strikes every launcher and fault."""
+    seeds = campaign_plan.trial_seeds(7, 200)
+    assert [campaign_plan.draw(s) for s in seeds] == [campaign_plan.draw(s) for s in seeds]
+    drawn = [campaign_plan.draw(s) for s in seeds]
+    for trial in drawn:
+        for fault in (trial.fault, trial.second):
+            if fault is None:
+                continue
+            assert fault.moment in campaign_plan.moments_for(fault.kind, trial.launcher)
+            assert fault.kind in campaign_plan.faults_for(trial.launcher)
+            assert fault.kind != "lost-host" or trial.launcher in campaign_plan.SSH_LAUNCHERS
+    covering = campaign_plan.covering_set(1)
+    assert [campaign_plan.draw(t.seed) for t in covering] == covering
+    assert {t.launcher for t in covering} == set(campaign_plan.LAUNCHERS)
+    assert sorted(t.fault.kind for t in covering) == sorted(campaign_plan.FAULTS)
