@@ -1,10 +1,10 @@
 """The training loop and its phases: prepare or resume the state, train an epoch, validate, save, stop on a signal.
 
-Its helpers live in modules named for them: fit_flags.py (FitConfig, the flags), state.py (the run's state, the
-partial sums of an interrupted epoch), optimizers.py (the optimizer and trainer), targets.py (soft targets, mixup,
-CutMix, the loss), ema.py, stop_signals.py, distributed.py (collectives), precision.py (loss scaling and the finite
-checks), scoring.py (evaluation, --mode val/pred), checkpoint.py (files), schedules.py (recipes, LR), and
-reporting/outputs.py (the console, the JSON-lines log, the report, the MLPerf log: one list the loop tells)."""
+Its helpers live in modules named for them: in rn50kit/training, state.py (the run's state, the partial sums of an
+interrupted epoch), optimizers.py (the optimizer and trainer), targets.py (soft targets, mixup, CutMix, the loss),
+ema.py, stop_signals.py, distributed.py (collectives), precision.py (loss scaling and the finite checks),
+checkpoint.py (files); config/fit_flags.py (FitConfig, the flags) and config/lr_schedules.py; scoring/scoring.py
+(evaluation); reporting/output_table.py (the outputs the loop tells: console, JSON-lines log, report, MLPerf log)."""
 import dataclasses
 import logging
 import math

@@ -70,7 +70,6 @@ if __name__ == "__main__":
 
 import mxnet  # after bootstrap: as a script, MXNet's environment is set before it loads
 
-from rn50kit.common import backends
 from rn50kit.training import checkpoint
 from rn50kit.config import cli
 from rn50kit.config import config_files
@@ -81,8 +80,7 @@ from rn50kit.launch import devices
 from rn50kit.reliability import faults
 import fit
 from rn50kit.training import announce, epoch_data, network, run_modes, run_record, seeds, start_checks
-from rn50kit.training import stop_signals, worker, workspace
-from rn50kit.training.epoch_data import epoch_reader
+from rn50kit.training import elastic_setup, stop_signals, worker, workspace
 from rn50kit.training.start_checks import check_before_start
 from rn50kit.training import prelaunch
 from rn50kit.scoring import predict
@@ -124,40 +122,6 @@ def check_flags(argv, launch=None):
     except UsageError as error:
         cli.fail("train.py", config_files.blame(str(error), read_settings(argv), train_flags.typed_flags(argv)))
     print(json.dumps({"checkpoint_prefix": prelaunch.checkpoint_prefix(cfg)}))
-
-
-def elastic_training(cfg, net, ctxs, dist, lock):
-    """An elastic run's driver (rn50kit/training/elastic.py), or None for a run of a fixed world. Its epochs are
-    built here: the training records from the first one not read yet, the batch of the world's plan. ``lock``:
-    the workspace's (hold_workspace), which a worker that becomes rank 0 takes."""
-    if not dist.elastic:
-        return None
-    from rn50kit.training import elastic, optimizers
-    if not cfg.data.data_train:
-        raise UsageError(f"--mode {cfg.fit.mode} needs training data (--data-train)")
-    if not backends.get(cfg.data.data_backend).elastic:
-        raise UsageError(f"elastic runs read the records with the dali backends (the records not read yet go to the "
-                         f"new world); --data-backend {cfg.data.data_backend} cannot: use "
-                         f"{' or '.join(backends.names_with('elastic'))}")
-    fit_cfg = cfg.fit
-    if fit_cfg.horovod_num_groups > 1:  # see optimizers.trainer_for
-        raise UsageError(f"elastic runs allreduce the gradients as one group (a lost worker fails every collective "
-                         f"in flight at once, which MXNet 1.9.1 does not survive when there are several); leave out "
-                         f"--horovod-num-groups {fit_cfg.horovod_num_groups}")
-
-    def make_iterators(plan, epoch, start, steps, with_val):
-        changes = epoch_reader(cfg, epoch, fit_cfg.seed or 0, fit__batch_size=plan.micro_batch,
-                               **({} if with_val else {"data__data_val": None}))
-        return loaders.get_data_iterators(cfg.replace(**changes), dist.rank, dist.size, dist.local_rank,
-                                          dist.local_size, ctxs[0], start=start, steps=steps)
-
-    def make_trainer():
-        return optimizers.trainer_for(net, dist, fit_cfg)
-    samples = cfg.data.num_examples or len(loaders.open_record_files(cfg.data)["train"])
-    return elastic.ElasticTraining(dist.hvd, dist, net, fit_cfg.batch_size * fit_cfg.grad_accum_steps,
-                                   max(1, fit_cfg.batch_size // dist.size), samples, make_iterators, make_trainer,
-                                   fit_cfg.commit_every, fit_cfg.elastic_batch == "keep", fit_cfg.grad_accum_steps,
-                                   lock)
 
 
 def configure(args, given, num_gpus):
@@ -234,7 +198,7 @@ def main(args, command=None, given=()):
 def train(cfg, info, net, ctxs, dist, lock):
     """--mode train or train_val: ``net`` trained by fit (``lock``: the workspace's). Returns (the report,
     whether a stop signal ended the training)."""
-    elastic = elastic_training(cfg, net, ctxs, dist, lock)
+    elastic = elastic_setup.elastic_training(cfg, net, ctxs, dist, lock)
     make_train_iter, val_iter = epoch_data.training_data(cfg, dist, ctxs, elastic)
     if cfg.finetune.pretrained:
         info = network.start_from_pretrained(cfg, info, net, ctxs, dist)

@@ -168,15 +168,17 @@ def test_plans_cover_every_small_world():
     (["--horovod-num-groups", "4"], "elastic runs allreduce the gradients as one group"),
 ])
 def test_an_elastic_worker_refuses_what_an_elastic_run_cannot_do_in_one_line(tmp_path, flags, says):
-    """Checked in the worker (train.elastic_training), before the network or any collective."""
+    """Checked in the worker (elastic_setup.elastic_training), before the network or any collective."""
     import mxnet as mx
 
     import train
+    from rn50kit.config.cli import UsageError
+    from rn50kit.training import elastic_setup
     from rn50kit.training.distributed import Distributed
     argv = ["--data-train", str(tmp_path / "train.rec"), "--kv-store", "horovod", *flags]
     cfg = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
     dist = Distributed(None)
     dist.elastic = True
-    with pytest.raises(train.UsageError) as refused:
-        train.elastic_training(cfg, None, [mx.cpu()], dist, None)
+    with pytest.raises(UsageError) as refused:
+        elastic_setup.elastic_training(cfg, None, [mx.cpu()], dist, None)
     assert says in str(refused.value) and "\n" not in str(refused.value)
