@@ -47,10 +47,13 @@ def tiny_jpegs(count=16):
     return [cv2.imencode(".jpg", rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))[1].tobytes() for _ in range(count)]
 
 
-def build(folder, total, spacing=SPACING, seed=0):
-    """train.rec (sparse: one record every ``spacing`` bytes), train.idx and im2rec's train.lst in ``folder``."""
+def build(folder, total, spacing=SPACING, seed=0, padded=False):
+    """train.rec (sparse: one record every ``spacing`` bytes), train.idx and im2rec's train.lst in ``folder``.
+    ``padded``: each record fills its ``spacing`` (its image followed by a hole of zeros, which JPEG decoders
+    ignore after the image's end marker), as ImageRecordIter's indexed reader needs: it reads a record's whole
+    extent, up to the next one, and aborts the process on anything there that is not a record."""
     done = os.path.join(folder, "built.json")
-    if os.path.isfile(done) and json.load(open(done)) == {"records": total, "spacing": spacing}:
+    if os.path.isfile(done) and json.load(open(done)) == {"records": total, "spacing": spacing, "padded": padded}:
         return os.path.join(folder, "train.rec")
     os.makedirs(folder, exist_ok=True)
     images = tiny_jpegs()
@@ -59,11 +62,16 @@ def build(folder, total, spacing=SPACING, seed=0):
             open(os.path.join(folder, "train.lst"), "w") as lst:
         for i, label in enumerate(labels.tolist()):
             rec.seek(i * spacing)
-            rec.write(records.encode_record(records.IR_HEADER.pack(0, label, i, 0) + images[i % len(images)]))
+            payload = records.IR_HEADER.pack(0, label, i, 0) + images[i % len(images)]
+            if padded:  # the record's header says spacing - 8 bytes; only the image is written: the rest is a hole
+                assert len(records.encode_record(payload)) == 8 + len(payload) + -len(payload) % 4  # in one part
+                rec.write(records.MAGIC_BYTES + (spacing - 8).to_bytes(4, "little") + payload)
+            else:
+                rec.write(records.encode_record(payload))
             idx.write(f"{i}\t{i * spacing}\n")
             lst.write(f"{i}\t{label}\tn{label:08d}/n{label:08d}_{i}.JPEG\n")
         rec.truncate(total * spacing)  # ImageNet's length: the last record's gap too
-    json.dump({"records": total, "spacing": spacing}, open(done, "w"))
+    json.dump({"records": total, "spacing": spacing, "padded": padded}, open(done, "w"))
     return os.path.join(folder, "train.rec")
 
 

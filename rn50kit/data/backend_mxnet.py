@@ -11,7 +11,7 @@ import mxnet as mx
 from rn50kit.data import loaders, records
 from rn50kit.data.iterators import BatchIterator, to_layout
 from rn50kit.data.protocol import DataError, default_threads, out_dtype
-from rn50kit.data.record_files import describe_failure, open_record_files
+from rn50kit.data.record_files import describe_failure, first_undecodable, open_record_files
 
 
 def mxnet_shard_size(total, part_index, num_parts):
@@ -80,7 +80,7 @@ def part_failure_finder(record_file, part_index, num_parts, limit=50000):
         total = len(record_file)
         start = min(total, part_index * math.ceil(total / num_parts))
         end = start + mxnet_shard_size(total, part_index, num_parts)
-        bad = records.first_undecodable(record_file, range(start, min(end, start + limit)))
+        bad = first_undecodable(record_file, range(start, min(end, start + limit)))
         return None if bad is None else (record_file, bad)
     return find
 

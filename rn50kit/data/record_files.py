@@ -1,6 +1,7 @@
 """RecordIO access for the backends and train.py's checks: the record files of a run, each opened and checked once
 per process (records.RecordFile: the .idx read once, the headers of a bounded sample of records read), the labels
-that check read and their one-line verdicts, and the one line naming the record a pipeline failed on."""
+that check read and their one-line verdicts, and the one line naming the record a pipeline failed on (OpenCV's
+verdict on its image)."""
 import os
 
 import numpy as np
@@ -98,3 +99,20 @@ def library_error_line(error):
         what = next((line for line in lines if "Error" in line and not line.startswith("Traceback")),
                     lines[0] if lines else type(error).__name__)
     return f"{where}: {what}" if where else what
+
+
+def decodes(image):
+    """Whether OpenCV decodes these image bytes (to name the record a pipeline failed on)."""
+    import cv2
+    if len(image) == 0:
+        return False
+    decoded = cv2.imdecode(np.asarray(image, dtype=np.uint8), cv2.IMREAD_COLOR)
+    return decoded is not None and decoded.size > 0
+
+
+def first_undecodable(records, candidates):
+    """The first of ``candidates`` (record numbers) whose image does not decode, or None."""
+    for i in candidates:
+        if not decodes(records.image(i)):
+            return i
+    return None

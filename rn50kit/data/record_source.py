@@ -9,6 +9,7 @@ import threading
 import numpy as np
 
 from rn50kit.data import records
+from rn50kit.data.record_files import first_undecodable
 
 
 class ShuffledShardSource:
@@ -145,7 +146,7 @@ def undecodable_for_dali(record_file, candidates):
     """(record file, record number) of the first of ``candidates`` that does not decode, or None: OpenCV's verdict,
     then DALI's own decoder's (stricter about some damage OpenCV passes)."""
     import dali
-    bad = records.first_undecodable(record_file, candidates)
+    bad = first_undecodable(record_file, candidates)
     if bad is None:
         candidates = list(candidates)
         position = dali.first_undecodable(record_file.image(i) for i in candidates)

@@ -3,7 +3,7 @@ index check run before any pipeline is built (the whole index, the headers of at
 start-up does not read the data set), labels read from record headers without decoding images, the label-order
 measure, the classes of an im2rec .lst, and the globally shuffled record order each training shard reads.
 
-Needs numpy only (OpenCV too, to name a record that does not decode); tools/check_dataset.py uses it.
+Needs numpy only; tools/check_dataset.py uses it.
 """
 import mmap
 import os
@@ -486,20 +486,3 @@ class ElasticOrder:
         picks = np.take(self.permutation, np.arange(self.position, self.position + count), mode="wrap").tolist()
         self.position += self.stride
         return picks
-
-
-def decodes(image):
-    """Whether OpenCV decodes these image bytes (used to name a record that a pipeline failed on)."""
-    import cv2
-    if len(image) == 0:
-        return False
-    decoded = cv2.imdecode(np.asarray(image, dtype=np.uint8), cv2.IMREAD_COLOR)
-    return decoded is not None and decoded.size > 0
-
-
-def first_undecodable(records, candidates):
-    """The first of ``candidates`` (record numbers) whose image does not decode, or None."""
-    for i in candidates:
-        if not decodes(records.image(i)):
-            return i
-    return None
