@@ -1,6 +1,6 @@
-"""The loop's outputs as one list (rn50kit/reporting/outputs.py): an output added to the list hears what the
-built-in ones hear, in order, over a real fit() on a tiny network; an event an output leaves alone is a no-op;
-close() reaches every output; the files are rank 0's."""
+"""The loop's outputs as one list (rn50kit/reporting/outputs.py), opened from output_table.py: an output added to
+the list hears what the built-in ones hear, in order, over a real fit() on a tiny network; an event an output leaves
+alone is a no-op; close() reaches every output; the files are rank 0's."""
 import json
 import types
 
@@ -8,7 +8,7 @@ import mxnet as mx
 import pytest
 
 import fit
-from rn50kit.reporting import outputs
+from rn50kit.reporting import output_table, outputs
 from rn50kit.reporting.report import Report
 from rn50kit.training import fit_flags
 from rn50kit.training.distributed import Distributed
@@ -130,3 +130,14 @@ def test_the_mlperf_log_does_not_build_the_first_epochs_pipeline_twice(tmp_path,
     samples = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(tmp_path / "mllog.txt")
                if ":::MLLOG " in line]
     assert {r["key"]: r["value"] for r in samples}["train_samples"] == 3 * cfg.batch_size
+
+
+def test_every_row_of_the_output_table_is_an_output_with_its_own_open():
+    """output_table.OUTPUTS: each row names an Output class that says how a run opens it (the base's open
+    refuses), the seven outputs of a run, the console first."""
+    classes = [output_table.output_class(row) for row in output_table.OUTPUTS]
+    assert all(issubclass(cls, outputs.Output) and "open" in vars(cls) for cls in classes)
+    assert [cls.__name__ for cls in classes] == ["Console", "JsonLines", "ReportOutput", "MLPerf", "SummaryCsv",
+                                                 "TensorBoard", "ResolvedConfig"]
+    with pytest.raises(NotImplementedError, match="Quiet has no open"):
+        Quiet.open(None)
