@@ -478,3 +478,40 @@ def test_lamb_moves_a_zero_beta_as_timm_does():
     expected = numpy_lamb_step(np.zeros(8), [grad] * 10, lr=0.01, wd=0.0)
     np.testing.assert_allclose(params["bn_beta"].data().asnumpy(), expected, rtol=1e-5)
     np.testing.assert_allclose(expected, -0.1, rtol=1e-3)
+
+
+# ---- the registry (rn50kit/config/optimizer_registry.py): every optimizer built from its entry -------------------
+def attributes(optimizer):
+    return {key: value for key, value in vars(optimizer).items()
+            if isinstance(value, (int, float, str, bool, type(None), dict)) and key != "param_dict"}
+
+
+@pytest.mark.parametrize("name", ["sgd", "nag", "lars", "lamb"])
+def test_the_registry_builds_what_the_flags_built_before(name):
+    """Users see no change: each built-in entry makes the optimizer MXNet's name and the former parameters made."""
+    from rn50kit.config.optimizer_registry import Knobs
+    net = small_net()
+    knobs = Knobs(wd=1e-4, momentum=0.9, lars_eta=0.002, lars_eps=1e-5)
+    built = optimizers.build(name, knobs, sorted(net.collect_params().keys()))
+    before = optimizers.create(name, **optimizers.optimizer_params(net, name, 1e-4, 0.9, 0.002, 1e-5))
+    assert type(built) is type(before) and attributes(built) == attributes(before)
+
+
+def test_the_generic_flags_reach_the_optimizers_that_read_them():
+    from rn50kit.config import optimizer_registry, train_flags
+    from rn50kit.config import train_config
+    net = small_net()
+    names = sorted(net.collect_params().keys())
+
+    def built(*argv):
+        args = train_flags.parse_args(list(argv))
+        train_flags.fill_hyper_parameters(args)
+        fit_cfg = train_config.from_args(args).fit
+        return optimizers.build(fit_cfg.optimizer, optimizer_registry.knobs_of(fit_cfg), names)
+    lamb = built("--optimizer", "lamb", "--opt-betas", "0.8,0.95", "--opt-eps", "1e-8")
+    assert (lamb.beta1, lamb.beta2, lamb.epsilon) == (0.8, 0.95, 1e-8)
+    lamb = built("--optimizer", "lamb")  # MXNet's (and timm's) own
+    assert (lamb.beta1, lamb.beta2, lamb.epsilon) == (0.9, 0.999, 1e-6)
+    assert built("--optimizer", "lars", "--opt-eps", "1e-7").eps == 1e-7
+    assert built("--optimizer", "lars", "--lars-eps", "1e-6").eps == 1e-6  # the former flag, kept
+    assert built("--optimizer", "sgd", "--mom", "0.5").momentum == 0.5
