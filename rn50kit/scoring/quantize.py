@@ -16,11 +16,11 @@ import warnings
 
 import mxnet as mx
 
-import models
 from rn50kit.common import backends
 from rn50kit.reporting.report import write_json
 from rn50kit.common import rules
 from rn50kit.common.rules import cpu_flags
+from rn50kit.graph.symbol_files import export
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def quantize(net, data_shape, calibration, calib_batches_fn):
 
 
 def save(qnet, prefix, calibration):
-    models.export(qnet, prefix)
+    export(qnet, prefix)
     write_json(prefix + ".json", calibration, indent=2)  # last: its presence means the graph is complete
 
 

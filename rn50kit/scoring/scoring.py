@@ -14,7 +14,7 @@ from rn50kit.common import backends
 from rn50kit.training import checkpoint
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.data.loaders import out_dtype
-import models
+from rn50kit.graph.inference import optimize_for_inference, to_bfloat16
 from rn50kit.scoring import predict, predict_many
 from rn50kit.scoring import quantize
 from rn50kit.reporting.report import Report
@@ -245,11 +245,11 @@ def fuses(cfg, ctxs, dist):
 
 
 def fused(cfg, net, ctxs, dist):
-    """The loaded checkpoint through oneDNN's conv+BN+ReLU(+add) fusion (models.optimize_for_inference;
-    models.to_bfloat16 casts the graph first)."""
+    """The loaded checkpoint through oneDNN's conv+BN+ReLU(+add) fusion (graph.inference's
+    optimize_for_inference; to_bfloat16 casts the graph first)."""
     path = load_weights(net, cfg.fit, cfg.data.data_backend, ctxs, dist)
     shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, cfg.fit.batch_size)
-    fuse = models.to_bfloat16 if cfg.fit.dtype == "bfloat16" else models.optimize_for_inference
+    fuse = to_bfloat16 if cfg.fit.dtype == "bfloat16" else optimize_for_inference
     return Scorable(fuse(net, shape, ctxs[0]), path)
 
 
