@@ -24,9 +24,9 @@ from mxnet.gluon import nn
 
 from rn50kit.config.cli import config_from
 # The graph transforms and loaders live in rn50kit/graph; their names stay reachable as models.* for the scripts
-# that call them so (docs/training.md's inference helpers, the checkpoint writer).
+# that call them so (docs/training.md's inference helpers, the checkpoint writer, the loop's BatchNorm checks).
 from rn50kit.graph.inference import optimize_for_inference, to_bfloat16  # noqa: F401 -- see above
-from rn50kit.graph.parameters import load_parameters
+from rn50kit.graph.parameters import load_parameters, running_stats  # noqa: F401 -- see above
 from rn50kit.graph.symbol_files import export, load_checkpoint, without_amp_casts  # noqa: F401 -- see above
 from rn50kit.launch import devices
 # the Model flags and the tables they choose from live in the configuration home; read here too
@@ -367,12 +367,6 @@ def get_model_from_args(args):
     image_shape = getattr(args, "image_shape", None) or [3]
     return build_network(config_from(ModelConfig, args), image_shape[0], getattr(args, "input_layout", "NCHW"),
                          getattr(args, "dtype", None) or "float32")
-
-
-def running_stats(net):
-    """The BatchNorm running means and variances of ``net``, in a fixed order."""
-    return [p for name, p in sorted(net.collect_params().items())
-            if name.endswith("running_mean") or name.endswith("running_var")]
 
 
 # ---------------------------------------------------------------------------------------------------------

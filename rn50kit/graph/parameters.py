@@ -1,5 +1,6 @@
-"""A params file of the kit (``export``'s ``arg:``/``aux:`` keys, or ``save_parameters``' structural names) into
-a built network, whatever the file's and the network's dtype, layout and stem channels."""
+"""A network's parameters: a params file of the kit (``export``'s ``arg:``/``aux:`` keys, or
+``save_parameters``' structural names) loaded into a built network, whatever the file's and the network's dtype,
+layout and stem channels; the BatchNorm running statistics the training loop averages and checks."""
 import os
 
 import mxnet as mx
@@ -51,3 +52,9 @@ def _adapt_stem(name, value, shape, path, layout):
         pad_shape[axis] = shape[axis] - keep
         return mx.nd.concat(kept, mx.nd.zeros(pad_shape, dtype=value.dtype), dim=axis)
     raise ValueError(f"{path}: parameter {name} has shape {value.shape}, the network needs {tuple(shape)}")
+
+
+def running_stats(net):
+    """The BatchNorm running means and variances of ``net``, in a fixed order."""
+    return [p for name, p in sorted(net.collect_params().items())
+            if name.endswith("running_mean") or name.endswith("running_var")]
