@@ -8,6 +8,7 @@ import pytest
 import models
 from support import resnet_reference as ref
 from mxnet import autograd, gluon
+from rn50kit.config import finetune_flags
 from rn50kit.weights import pretrained
 from rn50kit.weights.architecture import Architecture, network_architecture
 from support.weights import X, assert_logits, kit_net, load, logits, save_safetensors, Weights, refusal
@@ -172,16 +173,16 @@ def test_reduced_precision_targets_load(tv18, dtype):
 
 def test_pretrained_flags():
     parser = argparse.ArgumentParser()
-    pretrained.add_pretrained_args(parser)
+    finetune_flags.add_pretrained_args(parser)
     args = parser.parse_args([])
     assert (args.pretrained, args.backbone_lr_mult, args.freeze_backbone_epochs) == (None, 1.0, 0)
     args = parser.parse_args(["--backbone-lr-mult", "0.1", "--freeze-backbone-epochs", "2"])
     assert [pretrained.backbone_lr_mult(e, args.backbone_lr_mult, args.freeze_backbone_epochs)
             for e in range(4)] == [0.0, 0.0, 0.1, 0.1]
     with pytest.raises(ValueError, match="--backbone-lr-mult"):
-        pretrained.check_pretrained_args(parser.parse_args(["--backbone-lr-mult", "-1"]))
+        finetune_flags.check_pretrained_args(parser.parse_args(["--backbone-lr-mult", "-1"]))
     with pytest.raises(ValueError, match="--pretrained nowhere.safetensors does not exist"):
-        pretrained.check_pretrained_args(parser.parse_args(["--pretrained", "nowhere.safetensors"]))
+        finetune_flags.check_pretrained_args(parser.parse_args(["--pretrained", "nowhere.safetensors"]))
 
 
 def test_backbone_lr_mult_freezes_then_releases_the_backbone(tv18):
