@@ -7,7 +7,7 @@ import struct
 import check_dataset
 import numpy as np
 import pytest
-from rn50kit.data import loaders, records
+from rn50kit.data import backend_mxnet, loaders, record_source, records
 
 COUNT, SAMPLE, BLOCK = 300, 32, 8  # a file ten times the (shrunk) sample
 
@@ -69,7 +69,7 @@ def test_a_damaged_record_the_start_up_did_not_read_is_named_where_it_is_read(tm
     bad = unchecked_record()
     damage(rec, 200 * bad + 4, lambda data, at: data.__setitem__(slice(at, at + 4), struct.pack("<I", 500)))
     record_file = records.RecordFile(rec, idx, use_mmap=use_mmap)  # the sample is sound: the run starts
-    source = loaders.ShuffledShardSource(record_file, 0, 1, 10, seed=1, ahead=0)
+    source = record_source.ShuffledShardSource(record_file, 0, 1, 10, seed=1, ahead=0)
     with pytest.raises(records.RecordFileError) as met:
         for _ in range(COUNT // 10 + 1):
             source()
@@ -85,7 +85,7 @@ def test_a_label_the_start_up_did_not_read_is_named_by_the_training_reader(tmp_p
     bad = unchecked_record()
     damage(rec, 200 * bad + 12, lambda data, at: data.__setitem__(slice(at, at + 4), struct.pack("<f", 2.5)))
     record_file = records.RecordFile(rec, idx)
-    source = loaders.ShuffledShardSource(record_file, 0, 1, 10, seed=1, ahead=0, num_classes=7)
+    source = record_source.ShuffledShardSource(record_file, 0, 1, 10, seed=1, ahead=0, num_classes=7)
     with pytest.raises(records.RecordFileError) as met:
         for _ in range(COUNT // 10 + 1):
             source()
@@ -155,4 +155,4 @@ def test_label_order_is_still_seen_in_the_sample_of_a_large_file(tmp_path, monke
         assert records.label_runs(record_file.labels)["ordered"] is expected, name
         if expected:
             with pytest.raises(loaders.DataError, match="label order"):
-                loaders.check_mxnet_shards(record_file, 2)
+                backend_mxnet.check_mxnet_shards(record_file, 2)
