@@ -14,8 +14,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import resnet_reference as ref
-from conftest import X, assert_logits, load, logits, refusal  # tv18, a fixture, comes from conftest by name
+from support import resnet_reference as ref
+from support.weights import X, assert_logits, load, logits, refusal  # tv18, a fixture, comes from conftest by name
 
 
 def test_pth_with_pytorch_gives_reference_logits(tv18, tmp_path):

@@ -11,7 +11,8 @@ import pytest
 import train
 from mxnet import recordio
 from rn50kit.data import loaders, records
-from conftest import HANG_S, ROOT, venv_env, write_record_file
+from support.processes import HANG_S, ROOT, venv_env
+from support.datasets import write_record_file
 from rn50kit.config import train_config
 
 

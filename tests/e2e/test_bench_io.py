@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import pytest
-from conftest import HANG_S, ROOT, venv_env
+from support.processes import HANG_S, ROOT, venv_env
 
 
 pytestmark = pytest.mark.slow  # builds a photo set and starts a process per backend and round

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 import train
-from conftest import ROOT, run, photo_folder
+from support.processes import ROOT, run
+from support.datasets import photo_folder
 from rn50kit.config import train_config
 from rn50kit.launch import launcher
 from rn50kit.common import config_files

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HANG_S, LONG_HANG_S, ROOT, venv_env
+from support.processes import HANG_S, LONG_HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

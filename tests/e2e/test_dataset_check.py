@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 from mxnet import recordio
-from conftest import photo, run_tool, EXPECTED_ERRORS
+from support.datasets import photo, run_tool, EXPECTED_ERRORS
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

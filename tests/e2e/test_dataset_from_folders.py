@@ -11,7 +11,7 @@ import check_dataset
 import prepare_folder
 from mxnet import recordio
 from rn50kit.scoring import predict
-from conftest import ROOT, venv_env
+from support.processes import ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

@@ -17,7 +17,8 @@ import time
 import psutil
 import pytest
 
-from conftest import HANG_S, ROOT, need_ssh_hosts, run_members, venv_env, wait_until
+from support.processes import HANG_S, ROOT, run_members, venv_env, wait_until
+from support.cluster import need_ssh_hosts
 
 pytestmark = pytest.mark.slow
 

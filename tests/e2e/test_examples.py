@@ -3,7 +3,7 @@ import glob
 import os
 import subprocess
 import pytest
-from conftest import HANG_S, ROOT, venv_env
+from support.processes import HANG_S, ROOT, venv_env
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end

@@ -9,7 +9,8 @@ import os
 import sys
 
 import pytest
-from conftest import HANG_S, ROOT, need_mpi, need_slurm, need_ssh_hosts, venv_env
+from support.processes import HANG_S, ROOT, venv_env
+from support.cluster import need_mpi, need_slurm, need_ssh_hosts
 
 from rn50kit.reliability import campaign_plan, campaign_report
 

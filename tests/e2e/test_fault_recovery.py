@@ -13,7 +13,7 @@ import sys
 import time
 import psutil
 import pytest
-from conftest import HANG_S, ROOT, run_members, venv_env, wait_until, run
+from support.processes import HANG_S, ROOT, run_members, venv_env, wait_until, run
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -53,7 +53,7 @@ LAUNCHER_LINES = {"slurm": ("srun: ", "slurmstepd")}
 
 def launched(command, launcher):
     """``command`` (runner_command's) under ``launcher``, and the environment it needs; skips without it."""
-    from conftest import mpirun_root_env, need_mpi, need_slurm
+    from support.cluster import mpirun_root_env, need_mpi, need_slurm
     if launcher == "horovodrun":
         return command, venv_env()
     if launcher == "mpi":
@@ -346,7 +346,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, launcher, digits_data, tmp_path
     daemons over the same ssh): hostB's worker is killed, or hostB's SSH session is cut (the worker lives on,
     orphaned, as on a network partition). runner names rank 1 on hostB; the orphaned workers save and stop (their
     launcher is gone), none is left; the rerun resumes."""
-    from conftest import need_mpi, need_ssh_hosts
+    from support.cluster import need_mpi, need_ssh_hosts
     need_ssh_hosts()
     if launcher == "mpi":
         need_mpi()

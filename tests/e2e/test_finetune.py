@@ -10,7 +10,8 @@ import sys
 import cv2
 import numpy as np
 import pytest
-from conftest import ROOT, venv_env, write_record_file, HANG_S, LONG_HANG_S
+from support.processes import ROOT, venv_env, HANG_S, LONG_HANG_S
+from support.datasets import write_record_file
 
 
 pytestmark = pytest.mark.slow  # trains three small networks end to end

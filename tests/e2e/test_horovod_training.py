@@ -8,8 +8,11 @@ import cv2
 import numpy as np
 import pytest
 from rn50kit.data import records
-from conftest import (ROOT, venv_env, write_record_file, digits_run, HANG_S, LONG_HANG_S, need_mpi, mpirun_root_env,
-                      save_tiny)
+from support.processes import WORKERS, ROOT, venv_env, HANG_S, LONG_HANG_S
+from support.datasets import write_record_file
+from support.runs import digits_run
+from support.cluster import need_mpi, mpirun_root_env
+from support.checkpoints import save_tiny
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -67,7 +70,7 @@ EPOCHS = 3
 def two_worker_run(digits_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("hvd")
     command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-               os.path.join(ROOT, "tests", "hvd_train_worker.py"), str(out), *digits_run(digits_data),
+               os.path.join(WORKERS, "hvd_train_worker.py"), str(out), *digits_run(digits_data),
                "--batch-size", "64", "--num-epochs", str(EPOCHS), "--lr", "0.2", "--warmup-epochs", "1",
                "--num-examples", "640", "--seed", "3", "--workspace", str(out)]
     result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
@@ -123,7 +126,7 @@ def test_rank_zeros_values_reach_every_rank_bit_for_bit(controller, tmp_path):
         command, env = ["mpirun", "-np", "2", "--oversubscribe"], mpirun_root_env()
     else:
         command, env = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"], venv_env()
-    command += [sys.executable, os.path.join(ROOT, "tests", "hvd_broadcast_worker.py"), str(tmp_path)]
+    command += [sys.executable, os.path.join(WORKERS, "hvd_broadcast_worker.py"), str(tmp_path)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     before, after = [[np.load(tmp_path / f"{when}-rank{rank}.npz") for rank in (0, 1)] for when in ("before", "after")]
@@ -158,7 +161,7 @@ def test_rank_0_alone_verifies_a_resumed_checkpoint_and_every_rank_takes_its_cho
     for epoch in (1, 2):
         flip_a_bit(tmp_path / "all_damaged" / f"model-000{epoch}.params")
     command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-               os.path.join(ROOT, "tests", "hvd_resume_worker.py"), str(tmp_path), *cases]
+               os.path.join(WORKERS, "hvd_resume_worker.py"), str(tmp_path), *cases]
     result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
@@ -178,7 +181,7 @@ def test_an_elastic_runs_trainer_allreduces_as_horovods(tmp_path):
     (BatchNorm) gradients, with and without --fp16-allreduce, the same gradients and scale as Horovod's own
     trainer, the sum of both ranks' (Horovod's CPU build averages in the framework, through the scale)."""
     command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-               os.path.join(ROOT, "tests", "hvd_grads_worker.py"), str(tmp_path)]
+               os.path.join(WORKERS, "hvd_grads_worker.py"), str(tmp_path)]
     result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in (0, 1)]

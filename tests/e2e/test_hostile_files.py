@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import HANG_S, ROOT, TINY_RUN, run, venv_env
+from support.processes import WORKERS, HANG_S, ROOT, run, venv_env
+from support.runs import TINY_RUN
 
 pytestmark = pytest.mark.slow  # a tiny training run, then a process per kind
 
@@ -69,7 +70,7 @@ def judged(kind, workspace, tmp_path):
     base_folder(kind, workspace, folder)
     env = venv_env()
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "hostile_files.py"), kind, str(folder),
+    done = subprocess.run([sys.executable, os.path.join(WORKERS, "hostile_files.py"), kind, str(folder),
                            str(CASES), str(SEED)], env=env, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     started = [line for line in lines if "start" in line]

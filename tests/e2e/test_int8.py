@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import pytest
-from conftest import HANG_S, ROOT, digits_run, venv_env, LONG_HANG_S
+from support.processes import HANG_S, ROOT, venv_env, LONG_HANG_S
+from support.runs import digits_run
 from rn50kit.scoring import quantize
 
 

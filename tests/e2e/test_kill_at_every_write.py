@@ -11,7 +11,8 @@ import re
 import sys
 
 import pytest
-from conftest import ROOT, TINY_RUN, run, venv_env
+from support.processes import ROOT, run, venv_env
+from support.runs import TINY_RUN
 
 from rn50kit.training import checkpoint
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import fit
 from rn50kit.training import distributed
-from loop_harness import CPU, RUN
-from conftest import TINY_CLASSES, AccumBatches, tiny_accum_net, fit_config, MICRO
+from support.loop import CPU, RUN
+from support.loop import TINY_CLASSES, AccumBatches, tiny_accum_net, fit_config, MICRO
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -88,9 +88,9 @@ def test_accumulation_with_two_horovod_workers_equals_one_large_batch(tmp_path, 
     import os
     import subprocess
     import sys
-    from conftest import HANG_S, ROOT, venv_env
+    from support.processes import WORKERS, HANG_S, venv_env
     command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-               os.path.join(ROOT, "tests", "hvd_accum_worker.py"), str(tmp_path), optimizer]
+               os.path.join(WORKERS, "hvd_accum_worker.py"), str(tmp_path), optimizer]
     result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = {(name, rank): np.load(tmp_path / f"{name}-rank{rank}.npz") for name in ("micro", "large")

@@ -10,7 +10,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 import models
-from conftest import ROOT, venv_env, parse_model_args, built, small_net
+from support.processes import ROOT, venv_env
+from support.networks import parse_model_args, built, small_net
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -52,7 +53,7 @@ def test_export_onnx_exports_model_best(tmp_path):
     pytest.importorskip("onnxruntime")
     import shutil
     import sys
-    from conftest import ROOT
+    from support.processes import ROOT
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import export_onnx
     import models

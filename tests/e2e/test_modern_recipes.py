@@ -9,7 +9,9 @@ import models
 import os
 import subprocess
 import sys
-from conftest import ROOT, digits_run, venv_env, constant_batch, HANG_S
+from support.processes import ROOT, venv_env, HANG_S
+from support.runs import digits_run
+from support.loop import constant_batch
 
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 from rn50kit.reporting import report as reports
-from conftest import ROOT, venv_env
+from support.processes import ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import psutil
 import pytest
-from conftest import HANG_S, ROOT, catches_signal, pid_gone, venv_env, wait_until, steps_logged, run
+from support.processes import HANG_S, ROOT, catches_signal, pid_gone, venv_env, wait_until, run
+from support.runs import steps_logged
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -279,7 +280,8 @@ def test_a_stop_signal_during_start_up_saves_at_the_first_step(digits_data, tmp_
 def start_train(tmp_path, *flags):
     import subprocess
     import sys
-    from conftest import ROOT, TINY_RUN, venv_env
+    from support.processes import ROOT, venv_env
+    from support.runs import TINY_RUN
     out, err = open(tmp_path / "run.out", "w"), open(tmp_path / "run.err", "w")
     command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY_RUN, "--batch-size", "8", "--disp-batches", "1",
                "--workspace", str(tmp_path / "ws"), "--warmup-epochs", "0", *flags]
@@ -291,7 +293,7 @@ def test_ctrl_c_on_train_py_saves_a_step_checkpoint_and_exits_130(tmp_path):
     """Found by the second newcomer walk (issue 26)."""
     import signal
     from rn50kit.reliability import run_lock
-    from conftest import HANG_S, wait_until
+    from support.processes import HANG_S, wait_until
     process = start_train(tmp_path, "--num-epochs", "2", "--num-examples", "100000")
     try:
         wait_until(lambda: steps_logged(tmp_path / "ws") >= 2, "two training steps", process=process)
@@ -312,7 +314,7 @@ def test_ctrl_c_on_train_py_saves_a_step_checkpoint_and_exits_130(tmp_path):
 def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
     """Found by the second newcomer walk (issue 26)."""
     import signal
-    from conftest import HANG_S, catches_signal, wait_until
+    from support.processes import HANG_S, catches_signal, wait_until
     process = start_train(tmp_path, "--num-epochs", "1")
     try:
         wait_until(lambda: catches_signal(process.pid, signal.SIGTERM), "train.py to catch SIGTERM",
@@ -345,7 +347,7 @@ def test_a_lock_whose_holder_crashed_or_was_killed_does_not_read_running(tmp_pat
     import subprocess
     import sys
     from rn50kit.reliability import run_lock
-    from conftest import HANG_S, ROOT, pid_gone, wait_until
+    from support.processes import HANG_S, ROOT, pid_gone, wait_until
     failed, killed = tmp_path / "failed", tmp_path / "killed"
     failed.mkdir(), killed.mkdir()
     result = subprocess.run([sys.executable, "-c", HOLD_THEN, str(failed), ROOT, "fail"], capture_output=True,
@@ -373,7 +375,8 @@ def test_runner_exits_130_on_ctrl_c_after_the_workers_saved(tmp_path):
     import signal
     import subprocess
     import sys
-    from conftest import HANG_S, ROOT, TINY_RUN, venv_env, wait_until
+    from support.processes import HANG_S, ROOT, venv_env, wait_until
+    from support.runs import TINY_RUN
     workspace = tmp_path / "ws"
     out, err = open(tmp_path / "run.out", "w"), open(tmp_path / "run.err", "w")
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "runner"), "-n", "1", "-b", "8", "-e", "2",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import train
 from rn50kit.data import loaders
-from conftest import ROOT, venv_env
+from support.processes import ROOT, venv_env
 from rn50kit.config import train_config
 
 

@@ -5,9 +5,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 import models
-import resnet_reference as ref
+from support import resnet_reference as ref
 from rn50kit.weights import pretrained
-from conftest import X, assert_logits, kit_net, load, logits, save_safetensors, refusal
+from support.weights import X, assert_logits, kit_net, load, logits, save_safetensors, refusal
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

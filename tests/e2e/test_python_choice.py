@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import pytest
-from conftest import HANG_S, ROOT, TINY_RUN as TINY, venv_env, labelled_records
+from support.processes import HANG_S, ROOT, venv_env
+from support.runs import TINY_RUN as TINY
+from support.datasets import labelled_records
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
@@ -104,7 +106,7 @@ def test_the_tools_hand_over_to_the_kits_python_as_runner_does(tmp_path, tool):
     import shutil
     import subprocess
     import sys
-    from conftest import HANG_S, ROOT
+    from support.processes import HANG_S, ROOT
     bare = shutil.which("python3") or pytest.skip("no system python3")
     if tool == "check_dataset.py":
         files = labelled_records(tmp_path, [i % 10 for i in range(20)])

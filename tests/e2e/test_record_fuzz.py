@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HANG_S, ROOT, photo, venv_env, write_record_file
-import record_fuzz
+from support.processes import WORKERS, HANG_S, ROOT, venv_env
+from support.datasets import photo, write_record_file
+from support.workers import record_fuzz
 
 pytestmark = pytest.mark.slow  # a few hundred cases, two processes
 
@@ -43,7 +44,7 @@ def run_all(mode, cases_path, count):
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), os.path.join(ROOT, "tools"), env["PYTHONPATH"]])
     results, start = {}, 0
     while start < count:
-        done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "record_fuzz.py"), mode, cases_path,
+        done = subprocess.run([sys.executable, os.path.join(WORKERS, "record_fuzz.py"), mode, cases_path,
                                str(start), str(NUM_CLASSES)], env=env, capture_output=True, text=True,
                               timeout=HANG_S, cwd=ROOT)
         lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -11,7 +11,8 @@ from mxnet.gluon import nn
 import numpy as np
 import pytest
 import models
-from conftest import HANG_S, ROOT, venv_env, NO_BFLOAT16, run, small_net
+from support.processes import HANG_S, ROOT, venv_env, run
+from support.networks import NO_BFLOAT16, small_net
 from rn50kit.common import steady
 from rn50kit.config import settings
 from rn50kit.training import precision as loss_precision

@@ -7,8 +7,8 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from conftest import (HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env, run_command,
-                      write_record_file)
+from support.processes import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env, run_command
+from support.datasets import write_record_file
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end

@@ -12,7 +12,8 @@ import csv
 from rn50kit.common import imagenet_classes
 from rn50kit.scoring import scoring, predict
 from rn50kit.training.distributed import Distributed
-from conftest import ROOT, venv_env, LONG_HANG_S, photo_folder
+from support.processes import ROOT, venv_env, LONG_HANG_S
+from support.datasets import photo_folder
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

@@ -8,7 +8,7 @@ import shutil
 
 import bench_startup
 import pytest
-from conftest import HANG_S, run, venv_env
+from support.processes import HANG_S, run, venv_env
 
 pytestmark = pytest.mark.slow  # launches train.py
 PAGE = mmap.PAGESIZE

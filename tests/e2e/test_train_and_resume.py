@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import pytest
-from conftest import HANG_S, ROOT, digits_run, venv_env, wait_until, run
+from support.processes import HANG_S, ROOT, venv_env, wait_until, run
+from support.runs import digits_run
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HANG_S, ROOT, digits_run, run, venv_env
+from support.processes import HANG_S, ROOT, run, venv_env
+from support.runs import digits_run
 from rn50kit.training import checkpoint
 
 pytestmark = pytest.mark.slow  # trains and scores end to end

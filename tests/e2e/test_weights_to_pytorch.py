@@ -6,9 +6,9 @@ import pytest
 from safetensors.numpy import load_file
 
 import export_weights
-from conftest import (X, assert_logits, export_and_check_logits, export_and_check_round_trip, exported_checkpoint,
-                      logits, trained_like)
-import resnet_reference as ref
+from support.weights import (X, assert_logits, export_and_check_logits, export_and_check_round_trip,
+    exported_checkpoint, logits, trained_like)
+from support import resnet_reference as ref
 
 pytestmark = pytest.mark.slow  # full-size networks in process
 

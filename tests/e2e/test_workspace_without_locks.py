@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import HANG_S, ROOT, venv_env
+from support.processes import HANG_S, ROOT, venv_env
 
 SHIM = """#include <errno.h>
 int flock(int fd, int operation) { (void)fd; (void)operation; errno = ENOLCK; return -1; }

@@ -1,7 +1,7 @@
 """tools/check_dataset.py's checker on RecordIO files with planted faults, written with MXNet's own recordio."""
 import check_dataset
 from mxnet import recordio
-from conftest import run_tool, EXPECTED_ERRORS
+from support.datasets import run_tool, EXPECTED_ERRORS
 
 
 EXPECTED_WARNINGS = {5: "not a JPEG", 8: "grayscale JPEG", 9: "unusual size"}
@@ -45,7 +45,7 @@ def test_missing_file_is_a_one_line_error(tmp_path):
 def test_a_repeated_entry_and_a_record_running_into_the_next_are_errors(tmp_path):
     """Found by tests/e2e/test_record_fuzz.py: both passed before (DALI fails on the second in C++)."""
     import struct
-    from conftest import jpeg, photo, write_payloads
+    from support.datasets import jpeg, photo, write_payloads
     rec, idx = write_payloads(str(tmp_path / "f"), [(i % 3, jpeg(photo(i))) for i in range(6)])
     lines = open(idx).read().splitlines()
     offsets = [int(line.split()[1]) for line in lines]
@@ -63,7 +63,7 @@ def dali_refused_jpeg():
     """A JPEG OpenCV decodes and DALI's decoder refuses: the 0xFF of its first Huffman table's marker changed. libjpeg
     skips the stray bytes with a warning and, the table missing, uses the standard one the encoder used (the image
     decodes unchanged); nvImageCodec's parser stops at the invalid marker. One flipped bit in a file does this."""
-    from conftest import jpeg, photo
+    from support.datasets import jpeg, photo
     good = jpeg(photo(0))
     at = good.index(b"\xff\xc4")
     return good[:at] + b"\xfd" + good[at + 1:]
@@ -73,7 +73,7 @@ def test_an_image_only_dalis_decoder_refuses_is_a_bad_record_and_fix_drops_it(tm
     import cv2
     import numpy as np
     import dali
-    from conftest import jpeg, photo, write_payloads
+    from support.datasets import jpeg, photo, write_payloads
     bad = dali_refused_jpeg()
     assert cv2.imdecode(np.frombuffer(bad, np.uint8), cv2.IMREAD_COLOR) is not None  # OpenCV decodes it
     assert dali.first_undecodable([np.frombuffer(bad, np.uint8)]) == 0  # the loaders' DALI verdict: refused

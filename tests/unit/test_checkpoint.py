@@ -9,7 +9,7 @@ import numpy as np
 
 from rn50kit.training import state
 import fit
-from conftest import fake_checkpoint, save_tiny
+from support.checkpoints import fake_checkpoint, save_tiny
 from rn50kit.training.distributed import Distributed
 
 
@@ -90,7 +90,7 @@ def test_resume_settings_that_do_not_shape_the_state_are_not_refused():
 def test_a_bad_resume_says_which_case_what_exists_and_what_is_accepted(tmp_path):
     """Found by the second newcomer walk (issue 26)."""
     from rn50kit.training import checkpoint
-    from conftest import touch
+    from support.checkpoints import touch
     fake_checkpoint(tmp_path, 2)
     touch(tmp_path / "model-best.params")
     touch(tmp_path / "model-0001.params")  # no state file beside it
@@ -185,7 +185,7 @@ def make_old(state_path, trainer):
 def test_an_old_pickle_checkpoint_is_refused_naming_the_command_that_converts_it(tmp_path):
     import subprocess
     import sys
-    from conftest import HANG_S, ROOT, venv_env
+    from support.processes import HANG_S, ROOT, venv_env
     from rn50kit.training import checkpoint, optimizer_state
     net, trainer = save_tiny(tmp_path / "model", [])
     with mx.autograd.record():

@@ -13,7 +13,8 @@ import sklearn.datasets
 import train
 
 from rn50kit.data import loaders, records
-from conftest import wait_until, write_record_file
+from support.processes import wait_until
+from support.datasets import write_record_file
 from rn50kit.common import rules, backends
 from rn50kit.config import train_config
 

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from conftest import ROOT, SHELL_FENCES, doc_blocks, doc_files
+from support.processes import ROOT
+from support.docs import SHELL_FENCES, doc_blocks, doc_files
 
 MARKERS = re.compile(r"(run: (demo|dry-run)|skip: \S.*)$")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -2,7 +2,7 @@
 torchvision's names gives the kit's logits through the independent numpy ResNet on torchvision's names
 (tests/resnet_reference.py), and importing the export back (--pretrained) gives its arrays bit for bit. The deep
 networks, ResNeXt and a bare .params file (it needs --version): e2e/test_weights_to_pytorch.py."""
-from conftest import export_and_check_logits, export_and_check_round_trip
+from support.weights import export_and_check_logits, export_and_check_round_trip
 
 
 def test_a_basic_block_network_gives_the_kits_logits(tmp_path):

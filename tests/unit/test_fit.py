@@ -6,17 +6,17 @@ import pytest
 from rn50kit.training import optimizers
 from rn50kit.training import fit_flags
 import fit
-import loop_harness
+from support import loop as loop_harness
 import train
 import models
 from rn50kit.training import checkpoint
 from rn50kit.training import precision
 from rn50kit.config import train_config
-from loop_harness import CPU, RUN
+from support.loop import CPU, RUN
 from rn50kit.scoring import scoring
 from mxnet import gluon, autograd
-from conftest import (TINY_CLASSES, AccumBatches, ListedBatches, tiny_accum_net, fit_config, learned_accum,
-                      constant_batch, MICRO, ACCUM)
+from support.loop import (TINY_CLASSES, AccumBatches, ListedBatches, tiny_accum_net, fit_config, learned_accum,
+    constant_batch, MICRO, ACCUM)
 
 
 CLASSES, BATCH, STEPS, STOP_AFTER = 4, 8, 6, 3

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import HANG_S, ROOT
+from support.processes import HANG_S, ROOT
 
 MAX_FUNCTION_LINES = 80
 

@@ -11,7 +11,7 @@ import os
 import threading
 from rn50kit.common import cli, rules
 from rn50kit.data import loaders, records
-from conftest import TINY_RUN, parse_train
+from support.runs import TINY_RUN, parse_train
 from rn50kit.config import train_config
 from rn50kit.scoring import scoring
 from rn50kit.training import distributed

@@ -1,5 +1,5 @@
 """memory: the estimate refuses a batch that cannot fit and names one that does."""
-from conftest import built
+from support.networks import built
 
 
 def test_memory_estimate_refuses_a_batch_that_cannot_fit_and_names_one_that_does():

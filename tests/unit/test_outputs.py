@@ -12,8 +12,8 @@ from rn50kit.reporting import output_table, outputs
 from rn50kit.reporting.report import Report
 from rn50kit.training import fit_flags
 from rn50kit.training.distributed import Distributed
-from conftest import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
-from loop_harness import CPU, RUN
+from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from support.loop import CPU, RUN
 
 EVENTS = ["run_start", "epoch_start", "iteration", "steps_end", "trained", "validation_start", "validation",
           "epoch_end", "run_end", "close"]

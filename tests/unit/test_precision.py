@@ -3,7 +3,7 @@ scale."""
 import mxnet as mx
 import pytest
 import bench_models
-from conftest import NO_BFLOAT16
+from support.networks import NO_BFLOAT16
 from rn50kit.config import settings
 from rn50kit.training import precision
 

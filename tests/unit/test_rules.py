@@ -4,7 +4,7 @@ import math
 import mxnet as mx
 import pytest
 import train
-from conftest import TINY_RUN, train_refusal, plan_refusal
+from support.runs import TINY_RUN, train_refusal, plan_refusal
 from rn50kit.common import backends, cli, rules, schedules
 from rn50kit.data import loaders
 from rn50kit.launch import launcher

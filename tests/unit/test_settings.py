@@ -7,8 +7,9 @@ import pytest
 import train
 
 from rn50kit.config import settings
-from conftest import fake_checkpoint
-from conftest import plan_refusal, touch
+from support.checkpoints import fake_checkpoint
+from support.runs import plan_refusal
+from support.checkpoints import touch
 from rn50kit.training import checkpoint
 
 
@@ -48,7 +49,7 @@ def test_cpu_defaults_are_a_batch_a_cpu_can_run():
 def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp_path):
     """Found by the second newcomer walk (issue 26)."""
     from rn50kit.config import settings
-    from conftest import fake_checkpoint
+    from support.checkpoints import fake_checkpoint
     fake_checkpoint(tmp_path, 2, num_classes=10, image_shape=[3, 32, 32])
     reports = set()
     for flags in ([], ["--dtype", "int8"], ["--dtype", "int8", "--calib-mode", "entropy"]):
@@ -62,7 +63,7 @@ def test_float32_and_int8_scores_of_a_checkpoint_do_not_overwrite_each_other(tmp
 def test_flip_tta_and_other_data_scores_do_not_overwrite_the_plain_score(tmp_path):
     """Issue 58: --val-tta flip and another --data-val replaced model-0002.float32.score.json."""
     from rn50kit.config import settings
-    from conftest import fake_checkpoint
+    from support.checkpoints import fake_checkpoint
     for folder in ("digits", "photos"):
         (tmp_path / folder).mkdir()
         touch(tmp_path / folder / "val.rec")

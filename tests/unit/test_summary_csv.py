@@ -6,8 +6,8 @@ import json
 
 import fit
 from rn50kit.training.distributed import Distributed
-from conftest import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
-from loop_harness import CPU, RUN
+from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from support.loop import CPU, RUN
 
 EPOCHS = 3
 

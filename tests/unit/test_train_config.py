@@ -11,7 +11,7 @@ import os
 from rn50kit.config import train_config
 from rn50kit.data import loaders
 from rn50kit.common import schedules, cli
-from conftest import ROOT
+from support.processes import ROOT
 
 
 def parser_dests():

@@ -10,8 +10,9 @@ import pytest
 import fit
 from rn50kit.scoring import predict, scoring
 from rn50kit.training.distributed import Distributed
-from conftest import MICRO, TINY_CLASSES, AccumBatches, fit_config, kit_net, tiny_accum_net
-from loop_harness import CPU, RUN
+from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from support.weights import kit_net
+from support.loop import CPU, RUN
 
 CLASSES = 10
 

@@ -3,7 +3,7 @@ import json
 import sys
 import time
 import pytest
-from conftest import HANG_S, wait_until
+from support.processes import HANG_S, wait_until
 
 
 # --- the watchdog's account of a stall (in process) -----------------------------------------------------------

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # the kit's modules, and tests/support
 import horovod.mxnet as hvd  # noqa: E402
 import mxnet as mx  # noqa: E402
 

@@ -126,7 +126,7 @@ def mutate(kind, data, rng):
 def parse_args_outcome(flag, path):
     """train.py's parse_args with ``flag path``: ("refused", its error line) or ("accepted", args)."""
     import train
-    from rn50kit.common import schedules
+    from rn50kit.config import recipe as schedules
     schedules.load_recipe.cache_clear()  # it keeps a recipe by its path: every case here has the same one
     err = io.StringIO()
     try:
@@ -138,7 +138,7 @@ def parse_args_outcome(flag, path):
 
 def toml_scalars(data):
     """{dest: value} of the file's scalar settings, by Python's own TOML parser; None when it does not parse."""
-    from rn50kit.common.config_files import tomllib
+    from rn50kit.config.config_files import tomllib
     try:
         document = tomllib.loads(data.decode())
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -160,7 +160,7 @@ def read_toml_kind(flag):
         if scalars is None:
             return "accepted", False
         if flag == "--recipe":  # its derived fields (the LR per 256 images, the epochs) are the recipe's own
-            from rn50kit.common import schedules
+            from rn50kit.config import recipe as schedules
             value = dict(vars(value), **schedules.load_recipe(path))
             value = type("Recipe", (), value)
         wrong = [k for k, v in scalars.items() if hasattr(value, k) and not same_setting(getattr(value, k), v)]
@@ -238,7 +238,7 @@ def read_idx(path, data, base):
 
 
 def read_class_names(path, data, base):
-    from rn50kit.common import cli
+    from rn50kit.config import cli
     from rn50kit.scoring import predict
     try:
         names = predict.read_names_file(path)

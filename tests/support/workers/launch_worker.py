@@ -12,13 +12,13 @@ sys.path = [path for path in sys.path if os.path.abspath(path or ".") != HERE]
 import numpy as np  # noqa: E402
 
 import train  # noqa: E402
-from rn50kit.launch import world  # noqa: E402
+from rn50kit.reliability import world  # noqa: E402
 
 
 def check_flags(argv, launch=None):
     """runner's flag check imports this stand-in as `train` (it sits where train.py would): the kit's own check runs
     when train.main parses the flags in the workers, and tests/e2e/test_user_path.py tests runner's (``launch``:
-    runner's description of the run, for train.check_before_start)."""
+    runner's description of the run, for start_checks.check_before_start)."""
 
 
 def main():

@@ -182,7 +182,9 @@ def through_reader(case, num_classes, split):
     import mxnet as mx
     import train
     from rn50kit.config import train_config
+    from rn50kit.config.cli import UsageError
     from rn50kit.data import loaders
+    from rn50kit.training import announce
     args = train.parse_args(["--mode", "val" if split == "val" else "train", "--data-backend", "dali-cpu",
                              f"--data-{split}", case["rec"], f"--data-{split}-idx", case["idx"], "--batch-size", "4",
                              "--image-shape", "3,32,32", "--data-val-resize", "32", "--num-classes", str(num_classes),
@@ -190,13 +192,13 @@ def through_reader(case, num_classes, split):
                              "--num-epochs", "1", "--warmup-epochs", "0"])
     try:
         cfg = train_config.from_args(args)
-        train.warn_about(cfg, True)
+        announce.warn_about(cfg, True)
         iterators = loaders.get_data_iterators(cfg, 0, 1, 0, 1, mx.cpu())
         labels = []
         for batch in iterators[0 if split == "train" else 1]:
             labels += batch.label[0].asnumpy()[:batch.data[0].shape[0] - batch.pad].tolist()
         return {"labels": labels if split == "val" else sorted(labels)}
-    except (train.UsageError, loaders.DataError) as error:
+    except (UsageError, loaders.DataError) as error:
         return {"error": str(error)}
 
 

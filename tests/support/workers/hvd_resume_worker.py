@@ -5,11 +5,10 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # the kit's modules, and tests/support
 import horovod.mxnet as hvd  # noqa: E402
 
-import fit  # noqa: E402
 from rn50kit.training import checkpoint, distributed  # noqa: E402
 
 
@@ -24,8 +23,8 @@ def main():
         hashed.clear()
         prefix = os.path.join(out, case, "model")
         try:
-            state = checkpoint.chosen_by_rank_0(lambda warn, prefix=prefix: fit.resume_state("auto", prefix, warn),
-                                                dist)
+            state = checkpoint.chosen_by_rank_0(
+                lambda warn, prefix=prefix: checkpoint.resume_state("auto", prefix, warn), dist)
             results[case] = {"chosen": state and os.path.basename(state["state_path"])}
         except checkpoint.CheckpointError as error:
             results[case] = {"error": str(error)}
