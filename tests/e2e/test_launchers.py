@@ -12,7 +12,7 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from support.processes import WORKERS, WORKERS, HANG_S, ROOT, venv_env
+from support.processes import WORKERS, HANG_S, ROOT, venv_env
 from support.cluster import (TEST_HOSTS, require, loopback_address, need_ssh_hosts, need_mpi, need_slurm,
     mpirun_root_env, horovod_has_mpi)
 from rn50kit.reliability import world
