@@ -12,6 +12,7 @@ import train
 from mxnet import recordio
 from rn50kit.data import loaders, records
 from support.processes import HANG_S, ROOT, venv_env
+from support.datasets import run_tool
 from support.datasets import write_record_file
 from rn50kit.config import train_config
 
@@ -173,10 +174,6 @@ def test_model_prefix_in_a_new_folder(tmp_path):
 
 
 # --- tools/check_dataset.py -----------------------------------------------------------------------------
-
-def run_tool(*args):
-    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, env=venv_env())
-
 
 def record_set(rec, idx):
     reader = recordio.MXIndexedRecordIO(idx, rec, "r")

@@ -3,7 +3,6 @@ cycled), and what the sweep's JSON records. Real runner, horovodrun, DALI and MX
 import json
 import os
 import subprocess
-import sys
 import cv2
 import mxnet as mx
 import numpy as np
@@ -12,6 +11,7 @@ from rn50kit.benchmarking.runs import run_settings
 import models
 import train
 from support.processes import HANG_S, ROOT, venv_env
+from support.processes import run_benchmark
 from support.datasets import write_record_file
 from rn50kit.config import train_config
 from rn50kit.data import loaders
@@ -59,11 +59,6 @@ def checkpoint(data_root, tmp_path_factory):
     params = workspace / "model-0001.params"
     assert params.is_file(), sorted(os.listdir(workspace))
     return params
-
-
-def run_benchmark(*args, timeout=HANG_S):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmark.py"), *args], env=venv_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def sweep(tmp_path, data_root, *extra, iters=5, ngpus="1"):

@@ -10,15 +10,11 @@ import benchmark
 from rn50kit.benchmarking.results import combine_runs, metric_keys, speedup, summarize
 from rn50kit.benchmarking.tables import tables, with_spread
 from support.processes import HANG_S, ROOT, venv_env, wait_until, run_command
+from support.processes import run_benchmark
 from support.runs import TINY_RUN as TINY, steps_logged
 
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
-
-
-def run_benchmark(*args, timeout=HANG_S):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmark.py"), *args], env=venv_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

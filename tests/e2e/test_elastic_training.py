@@ -11,13 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from support.processes import HANG_S, ROOT, run_members, venv_env, wait_until
+from support.runs import digits_runner
 from support.cluster import need_ssh_hosts
 
 pytestmark = pytest.mark.slow
@@ -27,12 +27,8 @@ TOLERANCE = 0.2
 
 
 def runner_command(digits, workspace, workers, per_worker, *extra, epochs=2):
-    return [sys.executable, os.path.join(ROOT, "runner"), "-n", str(workers), "-b", str(per_worker),
-            "-e", str(epochs), "-l", "0.4", "--dtype", "float32", "--data-backend", "dali-cpu", "--data-root",
-            str(digits), "--dali-threads", "1", "--dali-validation-threads", "1", "--num-layers", "18",
-            "--num-classes", "10", "--image-shape", "3,32,32", "--data-val-resize", "32", "--warmup-epochs", "0",
-            "--num-examples", str(EXAMPLES), "--random-mirror", "0", "--seed", "3", "--disp-batches", "1",
-            "--memory-check", "warn", "--workspace", str(workspace), *extra]
+    return digits_runner(digits, workspace, workers, per_worker, epochs, EXAMPLES, "--warmup-epochs", "0",
+                         "--memory-check", "warn", *extra)
 
 
 ELASTIC = ["--network-interface", "lo", "--commit-every", "4"]  # Horovod's rendezvous on loopback, as the hosts

@@ -14,6 +14,8 @@ import time
 import psutil
 import pytest
 from support.processes import HANG_S, ROOT, run_members, venv_env, wait_until, run
+from support.processes import run_processes, start
+from support.runs import digits_runner, steps_logged as steps_done
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -31,12 +33,7 @@ STALL_TIMEOUT = 15  # longer than a loaded machine's slowest legitimate wait for
 
 
 def runner_command(digits, workspace, epochs=2, examples=EXAMPLES, extra=()):
-    return [sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "-b", "32", "-e", str(epochs), "-l", "0.4",
-            "--dtype", "float32", "--data-backend", "dali-cpu", "--data-root", str(digits),
-            "--dali-threads", "1", "--dali-validation-threads", "1", "--num-layers", "18", "--num-classes", "10",
-            "--image-shape", "3,32,32", "--data-val-resize", "32", "--warmup-epochs", "0",
-            "--num-examples", str(examples), "--random-mirror", "0", "--seed", "3", "--disp-batches", "1",
-            "--workspace", str(workspace), *extra]
+    return digits_runner(digits, workspace, 2, 32, epochs, examples, "--warmup-epochs", "0", *extra)
 
 
 # How runner is started under each launcher: (in front of runner, runner's own flags). Under Slurm runner runs
@@ -65,23 +62,6 @@ def launched(command, launcher):
         at = command.index("-n")
         command = command[:at] + command[at + 2:]  # the step's size
     return [*front, *command, *flags], mpirun_root_env()
-
-
-def start(command, log_prefix, env=None, **kwargs):
-    """The run in the background, its output in files (a full pipe would stall it)."""
-    out, err = open(f"{log_prefix}.out", "w"), open(f"{log_prefix}.err", "w")
-    return subprocess.Popen(command, env=env or venv_env(), stdout=out, stderr=err, text=True,
-                            start_new_session=True, **kwargs)
-
-
-def steps_done(workspace):
-    log = workspace / "log.jsonl"
-    return sum(1 for line in open(log) if '"type": "iter"' in line) if log.exists() else 0
-
-
-def run_processes(process):
-    root = psutil.Process(process.pid)
-    return [root] + root.children(recursive=True)
 
 
 def worker(process, rank, launcher="horovodrun", workspace=None):

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import psutil
 import pytest
-from support.processes import HANG_S, ROOT, catches_signal, pid_gone, venv_env, wait_until, run
+from support.processes import HANG_S, ROOT, catches_signal, pid_gone, wait_until, run
+from support.processes import run_processes, start
+from support.runs import digits_runner, metrics, steps_logged as steps_done
 from support.runs import steps_logged
 
 
@@ -28,35 +30,12 @@ COMPARED = ("train.loss", "train.top1", "train.top5", "val.top1", "val.top5", "v
 
 
 def runner_command(digits, workspace):
-    return [sys.executable, os.path.join(ROOT, "runner"), "-n", "2", "-b", "32", "-e", str(EPOCHS), "-l", "0.4",
-            "--dtype", "float32", "--data-backend", "dali-cpu", "--data-root", str(digits),
-            "--dali-threads", "1", "--dali-validation-threads", "1", "--num-layers", "18", "--num-classes", "10",
-            "--image-shape", "3,32,32", "--data-val-resize", "32", "--warmup-epochs", "1",
-            "--num-examples", str(EXAMPLES), "--random-mirror", "0", "--min-random-area", "0.5", "--seed", "3",
-            "--disp-batches", "1", "--workspace", str(workspace)]
-
-
-def start(command, log_prefix):
-    """The run in the background; its output goes to files (a full pipe would stall it)."""
-    out, err = open(f"{log_prefix}.out", "w"), open(f"{log_prefix}.err", "w")
-    return subprocess.Popen(command, env=venv_env(), stdout=out, stderr=err, text=True, start_new_session=True)
-
-
-def steps_done(workspace):
-    log = workspace / "log.jsonl"
-    if not log.exists():
-        return 0
-    return sum(1 for line in open(log) if '"type": "iter"' in line)
+    return digits_runner(digits, workspace, 2, 32, EPOCHS, EXAMPLES, "--warmup-epochs", "1", "--min-random-area",
+                         "0.5")
 
 
 def wait_for_steps(process, workspace, count):
     wait_until(lambda: steps_done(workspace) >= count, f"step {count} in {workspace / 'log.jsonl'}", process=process)
-
-
-def run_processes(process):
-    """runner and everything under it: Horovod's launcher processes, their shells and the workers."""
-    root = psutil.Process(process.pid)
-    return [root] + root.children(recursive=True)
 
 
 def signal_every_process(process, sig):
@@ -75,11 +54,6 @@ def rank0_worker(process):
         except psutil.Error:
             pass
     return None
-
-
-def metrics(workspace):
-    with open(workspace / "report.json") as f:
-        return json.load(f)["metrics"]
 
 
 def assert_same_report(resumed, reference):

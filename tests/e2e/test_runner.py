@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 from support.processes import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env, run_command
+from support.runs import value_after
 from support.datasets import write_record_file
 
 
@@ -44,10 +45,6 @@ def dry_run(*args):
     *env_lines, command = result.stdout.strip().splitlines()
     env = dict(line.split("=", 1) for line in env_lines)
     return env, command.split()
-
-
-def value_after(command, flag):
-    return command[len(command) - 1 - command[::-1].index(flag) + 1]
 
 
 def has_gpu():

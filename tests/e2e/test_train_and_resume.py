@@ -8,6 +8,7 @@ import subprocess
 import sys
 import pytest
 from support.processes import HANG_S, ROOT, venv_env, wait_until, run
+from support.runs import metrics
 from support.runs import digits_run
 
 
@@ -33,11 +34,6 @@ def train_command(digits, workspace, *extra):
     return [sys.executable, os.path.join(ROOT, "train.py"), *digits_run(digits), "--batch-size", "32",
             "--num-epochs", str(EPOCHS), "--lr", "0.1", "--warmup-epochs", "1", "--num-examples", str(EXAMPLES),
             "--seed", "3", "--workspace", str(workspace), *extra]
-
-
-def metrics(workspace):
-    with open(os.path.join(workspace, "report.json")) as f:
-        return json.load(f)["metrics"]
 
 
 @pytest.fixture(scope="module")

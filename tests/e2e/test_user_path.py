@@ -10,6 +10,7 @@ import pty
 import re
 import sys
 from support.processes import ROOT, venv_env, run
+from support.runs import value_after
 from support.datasets import labelled_records
 from support.runs import record_config
 from rn50kit.training import announce
@@ -169,10 +170,6 @@ def runner_dry_run(*args):
     result = ok(run([sys.executable, RUNNER, *args, "--dry-run"]))
     *env_lines, command = result.stdout.strip().splitlines()
     return dict(line.split("=", 1) for line in env_lines), command.split()
-
-
-def value_after(command, flag):
-    return command[len(command) - 1 - command[::-1].index(flag) + 1]
 
 
 def test_runner_leaves_the_lr_to_the_recipe_unless_given():

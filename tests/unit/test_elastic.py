@@ -91,13 +91,6 @@ def test_the_world_change_line_says_what_changed_and_what_it_cost():
     assert "3 step(s) redone" in line and "30.2 s" in line and "33.5 s" in line
 
 
-@pytest.fixture()
-def data_root(tmp_path):
-    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
-        (tmp_path / name).write_bytes(b"")
-    return tmp_path
-
-
 def plan(argv, environ=None):
     return plan_launch([str(a) for a in argv], Machine(0, 2), environ or {})
 

@@ -58,13 +58,6 @@ def test_runner_float16_scoring_takes_a_32_pixel_checkpoints_shape(data_folder, 
 EIGHT_GPUS = dict(gpus=8, cores=64)
 
 
-@pytest.fixture()
-def data_root(tmp_path):
-    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
-        (tmp_path / name).write_bytes(b"")
-    return tmp_path
-
-
 def plan(argv, gpus, cores, environ=None):
     _, env, command = plan_launch([str(a) for a in argv], Machine(gpus, cores), environ or {})
     return env, command

@@ -7,6 +7,7 @@ import json
 import fit
 from rn50kit.training.distributed import Distributed
 from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from support.runs import logged
 from support.loop import CPU, RUN
 
 EPOCHS = 3
@@ -23,10 +24,6 @@ def train(tmp_path, *flags):
 def summary(workspace):
     with open(workspace / "summary.csv", newline="") as f:
         return list(csv.DictReader(f))
-
-
-def logged(workspace, kind):
-    return [json.loads(line) for line in open(workspace / "log.jsonl") if f'"type": "{kind}"' in line]
 
 
 def latest_epoch_records(workspace):

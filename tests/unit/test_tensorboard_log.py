@@ -3,7 +3,6 @@ TensorBoard's own reader (EventAccumulator): every logged step's loss, LR, image
 validation and the run's settings are those of the JSON-lines log; with EMA the validation is named so; a resumed
 run continues the same steps; ranks but 0 write nothing."""
 import dataclasses
-import json
 import types
 
 import mxnet as mx
@@ -14,6 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import fit
 from support import loop as loop_harness
+from support.runs import logged
 from rn50kit.reporting import outputs
 from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.reporting.report import Report
@@ -43,10 +43,6 @@ def events(folder):
 
 def scalars(accumulator, tag):
     return [(event.step, event.value) for event in accumulator.Scalars(tag)]
-
-
-def logged(workspace, kind):
-    return [json.loads(line) for line in open(workspace / "log.jsonl") if f'"type": "{kind}"' in line]
 
 
 def as_float32(values):
