@@ -20,7 +20,7 @@ setup(
     py_modules=CARD_MODULES,
     packages=find_packages(include=["rn50kit", "rn50kit.*"]),
     package_data={
-        "rn50kit.config": ["recipes/*.toml"],  # the shipped recipes (schedules.RECIPES_DIR)
+        "rn50kit.config": ["recipes/*.toml"],  # the shipped recipes (rn50kit.config.recipe.RECIPES_DIR)
         "rn50kit.common": ["imagenet_classes.tsv"],  # the ImageNet-1k class names (imagenet_classes.classes)
     },
     scripts=["runner"],

@@ -2,13 +2,14 @@
 folders by layer. The folders marked MXNet-free import without MXNet (runner, benchmark.py and tools/ use them
 before choosing a Python); tests/unit/test_layers.py checks that they do.
 
-- common/       MXNet-free: the vocabulary every command shares: the data backends' table, shared flags and --help
-                format, the run rules, recipes and LR schedules, ImageNet's class names
+- common/       MXNet-free: the vocabulary every command shares: the data backends' table, the --help format, the
+                run rules, ImageNet's class names
 - launch/       MXNet-free: runner's launch plans (horovodrun, mpirun, srun), the devices and the world of workers,
                 the memory a configuration needs
 - reliability/  MXNet-free: one run per workspace, faults told in one line, the stall watchdog
 - reporting/    MXNet-free: the outputs of a run (progress, JSON log, report, MLPerf log)
-- config/       train.py's typed configuration and the settings a run takes when the user does not say
+- config/       MXNet-free: every config and the flags that fill it, config files, recipes, LR schedules, the
+                optimizers' table, train.py's parser, the settings a run takes when the user does not say
 - data/         RecordIO files and the data backends' iterators
 - training/     the loop's parts: checkpoints, optimizers, mixed precision, collectives, the checks before a run
 - weights/      published weights into the kit's networks

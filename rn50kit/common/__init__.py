@@ -1,2 +1,2 @@
-"""The vocabulary every command shares, without MXNet: the data backends' table, shared flags and --help format,
-the run rules, recipes and LR schedules, ImageNet's class names."""
+"""The vocabulary every command shares, without MXNet: the data backends' table, the --help format, the run rules,
+ImageNet's class names."""
