@@ -2,7 +2,7 @@
 scale."""
 import mxnet as mx
 import pytest
-import bench_models
+from model_workers.timing import bfloat16_missing
 from support.networks import NO_BFLOAT16
 from rn50kit.config import settings
 from rn50kit.training import precision
@@ -17,13 +17,13 @@ def test_cpu_checks_agree(tmp_path):
     for number, (flags, missing) in enumerate(samples.items()):
         path = tmp_path / f"cpuinfo{number}"
         path.write_text(f"processor\t: 0\nflags\t\t: {flags}\n" if flags else "processor\t: 0\n")
-        ours, train_py = bench_models.bfloat16_missing(str(path)), settings.bfloat16_unsupported(str(path))
+        ours, train_py = bfloat16_missing(str(path)), settings.bfloat16_unsupported(str(path))
         if missing is None:
             assert ours is None and train_py is None, flags
         else:
             assert f"AVX-512 (oneDNN's bfloat16 kernels) and this one lacks {missing};" in ours, ours
             assert ours == train_py  # one rule (rules.bfloat16_problem), one wording
-    assert (bench_models.bfloat16_missing() is None) == (NO_BFLOAT16 is None)
+    assert (bfloat16_missing() is None) == (NO_BFLOAT16 is None)
 
 
 def test_dynamic_scale_grows_after_clean_steps():

@@ -114,6 +114,7 @@ def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
         amp.init(target_dtype="bfloat16")  # before the networks are built: AMP patches MXNet's operators
     import mxnet as mx
     import models
+    from rn50kit.graph import inference
     from rn50kit.scoring import quantize
     mx.random.seed(SEED)
     data, label = synthetic_batch(mx, batch_size, image_size)
@@ -141,16 +142,16 @@ def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
     elif bfloat16:  # training only: scoring's bfloat16 graph is built without AMP's patching (below)
         logits = None
     else:
-        fused = models.optimize_for_inference(inference_net, shape)
+        fused = inference.optimize_for_inference(inference_net, shape)
         steps["ours float32 inference"] = lambda: fused(data).wait_to_read()
         if not bfloat16_missing():
-            # The graph bfloat16 scoring uses (models.to_bfloat16), built as train.py builds it: in a process
+            # The graph bfloat16 scoring uses (inference.to_bfloat16), built as train.py builds it: in a process
             # without amp.init, whose patching would wrap oneDNN's fused convolutions in float32 casts.
             network = models.get_model(model, dtype="bfloat16")
             network.initialize()
             for name, param in network.collect_params().items():  # the float32 network's weights
                 param.set_data(inference_net.collect_params()[name].data())
-            low = models.to_bfloat16(network, shape)
+            low = inference.to_bfloat16(network, shape)
             steps["ours bfloat16 inference"] = lambda: low(data).wait_to_read()
             logits["bfloat16"] = low(data)[0].asnumpy().astype(float).tolist()
     return steps, mxnet_ceilings(products), None, built, logits

@@ -19,6 +19,7 @@ def fused_pair(machine, ctx, dtype, layout, channels, depth):
     add), saved under the parameters' names and loaded into the fused one as a checkpoint is."""
     import mxnet as mx
     import models
+    from rn50kit.graph.parameters import load_parameters
     nets = [models.get_model(f"resnet{depth}_v1.5", num_classes=10, layout=layout, input_layout=layout,
                              in_channels=channels, dtype=dtype, fuse_bn_relu=fuse, fuse_bn_add_relu=fuse)
             for fuse in (False, True)]
@@ -31,7 +32,7 @@ def fused_pair(machine, ctx, dtype, layout, channels, depth):
     path = os.path.join(machine.workdir, f"fused-{depth}.params")
     mx.nd.save(path, {name: param.data(ctx) for name, param in plain.collect_params().items()})
     fused.initialize(ctx=ctx)
-    models.load_parameters(fused, path, ctx)
+    load_parameters(fused, path, ctx)
     return plain, fused
 
 

@@ -52,9 +52,9 @@ def relative_error(a, b):
 def check_numerics_cpu(machine, args):
     """The float32 NCHW ResNet-50 (oneDNN) against a float64 reference with the same weights (MXNet's own
     non-oneDNN kernels), and against the same weights in the 4-channel structure (the conversion the GPU
-    comparison relies on: models.load_parameters pads the stem): forward and one backward, on the CPU."""
+    comparison relies on: load_parameters pads the stem): forward and one backward, on the CPU."""
     import mxnet as mx
-    import models
+    from rn50kit.graph.parameters import load_parameters
     images, labels = fixed_batch(batch=2)
     net = resnet()
     net.infer_shape(mx.nd.zeros((1, 3, 224, 224)))
@@ -64,12 +64,12 @@ def check_numerics_cpu(machine, args):
     logits, grad = forward_backward(net, images, labels, mx.cpu(), "float32")
     reference = resnet()
     reference.infer_shape(mx.nd.zeros((1, 3, 224, 224)))
-    models.load_parameters(reference, path, mx.cpu())
+    load_parameters(reference, path, mx.cpu())
     reference.cast("float64")
     ref_logits, ref_grad = forward_backward(reference, images, labels, mx.cpu(), "float64")
     padded = resnet(channels=4)
     padded.infer_shape(mx.nd.zeros((1, 4, 224, 224)))
-    models.load_parameters(padded, path, mx.cpu())
+    load_parameters(padded, path, mx.cpu())
     logits4, grad4 = forward_backward(padded, as_input(images, "NCHW", 4), labels, mx.cpu(), "float32")
     errors = {"float64_forward": relative_error(logits, ref_logits), "float64_backward": relative_error(grad, ref_grad),
               "4_channel_forward": relative_error(logits4, logits), "4_channel_backward": relative_error(grad4, grad)}
@@ -85,7 +85,7 @@ def check_numerics_gpu(machine, args):
     """float16 NHWC 4-channel ResNet-50 on gpu(0) against the float32 NCHW network with the same weights on the
     CPU: one training-mode forward and backward on a fixed batch."""
     import mxnet as mx
-    import models
+    from rn50kit.graph.parameters import load_parameters
     images, labels = fixed_batch(batch=8)
     reference = resnet()
     reference.infer_shape(mx.nd.zeros((1, 3, 224, 224)))
@@ -94,7 +94,7 @@ def check_numerics_gpu(machine, args):
     ref_logits, ref_grad = forward_backward(reference, images, labels, mx.cpu(), "float32")
     net = resnet(layout="NHWC", channels=4, dtype="float16", ctx=mx.gpu(0))
     net.infer_shape(mx.nd.zeros((1, 224, 224, 4), ctx=mx.gpu(0), dtype="float16"))
-    models.load_parameters(net, path, mx.gpu(0))
+    load_parameters(net, path, mx.gpu(0))
     net.hybridize(static_alloc=True, static_shape=True)
     logits, grad = forward_backward(net, as_input(images, "NHWC", 4), labels, mx.gpu(0), "float16")
     forward, backward = relative_error(logits, ref_logits), relative_error(grad, ref_grad)
