@@ -19,7 +19,8 @@ INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctr
 
 class StopRecord:
     """This process's stop signals: ``pending``, those that came before the loop's StopFlag existed (it starts
-    requested), and ``received``, every one in order (train.py's exit status: 130 after a SIGINT)."""
+    requested, and takes them up), and ``received``, every one in order (train.py's exit status: 130 after a
+    SIGINT)."""
 
     def __init__(self):
         self.pending = []
@@ -85,7 +86,8 @@ class StopFlag:
 
     def __init__(self, dist):
         self.dist = dist
-        self.requested = bool(RECORD.pending)
+        self.requested = bool(RECORD.pending)  # taken up here: a later run in this process starts without them
+        RECORD.pending.clear()
         self.agreed = False
         self.votes = 0
         for sig in STOP_SIGNALS:
