@@ -1,5 +1,6 @@
 """tools/check_dataset.py's checker on RecordIO files with planted faults, written with MXNet's own recordio."""
 import check_dataset
+import pytest
 from mxnet import recordio
 from support.datasets import run_tool, EXPECTED_ERRORS
 
@@ -34,6 +35,32 @@ def test_multi_part_records_match_mxnet(tmp_path):
     entries, _ = check_dataset.read_index(prefix + ".idx")
     assert [check_dataset.read_record(data, offset)[0] for _, _, offset in entries] == payloads
     assert b"".join(check_dataset.encode_record(p) for p in payloads) == data
+
+
+def test_positioned_reads_read_as_the_map_does_and_fail_alike(tmp_path):
+    """check_dataset reads records with positioned reads (RecordReader), not through a map of the whole file: each
+    record, multi-part ones too, and each damaged one against records.read_record over the file's bytes."""
+    magic = check_dataset.MAGIC_BYTES
+    payloads = [b"abcd" + magic + b"efgh" + magic + b"xy", magic + b"1234", b"plain", b"last one"]
+    path = tmp_path / "r.rec"
+    data = b"".join(check_dataset.encode_record(p) for p in payloads)
+    path.write_bytes(data[:-6])  # the last record cut short
+    data = data[:-6]
+    starts = [0]
+    for p in payloads[:-1]:
+        starts.append(starts[-1] + len(check_dataset.encode_record(p)))
+    reader = check_dataset.RecordReader(str(path))
+    try:
+        for offset in starts[:-1]:
+            assert reader.record(offset) == check_dataset.read_record(data, offset)
+        for offset in (starts[-1], starts[0] + 8, starts[1] + 8, len(data) - 4):  # cut, not a start, a middle part
+            with pytest.raises(check_dataset.RecordError) as ours:
+                reader.record(offset)
+            with pytest.raises(check_dataset.RecordError) as mapped:
+                check_dataset.read_record(data, offset)
+            assert str(ours.value) == str(mapped.value)
+    finally:
+        reader.close()
 
 
 def test_missing_file_is_a_one_line_error(tmp_path):
