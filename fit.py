@@ -14,9 +14,8 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from models import running_stats
-from rn50kit.config import lr_schedules
+from rn50kit.config import lr_schedules, settings
 from rn50kit.config.finetune_flags import FinetuneConfig
-from rn50kit.config import settings
 from rn50kit.data import identity
 from rn50kit.reporting import output_table
 from rn50kit.reporting.outputs import OutputContext, Outputs, Step
@@ -25,13 +24,20 @@ from rn50kit.reporting.report import Report
 from rn50kit.reporting.summary_csv import SUMMARY_CSV
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
 from rn50kit.training import checkpoint, optimizer_state, optimizers
-from rn50kit.training.optimizers import accumulate_gradients, zero_accumulated
 from rn50kit.training.checkpoint import workspace_path
 from rn50kit.training.distributed import Distributed, average_over_devices
 from rn50kit.training.ema import EMA
+from rn50kit.training.optimizers import accumulate_gradients, zero_accumulated
 from rn50kit.training.precision import StatsGuard, grads_finite, make_loss_scaler
-from rn50kit.training.state import (EpochStats, TrainState, changed_on_resume, gather_partial, resumed_partial,
-                                    samples_read, sum_partial)
+from rn50kit.training.state import (
+    EpochStats,
+    TrainState,
+    changed_on_resume,
+    gather_partial,
+    resumed_partial,
+    samples_read,
+    sum_partial,
+)
 from rn50kit.training.stop_signals import StopFlag
 from rn50kit.training.targets import make_loss, make_targets, mean_loss
 from rn50kit.weights.pretrained import backbone_lr_mult, set_backbone_lr_mult

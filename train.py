@@ -70,25 +70,31 @@ if __name__ == "__main__":
 
 import mxnet  # after bootstrap: as a script, MXNet's environment is set before it loads
 
-from rn50kit.training import checkpoint
-from rn50kit.config import cli
-from rn50kit.config import config_files
+import fit
+from rn50kit.common import rules
+from rn50kit.config import cli, config_files, settings, train_config, train_flags
 from rn50kit.config.cli import UsageError
-from rn50kit.config import train_config, train_flags
 from rn50kit.data import loaders
 from rn50kit.launch import devices
 from rn50kit.reliability import faults
-import fit
-from rn50kit.training import announce, epoch_data, network, run_modes, run_record, seeds, start_checks
-from rn50kit.training import elastic_setup, stop_signals, worker, workspace
+from rn50kit.scoring import predict, scoring
+from rn50kit.training import (
+    announce,
+    checkpoint,
+    elastic_setup,
+    epoch_data,
+    network,
+    prelaunch,
+    run_modes,
+    run_record,
+    seeds,
+    start_checks,
+    stop_signals,
+    worker,
+    workspace,
+)
 from rn50kit.training.start_checks import check_before_start
-from rn50kit.training import prelaunch
-from rn50kit.scoring import predict
 from rn50kit.weights import pretrained
-from rn50kit.common import rules
-from rn50kit.scoring import scoring
-from rn50kit.config import settings
-
 
 # train.py's command line lives in the configuration home (MXNet-free: runner checks it in its own process)
 get_args_parser, parse_args, given_flags = train_flags.get_args_parser, train_flags.parse_args, train_flags.given_flags

@@ -9,8 +9,8 @@ them; the resume check reads the checkpoint's state file and verifies its files,
 import os
 import tempfile
 
-from rn50kit.data import loaders
 from rn50kit.config import settings
+from rn50kit.data import loaders
 from rn50kit.training import checkpoint
 
 TRAINING_MODES = ("train", "train_val")

@@ -7,7 +7,6 @@ import time
 from rn50kit.reporting.report import Report
 from rn50kit.training.precision import LossScaler
 
-
 PARTIAL_KEYS = ("loss", "steps", "correct1", "correct5", "samples")
 
 

@@ -5,8 +5,7 @@ import sys
 
 from rn50kit.config.cli import UsageError
 from rn50kit.launch import devices
-from rn50kit.reliability import world
-from rn50kit.reliability import faults, watchdog
+from rn50kit.reliability import faults, watchdog, world
 from rn50kit.training.distributed import Distributed
 
 
