@@ -8,11 +8,13 @@ import dataclasses
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+import rn50kit
 from rn50kit.reliability import faults
 from rn50kit.reliability import run_lock
 
@@ -61,12 +63,19 @@ def failure_summary(ended, fault_dir, checkpoint_prefix):
     return faults.summarize(fault_dir, ended.first_failed, ended.known, resumable=resumable)
 
 
+# checkpoint.find_latest reads a checkpoint as training does (MXNet's import): asked in a short process, so that
+# runner stays MXNet-free and rn50kit/launch imports nothing of training/.
+RESUMABLE_PROBE = ("import sys; sys.path.insert(0, sys.argv[1]); from rn50kit.training import checkpoint; "
+                   "sys.exit(checkpoint.find_latest(sys.argv[2]) is None)")
+
+
 def has_checkpoint(prefix):
-    """Whether a complete checkpoint of ``prefix`` (check_train_flags') exists to resume from."""
+    """Whether a complete checkpoint of ``prefix`` (check_train_flags') exists to resume from (asked only once a
+    run has failed)."""
     if not prefix:
         return False
-    from rn50kit.training import checkpoint  # MXNet's import: only once a run has failed
-    return checkpoint.find_latest(prefix) is not None
+    probe = subprocess.run([sys.executable, "-c", RESUMABLE_PROBE, rn50kit.KIT_DIR, prefix], capture_output=True)
+    return probe.returncode == 0
 
 
 def conclude(status, failure, outcome, summary=None):
