@@ -4,6 +4,7 @@ moment it was not written for.
     python tools/fault_campaign.py --trials 100 --seed 1 --out runs/campaign      (rerun: goes on where it stopped)
     python tools/fault_campaign.py --covering --seed 1 --out runs/ci-campaign     (every launcher and fault once)
     python tools/fault_campaign.py --out runs/campaign --replay 100007             (one trial again, by its seed)
+    python tools/fault_campaign.py --trials 100 --seed 1 --out runs/campaign --report   (the trials done so far)
 
 Each trial draws a launcher (horovodrun, mpirun, srun on a one-node Slurm, horovodrun over SSH to hostA and hostB,
 an elastic run over SSH), a fault (SIGKILL, SIGSTOP, an exception or a native crash in a worker, SIGKILL of runner
@@ -35,6 +36,8 @@ def parse_args(argv):
     parser.add_argument("--covering", action="store_true",
                         help="instead: a few trials that strike under every launcher and with every fault once")
     parser.add_argument("--replay", type=int, metavar="SEED", help="run only the trial of SEED (a report's seed)")
+    parser.add_argument("--report", action="store_true",
+                        help="only write the report of the trials done so far (a campaign still running)")
     parser.add_argument("--stall-timeout", type=int, default=20, help="each run's --stall-timeout (default 20)")
     parser.add_argument("--margin", type=int, default=60,
                         help="seconds beyond the stall timeout a faulted run may take to end (default 60)")
@@ -81,6 +84,8 @@ def main(argv=None):
         if os.path.exists(path) and args.replay is None:
             with open(path) as f:
                 results.append(json.load(f))
+            continue
+        if args.report:
             continue
         print(f"fault_campaign: {trial.describe()}", flush=True)
         result = campaign_trial.run_trial(setup, trial, os.path.join(args.out, "trials", str(trial.seed)))

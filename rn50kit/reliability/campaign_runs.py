@@ -218,6 +218,11 @@ def wait_end(process, workspace, deadline):
                                            not any(alive(m) for m in members(workspace))):
             return time.time(), False
         time.sleep(0.05)
+    # SIGTERM first, as scancel: srun killed outright leaves its job holding the node until its time limit.
+    signal_all(workspace, process, signal.SIGTERM)
+    grace = time.time() + 10
+    while process.poll() is None and time.time() < grace:
+        time.sleep(0.1)
     signal_all(workspace, process, signal.SIGKILL)
     process.wait()
     return time.time(), True
