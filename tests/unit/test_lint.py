@@ -1,6 +1,7 @@
 """The tree is lint-clean (ruff, pinned in setup.py, configured in pyproject.toml) and keeps the house's size
 rule: no function over 80 lines in the kit, its tools and its tests."""
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from support.processes import HANG_S, ROOT
 MAX_FUNCTION_LINES = 80
 
 
+@functools.lru_cache(maxsize=None)
 def python_files():
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=ROOT,
                             capture_output=True, text=True, timeout=HANG_S, check=True).stdout.split()
@@ -24,9 +26,20 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
+TREES = {}
+
+
+def syntax_tree(source, name):
+    """``source``'s syntax tree, parsed once for all the rules here (they only read it): the tree's files are
+    parsed once in the lane, not once a rule."""
+    if source not in TREES:
+        TREES[source] = ast.parse(source, name)
+    return TREES[source]
+
+
 def long_functions(path):
     with open(path) as f:
-        tree = ast.parse(f.read(), path)
+        tree = syntax_tree(f.read(), path)
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = node.end_lineno - node.lineno + 1
@@ -66,7 +79,7 @@ def unpickling(source, name="<source>"):
     """Where ``source`` loads a pickle: pickle.load(s)/Unpickler, torch.load without weights_only=True,
     np.load with allow_pickle, MXNet's load_states/set_states."""
     found = []
-    for node in ast.walk(ast.parse(source, name)):
+    for node in ast.walk(syntax_tree(source, name)):
         if isinstance(node, ast.ImportFrom) and node.module in PICKLE_MODULES and \
                 any(a.name in ("load", "loads", "Unpickler") for a in node.names):
             found.append(f"{name}:{node.lineno} from {node.module} import load/loads/Unpickler")
@@ -78,7 +91,7 @@ def unpickling(source, name="<source>"):
         module, attr = node.value.id, node.attr
         if module in PICKLE_MODULES and attr in ("load", "loads", "Unpickler"):
             found.append(f"{name}:{node.lineno} {module}.{attr}")
-    for call in (n for n in ast.walk(ast.parse(source, name)) if isinstance(n, ast.Call)):
+    for call in (n for n in ast.walk(syntax_tree(source, name)) if isinstance(n, ast.Call)):
         func = call.func
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr == "load"):
             continue
@@ -131,7 +144,7 @@ def horovod_broadcasts(source, name="<source>"):
     """Where ``source`` calls one of Horovod's broadcasts (on an object whose name says Horovod: hvd, self.hvd) or
     imports one from a Horovod module."""
     found = []
-    for node in ast.walk(ast.parse(source, name)):
+    for node in ast.walk(syntax_tree(source, name)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("horovod") and \
                 any(alias.name in HOROVOD_BROADCASTS for alias in node.names):
             found.append(f"{name}:{node.lineno} from {node.module} import ...")
