@@ -56,3 +56,21 @@ def test_a_trial_is_its_seed_and_the_covering_set_covers():
     kinds = [f.kind for t in covering for f in (t.fault, t.second) if f is not None]
     assert sorted(kinds) == sorted(campaign_plan.FAULTS)
     assert all(campaign_plan.second_reachable(t) for t in covering if t.second is not None)
+
+
+def test_the_report_counts_struck_trials_and_names_each_failure_with_its_replay():
+    def result(seed, launcher, kind, struck, survived, noticed, redone):
+        return {"seed": seed, "trial": f"seed {seed}", "launcher": launcher, "survived": survived,
+                "problems": [] if survived else ["the rerun failed"], "steps_redone": redone,
+                "faults": [{"kind": kind, "struck": struck, "noticed_s": noticed}]}
+    results = [result(1, "srun", "sigkill", True, True, 2.0, 3), result(2, "srun", "sigkill", True, False, 4.0, 6),
+               result(3, "ssh", "lost-host", False, True, None, 0)]
+    report = campaign_report.summarize(results, "python tools/fault_campaign.py --out x", "replay {seed}")
+    assert (report["trials"], report["survived"], report["struck"], report["struck_survived"]) == (3, 2, 2, 1)
+    assert report["by_fault_and_launcher"] == {"sigkill/srun": {"trials": 2, "survived": 1}}
+    assert report["time_to_notice_s"] == {"median": 3.0, "max": 4.0}
+    assert report["steps_redone"] == {"total": 9, "median": 3, "max": 6}
+    assert report["failures"] == [{"seed": 2, "trial": "seed 2", "problems": ["the rerun failed"],
+                                   "replay": "replay 2"}]
+    table = campaign_report.table(report)
+    assert "| sigkill | - | - | 1/2 | - | - |" in table and "(`replay 2`)" in table
