@@ -1,5 +1,6 @@
 # make demo   set up .venv, build the demo dataset, train on it with 2 Horovod workers
-# make test   set up .venv, run the test suite (make test-fast: the in-process tests, tests/unit, in under a minute)
+# make test   set up .venv, run the test suite (make test-fast: the in-process tests, tests/unit, under 45 s on a
+#             quiet 2-core machine; the budgets and how to measure them: docs/design.md, Test budgets)
 # make lint   ruff over the tree (pyproject.toml; the fast lane runs it too, as tests/unit/test_lint.py)
 #
 # Variables: PYTHON (a Python 3.10 or 3.11, default python3.11), MXNET (the MXNet distribution: mxnet==1.9.1 is the
