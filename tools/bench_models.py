@@ -45,8 +45,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:  # the repository's MXNet-free modules, in the PyTorch worker's venv too
-    sys.path.insert(0, ROOT)
+for folder in (ROOT, HERE):  # the repository's MXNet-free modules and the workers', in the PyTorch worker's venv
+    if folder not in sys.path:  # too (a Python started with -I leaves out the script's folder)
+        sys.path.insert(0, folder)
 from rn50kit.common import steady  # noqa: E402
 from model_workers.breakdown import breakdown_worker, kernel_times, print_breakdown, step_breakdown  # noqa: E402
 from model_workers.serve import worker  # noqa: E402
