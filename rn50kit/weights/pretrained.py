@@ -83,9 +83,6 @@ def set_backbone_lr_mult(net, mult):
     return changed
 
 
-# ---------------------------------------------------------------------------------------------------------
-# loading
-
 def _refusal(path, file_arch, source, net_arch, net_name):
     """The one line refusing a file of another network: what it holds, what the run builds, which flag fits."""
     try:
