@@ -67,6 +67,8 @@ def tiny_accum_net(init_file, batchnorm="none"):
             net.add(gluon.nn.BatchNorm(use_global_stats=batchnorm == "frozen"))
         net.add(gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(TINY_CLASSES))
     net.initialize(mx.init.Xavier(), ctx=CPU)
+    # Shapes by inference, as train.py does: an inference-mode forward would let oneDNN keep the arrays in its own
+    # layout, after which the first network's BatchNorm statistics evolve differently from a loaded one's.
     net.infer_shape(mx.nd.zeros((1, 3, 8, 8)))
     for param in net.collect_params().values():
         param._finish_deferred_init()

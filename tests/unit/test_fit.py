@@ -32,21 +32,7 @@ class Batches(ListedBatches):
 
 
 def tiny_net(init_file):
-    net = mx.gluon.nn.HybridSequential(prefix="tiny_")
-    with net.name_scope():
-        net.add(mx.gluon.nn.Conv2D(8, 3, padding=1), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
-                mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(CLASSES))
-    net.initialize(mx.init.Xavier(), ctx=CPU)
-    # Shapes by inference, as train.py does: an inference-mode forward would let oneDNN keep the arrays in its own
-    # layout, after which the first network's BatchNorm statistics evolve differently from a loaded one's.
-    net.infer_shape(mx.nd.zeros((1, 3, 8, 8)))
-    for param in net.collect_params().values():
-        param._finish_deferred_init()
-    if not init_file.exists():
-        net.save_parameters(str(init_file))
-    net.load_parameters(str(init_file), ctx=CPU)
-    net.hybridize(static_alloc=True, static_shape=True)
-    return net
+    return tiny_accum_net(init_file, batchnorm="live")
 
 
 @pytest.fixture()
