@@ -222,8 +222,7 @@ def run(argv=None):
     try:
         outcome = main(args, [sys.argv[0]] + argv, given)
     except UsageError as error:  # faults: cli.fail's line, recorded for runner; a flag a file set names the file
-        faults.fail("train.py", config_files.blame(str(error), read_settings(argv),
-                                                   settings.given_flags(get_args_parser(), argv)),
+        faults.fail("train.py", config_files.blame(str(error), read_settings(argv), train_flags.typed_flags(argv)),
                     configuration=not isinstance(error, RunFailed))
     except mxnet.base.MXNetError as error:  # CUDA out of memory, a GPU that does not exist: one line, not pages
         if faults.is_teardown(str(error)):
