@@ -1,22 +1,26 @@
 """Start-up benchmark: what a training start costs as the data set grows, on record sets shaped like ImageNet's.
 
-    python tools/bench_startup.py [--sizes 10000,100000,1281167] [--workdir DIR] [--spacing BYTES] [--no-train]
+    python tools/bench_startup.py [--sizes 10000,100000,1281167] [--backends dali-cpu,mxnet] [--workdir DIR]
+                                  [--spacing BYTES] [--no-train]
 
 For each size it builds (once, in --workdir) train.rec/.idx/.lst: tiny JPEGs (16x16) with 1,000 classes in a
 shuffled order, one record every --spacing bytes (default 110 KiB, ImageNet's mean record) as a sparse file, so
-the file is ImageNet's length (141 GB at 1.28 million records) on a few GB of disk. Then, with train.rec evicted
-from the page cache (posix_fadvise DONTNEED) before each measurement, it prints per size:
+the file is ImageNet's length (141 GB at 1.28 million records) on a few GB of disk. With the mxnet backend among
+--backends each record fills its spacing (the image, then a hole: build's ``padded``), as ImageRecordIter needs;
+both backends are then measured on the same files. Then, with train.rec evicted from the page cache
+(posix_fadvise DONTNEED) before each measurement, it prints per size and backend:
 
 - startup_s: what grows with N, timed in a fresh process: the index check (records.RecordFile), the label checks
   train.py makes (label_problem, record_labels, class_count_problem with the .lst), the class names (the .lst) and
-  the first batch of the training record source (the whole-file permutation of its order); startup_cpu_s, the
-  CPU time of them all (on a loaded machine the wall time is a multiple of it);
+  first_batch_s: for dali-cpu the first batch of the training record source (the whole-file permutation of its
+  order), for mxnet the backend's iterators (ImageRecordIter, which reads the .idx itself) and their first batch;
+  startup_cpu_s, the CPU time of them all (on a loaded machine the wall time is a multiple of it);
 - rec_cached_mb: the MB of train.rec in the page cache after that (mincore through a map of the file, no page
   touched);
-- train_s, train_rec_cached_mb, train_peak_mb (with --no-train: skipped): `train.py` (dali-cpu, ResNet-18 at
-  32x32, batch 8, --benchmark-iters 2 --num-epochs 1) from launch to exit, the MB of train.rec then in the page
-  cache, and the peak resident memory of its process;
-- at the end, the growth per record of startup_s between the smallest and largest size.
+- train_s, train_rec_cached_mb, train_peak_mb (with --no-train: skipped): `train.py` (the backend on one thread,
+  ResNet-18 at 32x32, batch 8, --benchmark-iters 2 --num-epochs 1) from launch to exit, the MB of train.rec then
+  in the page cache, and the peak resident memory of its process;
+- at the end, per backend, the growth per record of startup_s between the smallest and largest size.
 
 A benchmark, not a test: figures depend on the machine (docs/performance.md has this machine's).
 """
@@ -114,10 +118,26 @@ def cached_bytes(path, window=1 << 30):
     return min(resident, size)
 
 
-def probe(rec):
+def first_batch(record_file, backend):
+    """The first batch of ``backend``'s training reader: dali-cpu's record source (what of the DALI pipeline grows
+    with the data set), or the mxnet backend's iterators, built and drawn from."""
+    if backend == "dali-cpu":
+        from rn50kit.data import record_source
+        return record_source.ShuffledShardSource(record_file, 0, 1, 8, seed=0, num_classes=CLASSES)()
+    import mxnet as mx
+    from rn50kit.config.data_flags import DataConfig
+    from rn50kit.common import backends
+    from rn50kit.data import protocol
+    cfg = DataConfig(data_backend=backend, data_train=record_file.rec_path, data_train_idx=record_file.idx_path,
+                     image_shape=(3, 32, 32), data_mxnet_threads=1)
+    train_iter, _ = backends.builder(backend)(cfg, protocol.Feed(batch_size=8, seed=0, num_classes=CLASSES),
+                                                    0, 1, 0, 1, mx.cpu())
+    return next(iter(train_iter)).data[0].wait_to_read()
+
+
+def probe(rec, backend):
     """In this (fresh) process: seconds of each start-up step that reads the data set; prints a JSON line."""
     from rn50kit.config import settings
-    from rn50kit.data import loaders
     from rn50kit.scoring import predict
     idx = os.path.splitext(rec)[0] + ".idx"
     times, start, cpu = {}, time.perf_counter(), time.process_time()
@@ -134,8 +154,7 @@ def probe(rec):
     lap("class_count_s")
     predict.dataset_class_names(rec)
     lap("class_names_s")
-    source = loaders.ShuffledShardSource(record_file, 0, 1, 8, seed=0, num_classes=CLASSES)
-    source()
+    first_batch(record_file, backend)
     lap("first_batch_s")
     times["startup_s"] = round(sum(times.values()), 3)
     times["startup_cpu_s"] = round(time.process_time() - cpu, 3)  # what a shared machine's load does not inflate
@@ -143,9 +162,11 @@ def probe(rec):
     print(json.dumps(times))
 
 
-def run_train(rec, workspace):
+def run_train(rec, workspace, backend="dali-cpu"):
     """train.py's 2-iteration start from launch to exit: (seconds, peak resident MB of its processes)."""
-    command = [sys.executable, os.path.join(KIT_DIR, "train.py"), "--data-backend", "dali-cpu", "--dali-threads", "1",
+    from rn50kit.common import backends
+    threads = "--" + (backends.get(backend).flag_prefix + "threads").replace("_", "-")  # its own threads flag
+    command = [sys.executable, os.path.join(KIT_DIR, "train.py"), "--data-backend", backend, threads, "1",
                "--data-train", rec, "--data-train-idx", os.path.splitext(rec)[0] + ".idx", "--num-layers", "18",
                "--num-classes", str(CLASSES), "--image-shape", "3,32,32", "--batch-size", "8",
                "--benchmark-iters", "2", "--num-epochs", "1", "--workspace", workspace]
@@ -159,17 +180,17 @@ def run_train(rec, workspace):
     return float(seconds), int(peak_kb) / 1024
 
 
-def measure(rec, train=True):
-    row = {"records": len(records.read_index_arrays(os.path.splitext(rec)[0] + ".idx")[0]),
+def measure(rec, train=True, backend="dali-cpu"):
+    row = {"backend": backend, "records": len(records.read_index_arrays(os.path.splitext(rec)[0] + ".idx")[0]),
            "rec_gb": round(os.path.getsize(rec) / 1e9, 1)}
     evict(rec)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", rec], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", rec, "--backend", backend],
+                         capture_output=True, text=True, check=True)
     row.update(json.loads(out.stdout.strip().splitlines()[-1]))
     row["rec_cached_mb"] = round(cached_bytes(rec) / 1e6, 1)
     if train:
         evict(rec)
-        row["train_s"], peak = run_train(rec, os.path.join(os.path.dirname(rec), "run"))
+        row["train_s"], peak = run_train(rec, os.path.join(os.path.dirname(rec), "run-" + backend), backend)
         row["train_rec_cached_mb"] = round(cached_bytes(rec) / 1e6, 1)
         row["train_peak_mb"] = round(peak, 1)
     return row
@@ -181,25 +202,41 @@ def main(argv=None):
     parser.add_argument("--workdir", default=os.path.join(KIT_DIR, "runs", "bench_startup"),
                         help="where the record sets are built (kept for the next run)")
     parser.add_argument("--spacing", type=int, default=SPACING, help="bytes from one record to the next")
+    parser.add_argument("--backends", default="dali-cpu,mxnet", type=lambda text: text.split(","),
+                        help="the data backends measured, comma-separated (dali-cpu, mxnet)")
     parser.add_argument("--no-train", action="store_true", help="time the start-up steps only, not train.py")
     parser.add_argument("--probe", metavar="REC", help=argparse.SUPPRESS)  # the fresh process of one measurement
+    parser.add_argument("--backend", default="dali-cpu", help=argparse.SUPPRESS)  # the probe's
     args = parser.parse_args(argv)
     if args.probe:
-        return probe(args.probe)
+        return probe(args.probe, args.backend)
+    unknown = sorted(set(args.backends) - {"dali-cpu", "mxnet"})
+    if unknown:
+        parser.error(f"--backends takes dali-cpu and mxnet, not {', '.join(unknown)}")
+    padded = "mxnet" in args.backends
     rows = []
     for total in (int(size) for size in args.sizes.split(",")):
         started = time.time()
-        rec = build(os.path.join(args.workdir, str(total)), total, args.spacing)
+        rec = build(os.path.join(args.workdir, f"{total}-padded" if padded else str(total)), total, args.spacing,
+                    padded=padded)
         print(f"bench_startup: {total} records ready in {time.time() - started:.0f} s", file=sys.stderr)
-        rows.append(measure(rec, not args.no_train))
-        print(json.dumps(rows[-1]), flush=True)
-    if len(rows) > 1:
-        first, last = rows[0], rows[-1]
-        for key in ("startup_s", "startup_cpu_s"):
-            per_record = (last[key] - first[key]) / (last["records"] - first["records"])
-            print(f"growth of {key}: {per_record * 1e6:.2f} us per record ({per_record * 1281167:.1f} s at "
-                  f"ImageNet's 1,281,167)")
+        for backend in args.backends:
+            rows.append(measure(rec, not args.no_train, backend))
+            print(json.dumps(rows[-1]), flush=True)
+    for backend in args.backends:
+        print_growth([row for row in rows if row["backend"] == backend])
     return 0
+
+
+def print_growth(rows):
+    """The growth per record of the start-up between the smallest and the largest size measured."""
+    if len(rows) < 2:
+        return
+    first, last = rows[0], rows[-1]
+    for key in ("startup_s", "startup_cpu_s"):
+        per_record = (last[key] - first[key]) / (last["records"] - first["records"])
+        print(f"{first['backend']}: growth of {key}: {per_record * 1e6:.2f} us per record ({per_record * 1281167:.1f} "
+              f"s at ImageNet's 1,281,167)")
 
 
 if __name__ == "__main__":
