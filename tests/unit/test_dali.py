@@ -12,7 +12,7 @@ import sklearn.datasets
 
 import train
 
-from rn50kit.data import loaders, records
+from rn50kit.data import backend_dali, loaders, record_source, records
 from support.processes import wait_until
 from support.datasets import write_record_file
 from rn50kit.common import rules, backends
@@ -25,7 +25,8 @@ def val_labels(rec, idx, shard_id, num_shards, batch_size):
                              batch_size=batch_size, num_threads=1, device_id=None, seed=1)
     pipe.build()
     total = dali.reader_epoch_size(pipe)
-    iterator = loaders.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), loaders.shard_size(total, shard_id, num_shards))
+    iterator = backend_dali.DaliIterator(dali.DaliBatches(pipe, mx.cpu()),
+                                         backend_dali.shard_size(total, shard_id, num_shards))
     epochs = []
     for _ in range(2):  # a second epoch must give the same samples again
         labels = []
@@ -48,8 +49,8 @@ def test_validation_sees_every_sample_exactly_once_over_two_ranks(unique_label_r
 
 
 def test_shard_size_matches_reader_split():
-    assert sum(loaders.shard_size(53, s, 2) for s in range(2)) == 53
-    assert [loaders.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
+    assert sum(backend_dali.shard_size(53, s, 2) for s in range(2)) == 53
+    assert [backend_dali.shard_size(10, s, 3) for s in range(3)] == [3, 3, 4]
 
 
 def test_cpu_batches_are_shared_not_copied_and_outlive_later_batches(unique_label_rec):
@@ -147,7 +148,7 @@ def run_val(rec, idx, dtype, layout, channels, batch_size=4):
                              mean=MEAN, std=STD, dtype=dtype, layout=layout, resize_shorter=128,
                              batch_size=batch_size, num_threads=1, device_id=None, seed=1)
     pipe.build()
-    iterator = loaders.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), 13)
+    iterator = backend_dali.DaliIterator(dali.DaliBatches(pipe, mx.cpu()), 13)
     outputs = {}
     for batch in iterator:
         images = batch.data[0].asnumpy()
@@ -206,7 +207,7 @@ def crop_boxes(batches, size=200, out=32):
 
 
 def run_train(rec, idx, area, mirror, fuse, batches=4, batch_size=64):
-    source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=7)
+    source = record_source.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=7)
     pipe = dali.train_pipeline(source=source, image_shape=(3, 32, 32),
                                mean=[0, 0, 0], std=[1, 1, 1], random_area=area, random_mirror=mirror,
                                fuse_decoder=fuse, batch_size=batch_size, num_threads=1, device_id=None, seed=7)
@@ -258,7 +259,7 @@ def test_gpu_pipeline_matches_cpu_pipeline(photo_rec):
                              mean=MEAN, std=STD, resize_shorter=128, device="gpu", batch_size=4, num_threads=1,
                              device_id=0, seed=1)
     pipe.build()
-    for batch in loaders.DaliIterator(dali.DaliBatches(pipe, mx.gpu(0)), 13):
+    for batch in backend_dali.DaliIterator(dali.DaliBatches(pipe, mx.gpu(0)), 13):
         assert batch.data[0].context == mx.gpu(0)
         images = batch.data[0].asnumpy()
         for i, label in enumerate(batch.label[0].asnumpy()[:4 - batch.pad].astype(int)):
@@ -272,7 +273,7 @@ def test_opencv_resize_matches_dalis(photo_rec):
     rec, idx, _ = photo_rec
     outputs = {}
     for cpu_resize, threads in [("dali", 1), ("opencv", 1), ("opencv", 2)]:
-        source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
+        source = record_source.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
         pipe = dali.train_pipeline(source=source, image_shape=(3, 96, 96), mean=[0, 0, 0], std=[1, 1, 1],
                                    cpu_resize=cpu_resize, batch_size=8, num_threads=threads, device_id=None, seed=5)
         pipe.build()
@@ -295,7 +296,7 @@ def test_resize_threads_end_with_their_pipeline(photo_rec):
         return {t for t in threading.enumerate() if t.name.startswith("opencv-resize") and t.is_alive()}
     for epoch in range(3):
         before = resize_threads()  # (other tests' pipelines may still be collected)
-        source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=epoch)
+        source = record_source.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=epoch)
         pipe = dali.train_pipeline(source=source, image_shape=(3, 64, 64), mean=[0, 0, 0], std=[1, 1, 1],
                                    batch_size=8, num_threads=2, device_id=None, seed=epoch)
         pipe.build()
@@ -332,7 +333,7 @@ def pipeline_batches(kind, normalize, image_shape, dtype, layout, rec, idx, coun
     common = dict(image_shape=image_shape, mean=MEAN, std=STD, dtype=dtype, layout=layout, batch_size=8,
                   num_threads=2, device_id=None, seed=11, normalize=normalize)
     if kind in TRAIN_VARIANTS:
-        source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
+        source = record_source.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, 8, seed=3)
         pipe = dali.train_pipeline(source=source, **TRAIN_VARIANTS[kind], **common)
     else:
         pipe = dali.val_pipeline(rec_path=rec, idx_path=idx, shard_id=0, num_shards=1, resize_shorter=128,

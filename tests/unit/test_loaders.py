@@ -9,8 +9,9 @@ import collections
 import os
 
 import threading
-from rn50kit.common import cli, rules
-from rn50kit.data import loaders, records
+from rn50kit.common import rules
+from rn50kit.config import cli
+from rn50kit.data import backend_mxnet, backend_synthetic, loaders, protocol, record_source, records
 from support.runs import TINY_RUN, parse_train
 from rn50kit.config import train_config
 from rn50kit.scoring import scoring
@@ -109,8 +110,8 @@ def test_training_batches_are_full_and_in_requested_format(unique_label_rec, bac
 
 
 def test_mxnet_shard_size_matches_record_iter_split():
-    assert [loaders.mxnet_shard_size(13, r, 2) for r in range(2)] == [7, 6]
-    assert sum(loaders.mxnet_shard_size(53, r, 3) for r in range(3)) == 53
+    assert [backend_mxnet.mxnet_shard_size(13, r, 2) for r in range(2)] == [7, 6]
+    assert sum(backend_mxnet.mxnet_shard_size(53, r, 3) for r in range(3)) == 53
 
 
 def test_synthetic_validation_follows_the_training_rule():
@@ -121,7 +122,7 @@ def test_synthetic_validation_follows_the_training_rule():
     def features(iterator):
         xs, ys = [], []
         for batch in iterator:
-            xs.append(loaders.quadrant_means(batch.data[0]).asnumpy())
+            xs.append(backend_synthetic.quadrant_means(batch.data[0]).asnumpy())
             ys.append(batch.label[0].asnumpy().astype(int))
         return np.concatenate(xs), np.concatenate(ys)
 
@@ -141,7 +142,7 @@ def test_synthetic_validation_follows_the_training_rule():
 def test_mxnet_backend_converts_on_the_device(monkeypatch):
     """Found by the second review of the GPU paths (issue 21)."""
     seen = []
-    real = loaders.to_layout
+    real = backend_mxnet.to_layout
 
     def to_layout(batch, *rest):
         seen.append(batch.context)
@@ -154,9 +155,10 @@ def test_mxnet_backend_converts_on_the_device(monkeypatch):
         def reset(self):
             pass
 
-    monkeypatch.setattr(loaders, "to_layout", to_layout)
+    monkeypatch.setattr(backend_mxnet, "to_layout", to_layout)
     device = mx.cpu(1)  # a context other than the reader's, standing in for the GPU
-    iterator = loaders.RecordIterator(Records(), 4, 2, device, channels=4, dtype="float16", layout="NHWC", wrap=True)
+    iterator = backend_mxnet.RecordIterator(Records(), 4, 2, device, channels=4, dtype="float16", layout="NHWC",
+                                            wrap=True)
     batch = next(iter(iterator))
     assert seen == [device]
     assert batch.data[0].shape == (2, 8, 8, 4) and batch.data[0].dtype == np.float16
@@ -169,7 +171,7 @@ def test_pipeline_threads_follow_the_affinity_mask(monkeypatch):
     """Found by the second review of the GPU paths (issue 21)."""
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert loaders.default_threads(1) == 4 and loaders.default_threads(2) == 2
+    assert protocol.default_threads(1) == 4 and protocol.default_threads(2) == 2
 
 
 TWO = [mx.cpu(0), mx.cpu(1)]
@@ -204,8 +206,8 @@ def test_one_pipeline_and_shard_per_device(unique_label_rec):
             break
         for d, labels in enumerate(batch.label):
             trained[d] |= set(labels.asnumpy().astype(int).tolist())
-    # One permutation of the whole file per epoch, cut into a shard per device (loaders.ShuffledShardSource): disjoint,
-    # and each drawn from the whole file rather than from a contiguous range of records.
+    # One permutation of the whole file per epoch, cut into a shard per device (record_source.ShuffledShardSource):
+    # disjoint, and each drawn from the whole file rather than from a contiguous range of records.
     assert not trained[0] & trained[1]
     for d in range(2):
         assert len(trained[d]) > len(shards[d]) // 2 and trained[d] - shards[d]
@@ -236,7 +238,8 @@ def test_same_batches_in_the_same_order(unique_label_rec, shard_id, num_shards, 
     rec, idx, count = unique_label_rec
     record_file = records.RecordFile(rec, idx, use_mmap=use_mmap)
     batches = shard_batches(count, shard_id, num_shards)
-    source = loaders.ShuffledShardSource(record_file, shard_id, num_shards, BATCH, seed=3, remember=batches, ahead=2)
+    source = record_source.ShuffledShardSource(record_file, shard_id, num_shards, BATCH, seed=3, remember=batches,
+                                               ahead=2)
     expected = expected_batches(count, shard_id, num_shards, 3, batches)
     for picks in expected:
         images, labels = source()
@@ -252,7 +255,7 @@ def test_batches_stay_intact_through_dali_while_the_buffers_are_reused(unique_la
     from nvidia.dali import fn, pipeline_def, types
     rec, idx, count = unique_label_rec
     record_file = records.RecordFile(rec, idx)
-    source = loaders.ShuffledShardSource(record_file, 0, 1, BATCH, seed=5, ahead=1)
+    source = record_source.ShuffledShardSource(record_file, 0, 1, BATCH, seed=5, ahead=1)
 
     @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None, prefetch_queue_depth=4)
     def passthrough():
@@ -276,7 +279,7 @@ def test_one_reading_thread_for_every_source(unique_label_rec):
     rec, idx, _ = unique_label_rec
     record_file = records.RecordFile(rec, idx)
     for epoch in range(12):  # train.py builds a pipeline, and its source, per epoch
-        source = loaders.ShuffledShardSource(record_file, epoch % 2, 2, BATCH, seed=epoch)
+        source = record_source.ShuffledShardSource(record_file, epoch % 2, 2, BATCH, seed=epoch)
         for _ in range(3):
             source()
     assert len(reading_threads()) == 1
@@ -289,7 +292,7 @@ def test_a_reading_error_is_raised_in_the_call_of_its_batch(unique_label_rec):
     first, second = expected_batches(count, 0, 1, 4, 2)
     record_file.offsets = record_file.offsets.copy()
     record_file.offsets[second[2]] = 10 ** 12  # a record offset past the end of the file: the read fails
-    source = loaders.ShuffledShardSource(record_file, 0, 1, BATCH, seed=4, ahead=3)
+    source = record_source.ShuffledShardSource(record_file, 0, 1, BATCH, seed=4, ahead=3)
     assert source()[1].ravel().astype(int).tolist() == first
     for _ in range(2):  # and again in later calls, rather than a wait for a batch that never comes
         with pytest.raises(records.RecordFileError, match=f"record {second[2]} .* points past the end of the file"):
