@@ -17,6 +17,7 @@ import shutil
 import time
 
 from rn50kit.reliability import campaign_runs, run_lock
+from rn50kit.reliability.campaign_plan import EPOCHS, STEPS_PER_EPOCH
 
 ELASTIC_TOP1_TOLERANCE = 0.2  # as tests/e2e/test_elastic_training.py: per-worker BatchNorm batches change
 COMPARED_EXACTLY = ("train.top1", "train.top5", "val.top1", "val.top5")
@@ -70,12 +71,19 @@ def reference(setup, launcher, folder):
     return made
 
 
-def line_problem(fault, launcher, run):
+def finished(workspace):
+    """Whether the run trained and validated every epoch: so it ends after a stop signal in its last step, its last
+    validation, save or report (no step boundary is left to stop at)."""
+    return len((metrics(workspace) or {}).get("val.top1", [])) == EPOCHS
+
+
+def line_problem(fault, launcher, run, workspace):
     """What is wrong with runner's last line after ``fault``, or None."""
     if fault.kind == "runner-sigkill":
         return None  # runner cannot speak; the workers' own lines are all there is
     if fault.kind == "sigterm-all":
-        ok = run.status == 0 and run.last_line in (STOPPED_LINE, "") or run.status == 0 and fault.moment == "report"
+        last = fault.epoch == EPOCHS and (fault.moment != "step" or fault.step == STEPS_PER_EPOCH)
+        ok = run.status == 0 and (run.last_line == STOPPED_LINE or last and finished(workspace))
         return None if ok else f"after SIGTERM to every process: status {run.status}, last line {run.last_line!r}"
     if launcher == "elastic" and run.status == 0:
         return None  # the run went on without the worker
@@ -121,7 +129,7 @@ def check_faulted(setup, fault, launcher, run, workspace):
                         f"{setup.stall_timeout} + {setup.margin} s); ended by hand")
     elif launcher == "elastic" and run.status != 0 and noticed > setup.stall_timeout + setup.margin:
         problems.append(f"the elastic run ended {noticed:.0f} s after the fault, beyond the stall timeout + margin")
-    problem = line_problem(fault, launcher, run)
+    problem = line_problem(fault, launcher, run, workspace)
     if problem:
         problems.append(problem)
     problems += left_behind(workspace)
