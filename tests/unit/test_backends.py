@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from rn50kit.common import backends, cli
+from rn50kit.common import backends
+from rn50kit.config import cli
 from rn50kit.config import settings
 from rn50kit.data import loaders
-from rn50kit.launch import launcher
+from rn50kit.launch import arguments, checks, plan
 
 MODES = ["train_val", "train", "val", "pred"]
 # What the kit's record backends have always needed (the names the four checks spelled before the table did).
@@ -47,7 +48,7 @@ def runner_refuses(root, backend, mode):
     args = argparse.Namespace(data_root=Path(root), data_backend=backend)
     given = argparse.Namespace(mode=mode, data_train=None, data_val=None)
     try:
-        launcher.check_data_root(args, given)
+        checks.check_data_root(args, given)
     except cli.UsageError as error:
         return str(error)
     return None
@@ -81,10 +82,10 @@ def refused_without(tmp_path, refuses):
 
 def runner_data_flags(root, backend, mode, dtype="float32"):
     """The --data-* words of the train.py command runner builds for ``mode`` (in order)."""
-    args = launcher.get_args_parser().parse_args(["--data-root", str(root), "--kv-store", "device",
+    args = arguments.get_args_parser().parse_args(["--data-root", str(root), "--kv-store", "device",
                                                   "--dtype", dtype, "-b", "8"])
     args.data_backend = backend
-    command = launcher.build_command(args, ["--mode", mode])
+    command = plan.build_command(args, ["--mode", mode])
     start = next(i for i, word in enumerate(command) if word.endswith("train.py")) + 1
     return command[start:command.index("--dtype")]
 
