@@ -164,7 +164,7 @@ def strike_when_due(faults, folder, workspace, process):
     """Strike each planned fault when its worker reaches its moment; returns when each struck (None: never), once
     all have or the run has ended."""
     struck = [None] * len(faults)
-    deadline = time.monotonic() + HANG_S
+    deadline = time.monotonic() + 3 * HANG_S  # a hang guard only: srun may wait its turn for the node first
     while None in struck and time.monotonic() < deadline:
         index = struck.index(None)
         fault = faults[index]
