@@ -26,21 +26,21 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
-TREES = {}
+NODES = {}
 
 
-def syntax_tree(source, name):
-    """``source``'s syntax tree, parsed once for all the rules here (they only read it): the tree's files are
-    parsed once in the lane, not once a rule."""
-    if source not in TREES:
-        TREES[source] = ast.parse(source, name)
-    return TREES[source]
+def syntax_nodes(source, name):
+    """Every node of ``source``'s syntax tree, parsed and walked once for all the rules here (they only read
+    them): the tree's files cost one parse and one walk in the lane, not one a rule."""
+    if source not in NODES:
+        NODES[source] = list(ast.walk(ast.parse(source, name)))
+    return NODES[source]
 
 
 def long_functions(path):
     with open(path) as f:
-        tree = syntax_tree(f.read(), path)
-    for node in ast.walk(tree):
+        nodes = syntax_nodes(f.read(), path)
+    for node in nodes:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = node.end_lineno - node.lineno + 1
             if length > MAX_FUNCTION_LINES:
@@ -79,7 +79,7 @@ def unpickling(source, name="<source>"):
     """Where ``source`` loads a pickle: pickle.load(s)/Unpickler, torch.load without weights_only=True,
     np.load with allow_pickle, MXNet's load_states/set_states."""
     found = []
-    for node in ast.walk(syntax_tree(source, name)):
+    for node in syntax_nodes(source, name):
         if isinstance(node, ast.ImportFrom) and node.module in PICKLE_MODULES and \
                 any(a.name in ("load", "loads", "Unpickler") for a in node.names):
             found.append(f"{name}:{node.lineno} from {node.module} import load/loads/Unpickler")
@@ -91,7 +91,7 @@ def unpickling(source, name="<source>"):
         module, attr = node.value.id, node.attr
         if module in PICKLE_MODULES and attr in ("load", "loads", "Unpickler"):
             found.append(f"{name}:{node.lineno} {module}.{attr}")
-    for call in (n for n in ast.walk(syntax_tree(source, name)) if isinstance(n, ast.Call)):
+    for call in (n for n in syntax_nodes(source, name) if isinstance(n, ast.Call)):
         func = call.func
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr == "load"):
             continue
@@ -144,7 +144,7 @@ def horovod_broadcasts(source, name="<source>"):
     """Where ``source`` calls one of Horovod's broadcasts (on an object whose name says Horovod: hvd, self.hvd) or
     imports one from a Horovod module."""
     found = []
-    for node in ast.walk(syntax_tree(source, name)):
+    for node in syntax_nodes(source, name):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("horovod") and \
                 any(alias.name in HOROVOD_BROADCASTS for alias in node.names):
             found.append(f"{name}:{node.lineno} from {node.module} import ...")
