@@ -2,6 +2,7 @@
 
 Usually started by `runner`, once per worker under horovodrun; it also runs alone as one worker.
 """
+import argparse  # noqa: F401  (read as train.argparse by tests/e2e/test_config_files_cli.py)
 import faulthandler
 import json
 import logging
