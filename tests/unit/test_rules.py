@@ -5,14 +5,18 @@ import mxnet as mx
 import pytest
 import train
 from support.runs import TINY_RUN, train_refusal, plan_refusal
-from rn50kit.common import backends, cli, rules, schedules
+from rn50kit.common import backends, rules
+from rn50kit.config import cli
+from rn50kit.config import lr_schedules
+from rn50kit.config import recipe as recipes
 from rn50kit.data import loaders
-from rn50kit.launch import launcher
+from rn50kit.launch.machine import Machine
+from rn50kit.launch.plan import plan_launch
 
 
 def runner_refusal(argv, gpus=0, cores=2):
     with pytest.raises(cli.UsageError) as error:
-        launcher.plan_launch(["--data-backend", "synthetic", *argv], launcher.Machine(gpus, cores), {})
+        plan_launch(["--data-backend", "synthetic", *argv], Machine(gpus, cores), {})
     return str(error.value)
 
 
@@ -36,7 +40,7 @@ def test_a_gpu_backend_is_refused_alike_without_a_gpu():
     assert mx.context.num_gpus() == 0  # this test is about a CPU machine
     expected = rules.backend_problem("dali-gpu", gpu=False)
     with pytest.raises(cli.UsageError) as error:
-        launcher.plan_launch(["--data-backend", "dali-gpu", "--dtype", "float32"], launcher.Machine(0, 2), {})
+        plan_launch(["--data-backend", "dali-gpu", "--dtype", "float32"], Machine(0, 2), {})
     assert str(error.value) == expected
     args = train.parse_args(["--kv-store", "local", "--dtype", "float32", "--data-backend", "dali-gpu",
                              "--data-train", __file__, "--data-train-idx", __file__, "--num-layers", "18"])
@@ -49,7 +53,7 @@ def test_the_backends_table_is_the_one_list():
     assert cli.DATA_BACKENDS == list(backends.BACKENDS)
     for name in backends.NAMES:
         build = backends.builder(name)
-        assert callable(build) and build.__module__ == "rn50kit.data.loaders"
+        assert callable(build) and build.__module__.startswith("rn50kit.data.backend_")
     assert [name for name in backends.NAMES if backends.needs_gpu(name)] == ["dali-gpu"]
     assert [name for name in backends.NAMES if not backends.reads_records(name)] == ["synthetic"]
     assert backends.default(gpu=True) == "dali-gpu" and backends.default(gpu=False) == "dali-cpu"
@@ -64,11 +68,11 @@ def test_the_backends_table_is_the_one_list():
 
 def test_one_lr_scaling_rule_for_runner_and_the_recipes(tmp_path):
     """runner's -l (per 256 images) and a recipe's LR per 256 become the same absolute LR for a global batch."""
-    _, _, command = launcher.plan_launch(["-n", "2", "-b", "48", "-l", "0.256", "--data-backend", "synthetic",
-                                        "--dtype", "float32"], launcher.Machine(0, 2), {})
+    _, _, command = plan_launch(["-n", "2", "-b", "48", "-l", "0.256", "--data-backend", "synthetic",
+                                 "--dtype", "float32"], Machine(0, 2), {})
     planned = float(command[command.index("--lr") + 1])
     assert planned == pytest.approx(0.256 * 96 / 256)
-    assert schedules.recipe_lr("nvidia", 96) == pytest.approx(planned)  # the nvidia recipe: 0.256 per 256
+    assert recipes.recipe_lr("nvidia", 96) == pytest.approx(planned)  # the nvidia recipe: 0.256 per 256
 
 
 def test_schedules_are_named_functions_checked_against_their_formulas():
@@ -76,9 +80,9 @@ def test_schedules_are_named_functions_checked_against_their_formulas():
     expected = {"cosine": final + (base - final) * 0.5 * (1 + math.cos(math.pi * 0.25)),
                 "linear": final + (base - final) * 0.75, "poly": final + (base - final) * 0.75 ** 2,
                 "step": base * 0.1}  # epoch 4 of 10 after 2 warmup epochs; steps at 3 and 8
-    assert set(expected) == set(schedules.SCHEDULES)
+    assert set(expected) == set(lr_schedules.SCHEDULES)
     for kind, value in expected.items():
-        lr = schedules.get_schedule(kind, base, 10, warmup_epochs=2, steps=[8, 3], factor=0.1, power=2,
+        lr = lr_schedules.get_schedule(kind, base, 10, warmup_epochs=2, steps=[8, 3], factor=0.1, power=2,
                                     final_lr=final)
         assert lr(1.0) == pytest.approx(base / 2), kind  # halfway through the warmup
         assert lr(4.0) == pytest.approx(value), kind
@@ -104,9 +108,8 @@ def test_what_a_cpu_cannot_run_is_refused_alike_by_runner_and_train(argv, expect
     assert plan_refusal(*argv) == by_train
     runner_refusal_on_gpus = None
     try:
-        from rn50kit.launch import launcher
         workers = ["-n", "2"] if "--gpus" in argv else []  # -n agrees with --gpus (devices.select_gpus)
-        launcher.plan_launch(["--data-backend", "synthetic", *workers, *argv], launcher.Machine(8, 64), {})
+        plan_launch(["--data-backend", "synthetic", *workers, *argv], Machine(8, 64), {})
     except cli.UsageError as error:
         runner_refusal_on_gpus = str(error)
     assert runner_refusal_on_gpus is None  # each runs on GPUs

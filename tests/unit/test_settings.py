@@ -30,7 +30,8 @@ def test_python_train_py_on_a_gpu_gets_the_float16_defaults_runner_gets(tmp_path
 def test_cpu_defaults_are_a_batch_a_cpu_can_run():
     """Found by the second newcomer walk (issue 26)."""
     from rn50kit.config import settings
-    from rn50kit.launch import launcher
+    from rn50kit.launch.machine import Machine
+    from rn50kit.launch.plan import plan_launch
     args = train.parse_args([])
     settings.machine_defaults(args, num_gpus=0, given=set())
     assert (args.batch_size, args.dtype, args.data_backend) == (settings.CPU_BATCH_SIZE, "float32", "dali-cpu")
@@ -40,9 +41,9 @@ def test_cpu_defaults_are_a_batch_a_cpu_can_run():
     args = train.parse_args([])
     settings.machine_defaults(args, num_gpus=8, given=set())
     assert (args.batch_size, args.dtype) == (192, "float16")
-    cpu, gpus = launcher.Machine(gpus=0, cores=2), launcher.Machine(gpus=8, cores=64)
-    assert "--batch-size 32" in " ".join(launcher.plan_launch(["--data-backend", "synthetic"], cpu, {})[2])
-    command = launcher.plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2]
+    cpu, gpus = Machine(gpus=0, cores=2), Machine(gpus=8, cores=64)
+    assert "--batch-size 32" in " ".join(plan_launch(["--data-backend", "synthetic"], cpu, {})[2])
+    command = plan_launch(["--data-backend", "synthetic", "-n", "8"], gpus, {})[2]
     assert "--batch-size 1536" in " ".join(command)
 
 

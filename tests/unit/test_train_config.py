@@ -2,7 +2,7 @@
 each config builds without the parser from its own defaults, and the recipes fill what was not typed."""
 import dataclasses
 import pytest
-from rn50kit.training import fit_flags
+from rn50kit.config import fit_flags
 import train
 import math
 import ast
@@ -10,7 +10,8 @@ import glob
 import os
 from rn50kit.config import train_config
 from rn50kit.data import loaders
-from rn50kit.common import schedules, cli
+from rn50kit.config import cli
+from rn50kit.config import recipe as recipes
 from support.processes import ROOT
 
 
@@ -41,11 +42,11 @@ def test_each_config_builds_without_the_parser_and_is_frozen():
     assert (feed.batch_size, feed.seed, feed.num_classes) == (192, 7, 10)
 
 
-@pytest.mark.parametrize("recipe", sorted(schedules.RECIPES))
+@pytest.mark.parametrize("recipe", sorted(recipes.RECIPES))
 def test_parsed_defaults_equal_the_config_defaults_and_the_recipe(recipe):
     """No flag given: the parser's values are the configs' defaults, except what the recipe sets."""
     parsed = train_config.from_args(train.parse_args(["--recipe", recipe]))
-    recipe_values = schedules.recipe_defaults(recipe)
+    recipe_values = recipes.recipe_defaults(recipe)
     for concern, cls in train_config.CONFIGS.items():
         default, got = getattr(train_config.RunConfig(), concern), getattr(parsed, concern)
         for field in dataclasses.fields(cls):
@@ -142,7 +143,7 @@ def test_mlperf_recipe_sets_the_issue_table_and_its_lr_follows_the_effective_bat
 
 def notes_lr(recipe):
     """fill_hyper_parameters' note on the recipe's LR for the default batch (no --lr typed)."""
-    return schedules.recipe_lr_source(recipe, 192)[1]
+    return recipes.recipe_lr_source(recipe, 192)[1]
 
 
 @pytest.mark.parametrize("recipe", ["he", "nvidia-2019"])
