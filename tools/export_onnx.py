@@ -119,7 +119,7 @@ def plain_symbol(prefix, epoch, path):
     with open(f"{prefix}-symbol.json") as f:
         if FUSED_BN_RELU not in f.read():
             return False
-    from rn50kit.common import cli
+    from rn50kit.config import cli
     import models
     unknown = (f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which MXNet's ONNX "
                "exporter cannot convert, and")

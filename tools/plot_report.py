@@ -19,7 +19,7 @@ if __name__ == "__main__":  # before the imports a Python it refuses could fail 
 KIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":  # under a Python without matplotlib: the kit's, as runner does
     sys.path.insert(0, KIT_DIR)
-    from rn50kit.common import cli
+    from rn50kit.config import cli
     cli.rerun_under_chosen_python(os.path.abspath(__file__), "plot_report.py", KIT_DIR)
 
 CURVES = [("top1", "top-1 accuracy"), ("top5", "top-5 accuracy"), ("loss", "loss"), ("lr", "learning rate")]

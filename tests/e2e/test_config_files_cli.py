@@ -16,9 +16,11 @@ import train
 from support.processes import ROOT, run
 from support.datasets import photo_folder
 from rn50kit.config import train_config
-from rn50kit.launch import launcher
-from rn50kit.common import config_files
-from rn50kit.reporting import resolved_config
+from rn50kit.launch import train_flags
+from rn50kit.launch.machine import Machine
+from rn50kit.launch.plan import plan_launch
+from rn50kit.config import config_files
+from rn50kit.config import resolved_config
 
 tomllib = config_files.tomllib  # the standard library's from Python 3.11 on, tomli on 3.10
 
@@ -112,9 +114,9 @@ def test_a_run_writes_its_config_and_runner_replays_it(tmp_path):
         f.name for cls in train_config.CONFIGS.values() for f in dataclasses.fields(cls)), **params["args"]}))
 
     elsewhere = tmp_path / "again"
-    args, _, command = launcher.plan_launch(["--config", str(resolved), "--workspace", str(elsewhere)],
-                                            launcher.Machine(0, os.cpu_count() or 1), {})
-    argv = launcher.train_arguments(command)
+    args, _, command = plan_launch(["--config", str(resolved), "--workspace", str(elsewhere)],
+                                   Machine(0, os.cpu_count() or 1), {})
+    argv = train_flags.train_arguments(command)
     replayed = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
     assert args.ngpus == 1
     assert_equal_configs(replayed, used, skip=("workspace", "config"))
@@ -201,8 +203,8 @@ def test_a_score_writes_its_config_beside_its_report_and_train_py_replays_it(tmp
 
 def planned_worker_config(argv):
     """The RunConfig the worker builds from what runner plans for ``argv`` (in this process, this directory)."""
-    args, _, command = launcher.plan_launch(argv, launcher.Machine(0, os.cpu_count() or 1), {})
-    return configured(launcher.train_arguments(command))
+    args, _, command = plan_launch(argv, Machine(0, os.cpu_count() or 1), {})
+    return configured(train_flags.train_arguments(command))
 
 
 def test_a_prediction_writes_its_config_and_runner_replays_it_from_another_directory(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ def interpreter_of_train(command):
 
 
 def test_choice_rules():
-    from rn50kit.common import cli as runner  # what runner and benchmark.py choose with
+    from rn50kit.config import cli as runner  # what runner and benchmark.py choose with
     kit = "/kit/.venv/bin/python"
     assert runner.python_to_use("/x/.venv-gpu/bin/python", None, True, kit) is None
     assert runner.python_to_use("/usr/bin/python3", None, False, kit) == kit

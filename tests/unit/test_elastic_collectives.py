@@ -16,7 +16,8 @@ import pytest
 
 import fit
 import models
-from rn50kit.training import fit_flags, optimizers
+from rn50kit.config import fit_flags
+from rn50kit.training import optimizers
 from rn50kit.training.distributed import Distributed
 from rn50kit.training.precision import make_loss_scaler
 from rn50kit.training.stop_signals import StopFlag

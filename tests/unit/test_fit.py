@@ -4,7 +4,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from rn50kit.training import optimizers
-from rn50kit.training import fit_flags
+from rn50kit.config import fit_flags
 import fit
 from support import loop as loop_harness
 import train

@@ -10,7 +10,7 @@ import pytest
 import fit
 from rn50kit.reporting import output_table, outputs
 from rn50kit.reporting.report import Report
-from rn50kit.training import fit_flags
+from rn50kit.config import fit_flags
 from rn50kit.training.distributed import Distributed
 from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
 from support.loop import CPU, RUN

@@ -17,7 +17,7 @@ from support.runs import logged
 from rn50kit.reporting import outputs
 from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.reporting.report import Report
-from rn50kit.training import fit_flags
+from rn50kit.config import fit_flags
 from rn50kit.training.distributed import Distributed
 from rn50kit.training.elastic import ElasticEpoch, plan_world
 from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
