@@ -76,7 +76,8 @@ def trials(args):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     setup = campaign_runs.Setup(ROOT, stall_timeout=args.stall_timeout, margin=args.margin,
-                                checkpoint_check=newest_checkpoint_problem)
+                                checkpoint_check=newest_checkpoint_problem,
+                                records=os.path.abspath(os.path.join(args.out, "digits")))
     os.makedirs(os.path.join(args.out, "results"), exist_ok=True)
     results = []
     for trial in trials(args):

@@ -28,6 +28,10 @@ LAUNCH = {  # (in front of runner, runner's own flags)
     "elastic": ([], ["-n", "2", "-H", "localhost:1,hostA:1", "--min-np", "1", "--network-interface", "lo",
                      "--commit-every", "4"]),
 }
+# An elastic run hands the records not read yet to the new world: it reads real records (the digits, built once
+# per campaign by tools/make_demo_data.py) through DALI, not synthetic data.
+RECORDS = ["--data-backend", "dali-cpu", "--dali-threads", "1", "--dali-validation-threads", "1",
+           "--data-val-resize", "32", "--random-mirror", "0"]
 # Under srun the launcher has the last word: its own lines on each task's end come after runner's.
 LAUNCHER_LINES = ("srun: ", "slurmstepd")
 
@@ -41,11 +45,20 @@ class Setup:
     stall_timeout: int = 20
     margin: int = 60
     checkpoint_check: object = None  # workspace -> a problem line or None: the newest complete checkpoint loads
+    records: str = None  # the digits' folder, for the elastic runs
 
     def command(self, launcher, workspace):
         front, flags = LAUNCH[launcher]
-        return [*front, self.python, os.path.join(self.root, "runner"), *flags, *TINY,
+        data = [*RECORDS, "--data-root", self.digits()] if launcher == "elastic" else []
+        return [*front, self.python, os.path.join(self.root, "runner"), *flags, *TINY, *data,
                 "--stall-timeout", str(self.stall_timeout), "--workspace", str(workspace)]
+
+    def digits(self):
+        """The digits' records (made the first time they are asked for)."""
+        if not os.path.exists(os.path.join(self.records, "val.idx")):
+            subprocess.run([self.python, os.path.join(self.root, "tools", "make_demo_data.py"), self.records],
+                           env=self.env(), check=True, stdout=subprocess.DEVNULL)
+        return self.records
 
     def env(self, injection=None):
         env = dict(os.environ)

@@ -50,9 +50,9 @@ def metrics(workspace):
 def reference(setup, launcher, folder):
     """The unfaulted run for ``launcher`` (made once per campaign folder): its metrics and its steps. horovodrun's
     stands for mpirun's and srun's (measured equal: two workers of one thread each, and a sum of two values
-    does not depend on its order) and an elastic run's (compared within a tolerance); the SSH hosts' workers
-    each have both cores (another OpenMP team), so theirs is their own."""
-    launcher = "ssh" if launcher == "ssh" else "horovodrun"
+    does not depend on its order); the SSH hosts' workers each have both cores (another OpenMP team), and an
+    elastic run reads the digits, so theirs are their own."""
+    launcher = launcher if launcher in ("ssh", "elastic") else "horovodrun"
     path = os.path.join(folder, "references", f"{launcher}.json")
     if os.path.exists(path):
         with open(path) as f:
