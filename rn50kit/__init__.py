@@ -4,14 +4,19 @@ before choosing a Python); tests/unit/test_layers.py checks that they do.
 
 - common/       MXNet-free: the vocabulary every command shares: the data backends' table, the --help format, the
                 run rules, ImageNet's class names
-- launch/       MXNet-free: runner's launch plans (horovodrun, mpirun, srun), the devices and the world of workers,
-                the memory a configuration needs
-- reliability/  MXNet-free: one run per workspace, faults told in one line, the stall watchdog
+- launch/       MXNet-free: runner's command line, its launch plans and checks, the launchers (horovodrun, elastic,
+                mpirun, srun), the supervision of a run, the devices, the memory a configuration needs
+- reliability/  MXNet-free: one run per workspace, faults told in one line, the stall watchdog, the world of
+                workers, the fault campaign's parts
 - reporting/    MXNet-free: the outputs of a run (progress, JSON log, report, MLPerf log)
+- benchmarking/ MXNet-free: benchmark.py's parts (runs, results, tables, chart, sweep) and what the benchmark tools
+                share
 - config/       MXNet-free: every config and the flags that fill it, config files, recipes, LR schedules, the
                 optimizers' table, train.py's parser, the settings a run takes when the user does not say
-- data/         RecordIO files and the data backends' iterators
-- training/     the loop's parts: checkpoints, optimizers, mixed precision, collectives, the checks before a run
+- data/         RecordIO files, the data backends (a module each) and their iterators, --test-io
+- training/     the loop's parts: checkpoints, optimizers, mixed precision, collectives, the checks before a run;
+                the steps of train.py's run (worker, start_checks, announce, workspace, network, run_modes ...)
+- graph/        a network's files and graphs: parameters loaded, symbol files, oneDNN's inference graph
 - weights/      published weights into the kit's networks
 - scoring/      top-1/top-5 scoring, INT8 quantization, prediction
 """

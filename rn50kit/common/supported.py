@@ -53,7 +53,7 @@ def mxnet_problem(version):
 
 
 def horovod_problem(build):
-    """Why the installed Horovod cannot run the kit's workers, or None. ``build`` is launcher.horovod_build()'s
+    """Why the installed Horovod cannot run the kit's workers, or None. ``build`` is horovod_build.horovod_build()'s
     answer: {"gloo": bool, "mpi": bool}, or None where Horovod's MXNet library does not load."""
     if build is None:
         return ("Horovod with MXNet support is not installed for this Python (horovod.mxnet does not load); in a "
