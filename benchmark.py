@@ -39,8 +39,14 @@ from rn50kit.benchmarking.chart import plot  # noqa: E402
 from rn50kit.benchmarking.machine import library_versions, machine_info  # noqa: E402
 from rn50kit.benchmarking.results import WARMUP_ITERS, metric_keys, weights_used  # noqa: E402
 from rn50kit.benchmarking.runs import iterations_per_epoch, no_data_reason, train_flags  # noqa: E402
-from rn50kit.benchmarking.sweep import (Sweep, command_builder, compare_with_baseline, dry_run,  # noqa: E402
-                                        runner_commands, save_json)
+from rn50kit.benchmarking.sweep import (  # noqa: E402
+    Sweep,
+    command_builder,
+    compare_with_baseline,
+    dry_run,
+    runner_commands,
+    save_json,
+)
 from rn50kit.benchmarking.tables import tables  # noqa: E402
 from rn50kit.common import rules, steady  # noqa: E402
 from rn50kit.common.helptext import HelpFormatter  # noqa: E402

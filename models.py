@@ -23,16 +23,26 @@ import numpy as np
 from mxnet.gluon import nn
 
 from rn50kit.config.cli import config_from
+
+# the Model flags and the tables they choose from live in the configuration home; read here too
+from rn50kit.config.model_flags import (  # noqa: F401
+    ARCHS,
+    DTYPES,
+    LAYOUTS,
+    RESNET_SPEC,
+    RESNEXT_WIDTH,
+    ModelConfig,
+    add_model_args,
+    model_name,
+    model_name_from_args,
+)
+
 # The graph transforms and loaders live in rn50kit/graph; their names stay reachable as models.* for the scripts
 # that call them so (docs/training.md's inference helpers, the checkpoint writer, the loop's BatchNorm checks).
 from rn50kit.graph.inference import optimize_for_inference, to_bfloat16  # noqa: F401 -- see above
 from rn50kit.graph.parameters import load_parameters, running_stats  # noqa: F401 -- see above
 from rn50kit.graph.symbol_files import export, load_checkpoint, without_amp_casts  # noqa: F401 -- see above
 from rn50kit.launch import devices
-# the Model flags and the tables they choose from live in the configuration home; read here too
-from rn50kit.config.model_flags import (ARCHS, DTYPES, LAYOUTS, RESNET_SPEC, RESNEXT_WIDTH,  # noqa: F401
-                                        ModelConfig, add_model_args, model_name, model_name_from_args)
-
 
 log = logging.getLogger("rn50")
 

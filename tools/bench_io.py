@@ -63,6 +63,7 @@ DECODE_ONLY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 26), "MALLOC_TRIM_THRESHOL
 def encoded_images(rec, idx):
     """Every record's image bytes, copied out of the file."""
     import numpy as np
+
     from rn50kit.data import records
     record_file = records.RecordFile(rec, idx)
     return [np.array(record_file.image(i)) for i in range(len(record_file))]
@@ -86,9 +87,10 @@ def dali_decode_only(rec, idx, batch_size):
     crop window (dali.decode_crop_window, the training defaults), on one thread: what its resize and
     crop-mirror-normalize add is the rest of the pipeline's time."""
     payloads = encoded_images(rec, idx)
+    from nvidia.dali import fn, pipeline_def
+
     import dali
     from rn50kit.data import loaders
-    from nvidia.dali import fn, pipeline_def
     batches = [payloads[i:i + batch_size] for i in range(0, len(payloads), batch_size)]
     defaults = loaders.DataConfig()
 
@@ -112,8 +114,8 @@ def step_thread_ms(rec, idx, batch_size, ahead, use_mmap, cold, steps, step_ms):
     """Median ms per batch that the step's thread spends in the training record source's pipe.run(), with step_ms
     of compute (a sleep: the GIL released, as in MXNet's engine) after each; DALI's prefetch fill is skipped."""
     from nvidia.dali import fn, pipeline_def, types
-    from rn50kit.data import loaders
-    from rn50kit.data import records
+
+    from rn50kit.data import loaders, records
     if cold:
         subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as caches:  # PermissionError unless root
@@ -173,9 +175,9 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, normalized, s
     copied into reused NDArrays (as into pinned memory for a GPU), with step_ms of compute (a sleep) after each;
     DALI's prefetch fill is skipped."""
     import mxnet as mx
+
     import dali
-    from rn50kit.data import loaders
-    from rn50kit.data import records
+    from rn50kit.data import loaders, records
     defaults = loaders.DataConfig()
     source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=1,
                                       ahead=defaults.dali_read_ahead)
@@ -215,10 +217,10 @@ def run_one(argv, for_gpu=False):
     ``for_gpu``: time the CPU's part of feeding a GPU, the DALI pipeline's uint8 crops copied into reused host
     arrays (as DaliBatches copies them into pinned memory); their copy to the GPU and normalization there, GPU work,
     are left out (no GPU here)."""
+    import train
     from rn50kit.config import train_config
     from rn50kit.data import loaders
     from rn50kit.training import worker
-    import train
     args = train.parse_args(argv + ["--dali-normalize", "device"] if for_gpu else argv)
     cfg = train_config.from_args(args)
     # --kv-store device --cpu-contexts N: a pipeline per context, as train.py builds them

@@ -48,10 +48,11 @@ ROOT = os.path.dirname(HERE)
 for folder in (ROOT, HERE):  # the repository's MXNet-free modules and the workers', in the PyTorch worker's venv
     if folder not in sys.path:  # too (a Python started with -I leaves out the script's folder)
         sys.path.insert(0, folder)
-from rn50kit.common import steady  # noqa: E402
 from model_workers.breakdown import breakdown_worker, kernel_times, print_breakdown, step_breakdown  # noqa: E402
 from model_workers.serve import worker  # noqa: E402
 from model_workers.timing import CEILING_SIZE  # noqa: E402
+
+from rn50kit.common import steady  # noqa: E402
 
 GFLOP_PER_IMAGE = {"inference": 8.2, "training": 24.5}  # ResNet-50 (v1 and v1.5) at 224 px
 WORKERS = ("mxnet-float32", "mxnet-int8", "mxnet-bfloat16", "torch")

@@ -125,8 +125,9 @@ def first_batch(record_file, backend):
         from rn50kit.data import record_source
         return record_source.ShuffledShardSource(record_file, 0, 1, 8, seed=0, num_classes=CLASSES)()
     import mxnet as mx
-    from rn50kit.config.data_flags import DataConfig
+
     from rn50kit.common import backends
+    from rn50kit.config.data_flags import DataConfig
     from rn50kit.data import protocol
     cfg = DataConfig(data_backend=backend, data_train=record_file.rec_path, data_train_idx=record_file.idx_path,
                      image_shape=(3, 32, 32), data_mxnet_threads=1)

@@ -53,6 +53,7 @@ if __name__ == "__main__":  # before MXNet loads (MXNet alone takes half the log
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxnet import gluon  # noqa: E402
+
 import models  # noqa: E402
 from rn50kit.training import optimizers  # noqa: E402
 from rn50kit.training.ema import EMA, first_copy  # noqa: E402

@@ -37,11 +37,22 @@ if __name__ == "__main__":  # under a Python without the kit's packages (OpenCV,
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
-# RecordIO reading and writing (the format of dmlc-core's RecordIOWriter, which MXNet and DALI read)
-from rn50kit.data.records import (IR_HEADER, LENGTH_MASK, MAGIC, MAGIC_BYTES, RecordFileError as RecordError,  # noqa
-                                  describe_label_order, encode_record, label_runs, read_index, read_index_arrays,
-                                  read_record)
 from rn50kit.data.images import image_format, jpeg_components, judge_image  # noqa: E402,F401  (one judge of images)
+
+# RecordIO reading and writing (the format of dmlc-core's RecordIOWriter, which MXNet and DALI read)
+from rn50kit.data.records import (  # noqa
+    IR_HEADER,
+    LENGTH_MASK,
+    MAGIC,
+    MAGIC_BYTES,
+    describe_label_order,
+    encode_record,
+    label_runs,
+    read_index,
+    read_index_arrays,
+    read_record,
+)
+from rn50kit.data.records import RecordFileError as RecordError
 
 MAX_LISTED = 20  # records listed per kind of problem; the count is always complete
 CHUNK = 64  # records per task of a worker

@@ -68,6 +68,7 @@ def convert_file(states_path, optimizer_name="sgd"):
     """Rewrite the pickle ``states_path`` (Trainer.save_states's output) as an NDArray file, in place; returns the
     plain values (optimizer_state.as_plain). ``optimizer_name``: the optimizer when the pickle holds none."""
     import mxnet as mx
+
     from rn50kit.training import checkpoint, optimizer_state
     try:
         with open(states_path, "rb") as f:

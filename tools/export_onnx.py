@@ -11,6 +11,7 @@ onnxruntime and fails unless the logits agree within --rtol (relative to the lar
 import argparse
 import os
 import sys
+
 if __name__ == "__main__":  # before the imports a Python it refuses could fail on, one line
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from rn50kit.common import supported
@@ -29,8 +30,9 @@ def tag(epoch):
 def export_onnx(prefix, epoch, image_shape, onnx_file=None):
     """Write the ONNX file for a checkpoint (``epoch``: a number or "best"); the symbol must compute in float32
     (float16 files: re-export)."""
-    import mxnet as mx
     import tempfile
+
+    import mxnet as mx
     onnx_file = onnx_file or f"{prefix}-{tag(epoch)}.onnx"
     tmp = onnx_file + ".tmp"
     with tempfile.TemporaryDirectory() as scratch:
@@ -119,8 +121,8 @@ def plain_symbol(prefix, epoch, path):
     with open(f"{prefix}-symbol.json") as f:
         if FUSED_BN_RELU not in f.read():
             return False
-    from rn50kit.config import cli
     import models
+    from rn50kit.config import cli
     unknown = (f"{prefix}-symbol.json holds {FUSED_BN_RELU} (trained with --fuse-bn-relu 1), which MXNet's ONNX "
                "exporter cannot convert, and")
     where = ("the run's latest whole checkpoint (<prefix>-NNNN.params, .states and .state.json)" if tag(epoch) == "best"

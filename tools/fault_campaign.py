@@ -51,6 +51,7 @@ def newest_checkpoint_problem(workspace):
     """The newest complete checkpoint of ``workspace`` loads: its files whole (sizes and SHA-256 as saved) and its
     parameters read by MXNet; a problem line, or None (none saved yet is fine: the rerun starts again)."""
     import mxnet as mx
+
     from rn50kit.training import checkpoint
     if not any(name.endswith(checkpoint.STATE_SUFFIX) for name in os.listdir(workspace)):
         return None

@@ -33,7 +33,6 @@ from rn50kit.common import supported  # noqa: E402  (loads on the Pythons it ref
 if __name__ == "__main__":
     supported.require_supported_python("gpu_check")  # NVIDIA's 3.8 containers: one line, not a traceback
 
-from rn50kit.launch import devices  # noqa: E402  (no MXNet import: runner's variables are set before it)
 from selfcheck import NO_KERNELS, NOT_RUN  # noqa: E402  (the checks import MXNet inside, when they run)
 from selfcheck.collectives import allreduce_worker, check_allreduce_cpu, check_allreduce_gpu  # noqa: E402
 from selfcheck.environment import check_driver, check_horovod_build, check_kernels, check_versions  # noqa: E402
@@ -42,6 +41,8 @@ from selfcheck.numerics import BACKWARD_TOLERANCE, FORWARD_TOLERANCE, check_nume
 from selfcheck.pipelines import PIXEL_TOLERANCE, check_data_cpu, check_data_gpu  # noqa: E402
 from selfcheck.speed import check_layout_speed, check_memory, step_worker  # noqa: E402
 from selfcheck.training import check_training_cpu, check_training_gpu  # noqa: E402
+
+from rn50kit.launch import devices  # noqa: E402  (no MXNet import: runner's variables are set before it)
 
 
 class Check:

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+
 if __name__ == "__main__":  # before the imports a Python it refuses could fail on, one line
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from rn50kit.common import supported

@@ -39,7 +39,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from rn50kit.data.images import IMAGE_SUFFIXES as IMAGE_EXTENSIONS, judge_image_file  # noqa: E402  (--mode pred's too)
+from rn50kit.data.images import IMAGE_SUFFIXES as IMAGE_EXTENSIONS  # noqa: E402  (--mode pred's too)
+from rn50kit.data.images import judge_image_file
 
 LIMITS = (32, 8192, 8.0)  # check_dataset's default size warnings: shorter side, longer side, aspect ratio
 MAX_LISTED = 20

@@ -3,8 +3,7 @@ one small function per titled group, and check (their consistency)."""
 import dataclasses
 import importlib.util
 
-from rn50kit.config import cli, lr_schedules, optimizer_registry
-from rn50kit.config import recipe
+from rn50kit.config import cli, lr_schedules, optimizer_registry, recipe
 from rn50kit.config.recipe import DEFAULT_RECIPE
 
 

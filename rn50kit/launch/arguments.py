@@ -8,9 +8,7 @@ import os
 from pathlib import Path
 
 from rn50kit.common.helptext import HelpFormatter
-from rn50kit.config import cli
-from rn50kit.config import config_files
-from rn50kit.config import recipe
+from rn50kit.config import cli, config_files, recipe
 from rn50kit.config.cli import UsageError
 from rn50kit.launch import launchers
 from rn50kit.launch.launchers import elastic

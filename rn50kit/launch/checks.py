@@ -3,15 +3,10 @@ refused in one line (the numbers, the launcher, an elastic run, the network inte
 workers against the machine or the host list, the data root, a busy workspace)."""
 import os
 
-from rn50kit.common import backends
-from rn50kit.common import rules
-from rn50kit.common import supported
+from rn50kit.common import backends, rules, supported
 from rn50kit.config import cli
 from rn50kit.config.cli import PREPARE_HINT, UsageError
-from rn50kit.launch import arguments
-from rn50kit.launch import horovod_build
-from rn50kit.launch import hosts
-from rn50kit.launch import network
+from rn50kit.launch import arguments, horovod_build, hosts, network
 from rn50kit.launch.launchers import elastic
 from rn50kit.reliability import run_lock
 

@@ -4,9 +4,7 @@ import os
 import sys
 
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import arguments
-from rn50kit.launch import devices
-from rn50kit.launch import hosts
+from rn50kit.launch import arguments, devices, hosts
 from rn50kit.launch.launchers import elastic
 
 # Variables of the original runner, each checked against the sources of upstream MXNet 1.9.1 and Horovod 0.28.1:

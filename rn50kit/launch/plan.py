@@ -11,12 +11,7 @@ from pathlib import Path
 import rn50kit
 from rn50kit.common import backends
 from rn50kit.config import recipe
-from rn50kit.launch import arguments
-from rn50kit.launch import checks
-from rn50kit.launch import environment
-from rn50kit.launch import hosts
-from rn50kit.launch import launchers
-from rn50kit.launch import network
+from rn50kit.launch import arguments, checks, environment, hosts, launchers, network
 
 KIT_DIR = Path(rn50kit.KIT_DIR)  # where train.py is, unless runner says otherwise
 
@@ -75,7 +70,7 @@ def data_flags(args, mode, given=None):
 
 
 def launch_description(args, machine, launcher):
-    """What train.check_before_start needs to know of the run: its workers, those on this machine (sharing its
+    """What start_checks.check_before_start needs to know of the run: its workers, those on this machine (sharing its
     memory), this machine's GPUs and whether to estimate the memory here (every worker runs here, on the CPU)."""
     workers_here = hosts.workers_per_node(args, os.environ, launcher) if args.kv_store == "horovod" else 1
     names = hosts.host_names(args)

@@ -6,14 +6,7 @@ import sys
 
 from rn50kit.config import cli
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import arguments
-from rn50kit.launch import checks
-from rn50kit.launch import environment
-from rn50kit.launch import launchers
-from rn50kit.launch import machine
-from rn50kit.launch import plan
-from rn50kit.launch import supervision
-from rn50kit.launch import train_flags
+from rn50kit.launch import arguments, checks, environment, launchers, machine, plan, supervision, train_flags
 
 
 def fail(message):

@@ -15,8 +15,7 @@ import threading
 import time
 
 import rn50kit
-from rn50kit.reliability import faults
-from rn50kit.reliability import run_lock
+from rn50kit.reliability import faults, run_lock
 
 INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
 

@@ -14,8 +14,8 @@ launcher saw die of a signal, else a rank its peers found silent. Only the stand
 """
 import json
 import os
-import signal
 import shutil
+import signal
 import socket
 import sys
 import tempfile

@@ -13,12 +13,11 @@ Only the standard library: runner imports this without MXNet.
 """
 import atexit
 import errno
+import fcntl
 import json
 import os
 import socket
 import time
-
-import fcntl
 
 LOCK_NAME = "run.lock"
 # runner puts a file name here; rank 0 writes its ending into it (launcher-agnostic: horovodrun, mpirun and srun

@@ -22,8 +22,7 @@ import threading
 import time
 
 import rn50kit
-from rn50kit.reliability import faults
-from rn50kit.reliability import world
+from rn50kit.reliability import faults, world
 
 ELASTIC_RESET = "ElasticTraining._reset_horovod"  # the frame of an elastic run's hvd.shutdown()/hvd.init()
 STALL_EXIT = 124

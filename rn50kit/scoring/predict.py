@@ -113,6 +113,7 @@ def load_image(path, image_shape, resize, mean, std, layout):
     """The validation transform: shorter side to ``resize``, centre crop to ``image_shape`` (C,H,W; C=4 adds a
     zero channel), normalise by ``mean``/``std`` (RGB), in ``layout``; a batch of one."""
     import cv2
+
     from rn50kit.data.images import judge_image_file
     errors, _, info = judge_image_file(path, keep_decoded=True)  # as tools/prepare_folder.py judges it
     if errors:

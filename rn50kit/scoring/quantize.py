@@ -16,11 +16,10 @@ import warnings
 
 import mxnet as mx
 
-from rn50kit.common import backends
-from rn50kit.reporting.report import write_json
-from rn50kit.common import rules
+from rn50kit.common import backends, rules
 from rn50kit.common.rules import cpu_flags
 from rn50kit.graph.symbol_files import export
+from rn50kit.reporting.report import write_json
 
 log = logging.getLogger(__name__)
 

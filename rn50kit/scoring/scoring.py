@@ -11,13 +11,12 @@ import numpy as np
 from mxnet import gluon
 
 from rn50kit.common import backends
-from rn50kit.training import checkpoint
-from rn50kit.training.checkpoint import workspace_path
 from rn50kit.data.loaders import out_dtype
 from rn50kit.graph.inference import optimize_for_inference, to_bfloat16
-from rn50kit.scoring import predict, predict_many
-from rn50kit.scoring import quantize
 from rn50kit.reporting.report import Report
+from rn50kit.scoring import predict, predict_many, quantize
+from rn50kit.training import checkpoint
+from rn50kit.training.checkpoint import workspace_path
 
 log = logging.getLogger("rn50")
 
@@ -238,8 +237,8 @@ def int8_graph(cfg, net, ctxs, dist, calibration_batches):
 def fuses(cfg, ctxs, dist):
     """Whether --mode val scores through oneDNN's fused graph: float32 or bfloat16 on one worker with one CPU
     context (several workers: Horovod's collectives cannot read the weights oneDNN has reordered). A bfloat16 run
-    that fuses builds its network without AMP's operator patching (train.build_network): in an ``amp.init``
-    process AMP wraps the fused convolutions in float32 casts, 17 vs 42 images/s for ResNet-50."""
+    that fuses builds its network without AMP's operator patching (training.network.build_network): in an
+    ``amp.init`` process AMP wraps the fused convolutions in float32 casts, 17 vs 42 images/s for ResNet-50."""
     return cfg.fit.mode == "val" and cfg.fit.dtype in ("float32", "bfloat16") and dist.size == 1 and \
         len(ctxs) == 1 and ctxs[0].device_type == "cpu"
 

@@ -5,8 +5,18 @@ import os
 import re
 
 from rn50kit.weights.errors import PretrainedError
-from rn50kit.weights.key_maps import (GLUON_BN, TORCH_BN, check_unknown, fold_conv_biases, from_gluon_features,
-                                      from_gluon_legacy, from_torch_style, is_head, strip_wrapper_prefix, unsupported)
+from rn50kit.weights.key_maps import (
+    GLUON_BN,
+    TORCH_BN,
+    check_unknown,
+    fold_conv_biases,
+    from_gluon_features,
+    from_gluon_legacy,
+    from_torch_style,
+    is_head,
+    strip_wrapper_prefix,
+    unsupported,
+)
 from rn50kit.weights.safetensors_file import recorded_version
 
 

@@ -4,18 +4,18 @@ folder, and tools/check_dataset.py reports label order and writes a shuffled, cl
 import os
 import subprocess
 import sys
+
 import cv2
 import mxnet as mx
 import numpy as np
 import pytest
-import train
 from mxnet import recordio
-from rn50kit.data import loaders, records
-from support.processes import HANG_S, ROOT, venv_env
-from support.datasets import run_tool
-from support.datasets import write_record_file
-from rn50kit.config import train_config
 
+import train
+from rn50kit.config import train_config
+from rn50kit.data import loaders, records
+from support.datasets import run_tool, write_record_file
+from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

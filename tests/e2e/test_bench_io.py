@@ -6,9 +6,10 @@ import math
 import os
 import subprocess
 import sys
-import pytest
-from support.processes import HANG_S, ROOT, venv_env
 
+import pytest
+
+from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # builds a photo set and starts a process per backend and round
 

@@ -3,10 +3,12 @@ thread per physical core, and --fuse-bn-relu reaches the oneDNN kernels of the t
 import os
 import subprocess
 import sys
-import pytest
+
 import bench_models
+import pytest
 from model_workers import breakdown
-from support.processes import ROOT, alone_env, mxnet_openmp_threads, physical_cores, HANG_S
+
+from support.processes import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores
 
 pytestmark = pytest.mark.slow  # launches processes
 

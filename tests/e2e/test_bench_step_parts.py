@@ -1,8 +1,9 @@
 """tools/bench_step_parts.py on ResNet-18: every part timed both ways, and the check that both ways compute the same
 thing passes, and fails when they do not."""
 import json
-import pytest
+
 import bench_step_parts
+import pytest
 
 pytestmark = pytest.mark.slow  # runs the benchmark tool on a ResNet-18: seconds a test
 

@@ -3,21 +3,21 @@ cycled), and what the sweep's JSON records. Real runner, horovodrun, DALI and MX
 import json
 import os
 import subprocess
+
 import cv2
 import mxnet as mx
 import numpy as np
 import pytest
-from rn50kit.benchmarking.runs import run_settings
+
 import models
 import train
-from support.processes import HANG_S, ROOT, venv_env
-from support.processes import run_benchmark
-from support.datasets import write_record_file
+from rn50kit.benchmarking.runs import run_settings
 from rn50kit.config import train_config
 from rn50kit.data import loaders
-from rn50kit.training import distributed
 from rn50kit.scoring import scoring
-
+from rn50kit.training import distributed
+from support.datasets import write_record_file
+from support.processes import HANG_S, ROOT, run_benchmark, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

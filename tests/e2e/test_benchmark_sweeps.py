@@ -5,14 +5,15 @@ import os
 import signal
 import subprocess
 import sys
+
 import pytest
+
 import benchmark
 from rn50kit.benchmarking.results import combine_runs, metric_keys, speedup, summarize
 from rn50kit.benchmarking.tables import tables, with_spread
-from support.processes import HANG_S, ROOT, venv_env, wait_until, run_command
-from support.processes import run_benchmark
-from support.runs import TINY_RUN as TINY, steps_logged
-
+from support.processes import HANG_S, ROOT, run_benchmark, run_command, venv_env, wait_until
+from support.runs import TINY_RUN as TINY
+from support.runs import steps_logged
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -231,6 +232,7 @@ def test_ctrl_c_in_benchmark_is_one_line_and_leaves_no_partial_run(tmp_path):
     import signal
     import subprocess
     import sys
+
     from support.processes import HANG_S, ROOT, venv_env, wait_until
     from support.runs import TINY_RUN
     out = tmp_path / "sweep.json"

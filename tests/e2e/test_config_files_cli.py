@@ -13,14 +13,12 @@ import sys
 import pytest
 
 import train
-from support.processes import ROOT, run
-from support.datasets import photo_folder
-from rn50kit.config import train_config
+from rn50kit.config import config_files, resolved_config, train_config
 from rn50kit.launch import train_flags
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
-from rn50kit.config import config_files
-from rn50kit.config import resolved_config
+from support.datasets import photo_folder
+from support.processes import ROOT, run
 
 tomllib = config_files.tomllib  # the standard library's from Python 3.11 on, tomli on 3.10
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support.processes import HANG_S, LONG_HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end

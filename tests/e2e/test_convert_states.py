@@ -19,6 +19,7 @@ def make_old(state_path, trainer):
     """Turn a checkpoint into one written before the optimizer state left pickle: MXNet's save_states output, no
     plain values, the recorded size, SHA-256 and checksum as that version wrote them."""
     import json
+
     from rn50kit.training import checkpoint
     state = json.loads(open(state_path).read())
     states = os.path.join(os.path.dirname(state_path), state["files"]["states"])

@@ -1,22 +1,24 @@
 """The data pipelines on record files in process, the heavier cases: every automatic-augmentation policy, a
 DALI pipeline collected on its own thread, --test-io, label-ordered files, progressive training sizes."""
+import gc
+import subprocess
+import sys
+import types
 import warnings
+import weakref
+
+import cv2
 import mxnet as mx
 import numpy as np
 import pytest
+
 import train
-import subprocess
-import sys
-import cv2
-import gc
-import types
-import weakref
+from rn50kit.config import settings, train_config
 from rn50kit.data import backend_dali, loaders, records
+from rn50kit.training import epoch_data
 from support.datasets import write_record_file
 from support.processes import HANG_S, ROOT, venv_env
-from support.runs import parse_train, parse_ordered
-from rn50kit.config import train_config, settings
-from rn50kit.training import epoch_data
+from support.runs import parse_ordered, parse_train
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

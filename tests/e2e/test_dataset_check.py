@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 from mxnet import recordio
-from support.datasets import photo, run_tool, EXPECTED_ERRORS
+
+from support.datasets import EXPECTED_ERRORS, photo, run_tool
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

@@ -4,12 +4,14 @@ import json
 import os
 import subprocess
 import sys
+
+import check_dataset
 import cv2
 import numpy as np
-import pytest
-import check_dataset
 import prepare_folder
+import pytest
 from mxnet import recordio
+
 from rn50kit.scoring import predict
 from support.processes import ROOT, venv_env
 

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from support.processes import LONG_HANG_S, ROOT, run, venv_env
 from support.docs import doc_blocks, doc_files
+from support.processes import LONG_HANG_S, ROOT, run, venv_env
 
 pytestmark = pytest.mark.slow  # trains the demo and runs every command of the guide
 

@@ -16,9 +16,9 @@ import time
 import psutil
 import pytest
 
+from support.cluster import need_ssh_hosts
 from support.processes import HANG_S, ROOT, run_members, venv_env, wait_until
 from support.runs import digits_runner
-from support.cluster import need_ssh_hosts
 
 pytestmark = pytest.mark.slow
 

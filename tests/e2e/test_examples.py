@@ -2,9 +2,10 @@
 import glob
 import os
 import subprocess
-import pytest
-from support.processes import HANG_S, ROOT, venv_env
 
+import pytest
+
+from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

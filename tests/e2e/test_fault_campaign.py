@@ -10,10 +10,10 @@ import os
 import sys
 
 import pytest
-from support.processes import HANG_S, ROOT, venv_env
-from support.cluster import need_mpi, need_slurm, need_ssh_hosts
 
 from rn50kit.reliability import campaign_plan, campaign_report
+from support.cluster import need_mpi, need_slurm, need_ssh_hosts
+from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

@@ -11,11 +11,13 @@ import statistics
 import subprocess
 import sys
 import time
+
 import psutil
 import pytest
-from support.processes import HANG_S, ROOT, run_members, venv_env, wait_until, run
-from support.processes import run_processes, start
-from support.runs import digits_runner, steps_logged as steps_done
+
+from support.processes import HANG_S, ROOT, run, run_members, run_processes, start, venv_env, wait_until
+from support.runs import digits_runner
+from support.runs import steps_logged as steps_done
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -369,8 +371,8 @@ def test_a_lost_host_under_ssh_ends_the_run(how, launcher, digits_data, tmp_path
     assert line.startswith(f"runner: error: rank 1 (host hostB, pid {victim.pid}) "), line
     assert "rerun the same command to resume" in line
     wait_until(lambda: not run_members(workspace), "no process of the run left on either host")
-    from rn50kit.training import checkpoint
     from rn50kit.reliability import run_lock
+    from rn50kit.training import checkpoint
     assert run_lock.holder(str(workspace)) is None
     latest = checkpoint.find_latest(str(workspace / "model"))
     print(f"{how} under {launcher}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")

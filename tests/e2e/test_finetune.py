@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import sys
+
 import cv2
 import numpy as np
 import pytest
-from support.processes import ROOT, venv_env, HANG_S, LONG_HANG_S
-from support.datasets import write_record_file
 
+from support.datasets import write_record_file
+from support.processes import HANG_S, LONG_HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # trains three small networks end to end
 

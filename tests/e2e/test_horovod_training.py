@@ -4,16 +4,17 @@ import json
 import os
 import subprocess
 import sys
+
 import cv2
 import numpy as np
 import pytest
-from rn50kit.data import records
-from support.processes import WORKERS, ROOT, venv_env, HANG_S, LONG_HANG_S
-from support.datasets import write_record_file
-from support.runs import digits_run
-from support.cluster import need_mpi, mpirun_root_env
-from support.checkpoints import save_tiny
 
+from rn50kit.data import records
+from support.checkpoints import save_tiny
+from support.cluster import mpirun_root_env, need_mpi
+from support.datasets import write_record_file
+from support.processes import HANG_S, LONG_HANG_S, ROOT, WORKERS, venv_env
+from support.runs import digits_run
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

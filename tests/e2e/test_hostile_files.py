@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 import pytest
-from support.processes import WORKERS, HANG_S, ROOT, run, venv_env
+
+from support.processes import HANG_S, ROOT, WORKERS, run, venv_env
 from support.runs import TINY_RUN
 
 pytestmark = pytest.mark.slow  # a tiny training run, then a process per kind

@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import pytest
-from support.processes import HANG_S, ROOT, venv_env, LONG_HANG_S
-from support.runs import digits_run
-from rn50kit.scoring import quantize
 
+import pytest
+
+from rn50kit.scoring import quantize
+from support.processes import HANG_S, LONG_HANG_S, ROOT, venv_env
+from support.runs import digits_run
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

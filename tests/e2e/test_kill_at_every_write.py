@@ -11,10 +11,10 @@ import re
 import sys
 
 import pytest
-from support.processes import ROOT, run, venv_env
-from support.runs import TINY_RUN
 
 from rn50kit.training import checkpoint
+from support.processes import ROOT, run, venv_env
+from support.runs import TINY_RUN
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

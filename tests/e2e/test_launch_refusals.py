@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches runner, trains end to end

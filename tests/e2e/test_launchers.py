@@ -10,13 +10,22 @@ import os
 import shutil
 import subprocess
 import sys
+
 import numpy as np
 import pytest
-from support.processes import WORKERS, HANG_S, ROOT, venv_env
-from support.cluster import (TEST_HOSTS, require, loopback_address, need_ssh_hosts, need_mpi, need_slurm,
-    mpirun_root_env, horovod_has_mpi)
-from rn50kit.reliability import world
 
+from rn50kit.reliability import world
+from support.cluster import (
+    TEST_HOSTS,
+    horovod_has_mpi,
+    loopback_address,
+    mpirun_root_env,
+    need_mpi,
+    need_slurm,
+    need_ssh_hosts,
+    require,
+)
+from support.processes import HANG_S, ROOT, WORKERS, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

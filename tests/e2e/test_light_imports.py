@@ -2,7 +2,9 @@
 DALI is imported only for a DALI backend."""
 import subprocess
 import sys
+
 import pytest
+
 from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data

@@ -2,10 +2,10 @@
 the run, the compliance checker on a tiny run's mllog, accumulation over two Horovod workers."""
 import numpy as np
 import pytest
+
 import fit
 from rn50kit.training import distributed
-from support.loop import CPU, RUN
-from support.loop import TINY_CLASSES, AccumBatches, tiny_accum_net, fit_config, MICRO
+from support.loop import CPU, MICRO, RUN, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -88,7 +88,8 @@ def test_accumulation_with_two_horovod_workers_equals_one_large_batch(tmp_path, 
     import os
     import subprocess
     import sys
-    from support.processes import WORKERS, HANG_S, venv_env
+
+    from support.processes import HANG_S, WORKERS, venv_env
     command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
                os.path.join(WORKERS, "hvd_accum_worker.py"), str(tmp_path), optimizer]
     result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S)

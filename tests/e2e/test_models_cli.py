@@ -6,12 +6,14 @@ import os
 import statistics
 import subprocess
 import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
+
 import models
+from support.networks import built, parse_model_args, small_net
 from support.processes import ROOT, venv_env
-from support.networks import parse_model_args, built, small_net
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -53,9 +55,11 @@ def test_export_onnx_exports_model_best(tmp_path):
     pytest.importorskip("onnxruntime")
     import shutil
     import sys
+
     from support.processes import ROOT
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import export_onnx
+
     import models
     net = built(18, 32)
     net(mx.nd.zeros((1, 3, 32, 32)))

@@ -1,17 +1,19 @@
 """The named recipes from published procedures (rsb-a3, ffcv-24) start, train a few steps and resume on the demo
 data; CutMix's targets and stochastic depth's scoring graph."""
 import json
-import mxnet as mx
-import numpy as np
-import pytest
-import fit
-import models
 import os
 import subprocess
 import sys
-from support.processes import ROOT, venv_env, HANG_S
-from support.runs import digits_run
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import fit
+import models
 from support.loop import constant_batch
+from support.processes import HANG_S, ROOT, venv_env
+from support.runs import digits_run
 
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)

@@ -4,10 +4,12 @@ import json
 import os
 import subprocess
 import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
-from support.processes import ROOT, venv_env, HANG_S
+
+from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

@@ -4,9 +4,11 @@ import json
 import os
 import subprocess
 import sys
+
 import cv2
 import numpy as np
 import pytest
+
 from rn50kit.reporting import report as reports
 from support.processes import ROOT, venv_env
 

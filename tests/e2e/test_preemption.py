@@ -6,13 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+
 import psutil
 import pytest
-from support.processes import HANG_S, ROOT, catches_signal, pid_gone, wait_until, run
-from support.processes import run_processes, start
-from support.runs import digits_runner, metrics, steps_logged as steps_done
-from support.runs import steps_logged
 
+from support.processes import HANG_S, ROOT, catches_signal, pid_gone, run, run_processes, start, wait_until
+from support.runs import digits_runner, metrics, steps_logged
+from support.runs import steps_logged as steps_done
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -210,6 +210,7 @@ def test_lock_names_its_live_holder_and_is_taken_over_once_the_holder_is_killed(
 
 def test_partial_sums_go_back_to_their_ranks_or_to_rank_0_with_another_worker_count():
     from types import SimpleNamespace
+
     from rn50kit.training.state import PARTIAL_KEYS, resumed_partial, sum_partial
 
     def rank(r, size):
@@ -254,6 +255,7 @@ def test_a_stop_signal_during_start_up_saves_at_the_first_step(digits_data, tmp_
 def start_train(tmp_path, *flags):
     import subprocess
     import sys
+
     from support.processes import ROOT, venv_env
     from support.runs import TINY_RUN
     out, err = open(tmp_path / "run.out", "w"), open(tmp_path / "run.err", "w")
@@ -266,6 +268,7 @@ def start_train(tmp_path, *flags):
 def test_ctrl_c_on_train_py_saves_a_step_checkpoint_and_exits_130(tmp_path):
     """Found by the second newcomer walk (issue 26)."""
     import signal
+
     from rn50kit.reliability import run_lock
     from support.processes import HANG_S, wait_until
     process = start_train(tmp_path, "--num-epochs", "2", "--num-examples", "100000")
@@ -288,6 +291,7 @@ def test_ctrl_c_on_train_py_saves_a_step_checkpoint_and_exits_130(tmp_path):
 def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
     """Found by the second newcomer walk (issue 26)."""
     import signal
+
     from support.processes import HANG_S, catches_signal, wait_until
     process = start_train(tmp_path, "--num-epochs", "1")
     try:
@@ -320,6 +324,7 @@ def test_a_lock_whose_holder_crashed_or_was_killed_does_not_read_running(tmp_pat
     """Found by the second newcomer walk (issue 26)."""
     import subprocess
     import sys
+
     from rn50kit.reliability import run_lock
     from support.processes import HANG_S, ROOT, pid_gone, wait_until
     failed, killed = tmp_path / "failed", tmp_path / "killed"
@@ -349,6 +354,7 @@ def test_runner_exits_130_on_ctrl_c_after_the_workers_saved(tmp_path):
     import signal
     import subprocess
     import sys
+
     from support.processes import HANG_S, ROOT, venv_env, wait_until
     from support.runs import TINY_RUN
     workspace = tmp_path / "ws"

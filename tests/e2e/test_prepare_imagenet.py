@@ -3,15 +3,16 @@ import os
 import shutil
 import subprocess
 import sys
+
 import cv2
 import mxnet as mx
 import numpy as np
 import pytest
+
 import train
+from rn50kit.config import train_config
 from rn50kit.data import loaders
 from support.processes import ROOT, venv_env
-from rn50kit.config import train_config
-
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

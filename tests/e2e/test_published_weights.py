@@ -1,13 +1,15 @@
 """Published weights of full-size networks in process (the heavier cases): torchvision's ResNet-50, kit
 checkpoints, NHWC targets, grouped convolutions, a new head."""
 import os
+
 import mxnet as mx
 import numpy as np
 import pytest
+
 import models
-from support import resnet_reference as ref
 from rn50kit.weights import pretrained
-from support.weights import X, assert_logits, kit_net, load, logits, save_safetensors, refusal
+from support import resnet_reference as ref
+from support.weights import X, assert_logits, kit_net, load, logits, refusal, save_safetensors
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 

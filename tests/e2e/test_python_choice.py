@@ -5,11 +5,12 @@ import json
 import os
 import subprocess
 import sys
+
 import pytest
+
+from support.datasets import labelled_records
 from support.processes import HANG_S, ROOT, venv_env
 from support.runs import TINY_RUN as TINY
-from support.datasets import labelled_records
-
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -106,6 +107,7 @@ def test_the_tools_hand_over_to_the_kits_python_as_runner_does(tmp_path, tool):
     import shutil
     import subprocess
     import sys
+
     from support.processes import HANG_S, ROOT
     bare = shutil.which("python3") or pytest.skip("no system python3")
     if tool == "check_dataset.py":

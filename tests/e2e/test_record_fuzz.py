@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from support.processes import WORKERS, HANG_S, ROOT, venv_env
+
 from support.datasets import photo, write_record_file
+from support.processes import HANG_S, ROOT, WORKERS, venv_env
 from support.workers import record_fuzz
 
 pytestmark = pytest.mark.slow  # a few hundred cases, two processes

@@ -5,18 +5,19 @@ import json
 import os
 import subprocess
 import sys
+
 import mxnet as mx
-from mxnet import autograd
-from mxnet.gluon import nn
 import numpy as np
 import pytest
+from mxnet import autograd
+from mxnet.gluon import nn
+
 import models
-from support.processes import HANG_S, ROOT, venv_env, run
-from support.networks import NO_BFLOAT16, small_net
 from rn50kit.common import steady
 from rn50kit.config import settings
 from rn50kit.training import precision as loss_precision
-
+from support.networks import NO_BFLOAT16, small_net
+from support.processes import HANG_S, ROOT, run, venv_env
 
 TINY_TRAIN = ["--kv-store", "local", "--data-backend", "synthetic", "--num-layers", "18", "--num-classes", "10",
               "--image-shape", "3,32,32", "--batch-size", "8", "--num-examples", "16", "--num-epochs", "1",
@@ -306,8 +307,9 @@ def test_bfloat16_inference_close_to_float32(network):
     plain AMP graph of the same network. Without the float32 BatchNorm fold, MXNet's own fold truncated the
     bfloat16 weights in every layer, 5x further from float32 (6 % of the largest logit against 1.2 %). Both the
     float32 network and the bfloat16 one scoring builds (its stem: EvenChannelStem)."""
-    from rn50kit.config import settings
     from mxnet.contrib import amp
+
+    from rn50kit.config import settings
     net = small_net("resnet50_v1.5", dtype=network)
     net.hybridize(static_alloc=True, static_shape=True)
     x = mx.nd.array(np.random.RandomState(6).uniform(size=(2, 3, 32, 32)))

@@ -5,12 +5,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+
 import numpy as np
 import pytest
-from support.processes import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, venv_env, run_command
-from support.runs import value_after
-from support.datasets import write_record_file
 
+from support.datasets import write_record_file
+from support.processes import HANG_S, ROOT, alone_env, mxnet_openmp_threads, physical_cores, run_command, venv_env
+from support.runs import value_after
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

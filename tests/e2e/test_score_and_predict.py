@@ -1,19 +1,20 @@
 """Scoring and prediction end to end: per-class results of two workers equal one worker's, the names saved with a
 checkpoint printed by --mode pred, the ImageNet class list, evaluation queueing every device's forward."""
+import csv
+import json
 import os
+import subprocess
+import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
 
-import subprocess
-import sys
-import json
-import csv
 from rn50kit.common import imagenet_classes
-from rn50kit.scoring import scoring, predict
+from rn50kit.scoring import predict, scoring
 from rn50kit.training.distributed import Distributed
-from support.processes import ROOT, venv_env, LONG_HANG_S
 from support.datasets import photo_folder
+from support.processes import LONG_HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes, trains end to end or builds heavy data
 
@@ -249,6 +250,7 @@ def test_pred_over_a_folder_refuses_a_gif_and_a_truncated_jpeg_as_the_packer_doe
     """Issue 58: a GIF in the folder was passed over without a word and a truncated JPEG was predicted; now each
     gets a row whose error is the reason tools/prepare_folder.py gives for leaving it out."""
     import io
+
     import prepare_folder
     from PIL import Image
     out, _ = named_run

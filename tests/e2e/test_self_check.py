@@ -3,8 +3,10 @@ import json
 import os
 import subprocess
 import sys
+
 import numpy as np
 import pytest
+
 from support.processes import HANG_S, ROOT, venv_env
 from support.runs import CPU_CHECKS, GPU_CHECKS
 
@@ -40,9 +42,11 @@ def test_fused_batchnorm_comparison_runs_on_the_cpu_and_sees_a_wrong_op(tmp_path
     ops' stand-ins: same weights, logits and every gradient within tolerance, both timed; a fused op that is off
     fails it. Upstream MXNet on a GPU: not applicable, nothing built."""
     import types
+
     import mxnet as mx
-    from support import fused_standins
     from selfcheck import fused_batchnorm
+
+    from support import fused_standins
     machine = types.SimpleNamespace(gpu=False, num_gpus=0, workdir=str(tmp_path))
     monkeypatch.setattr(fused_batchnorm, "compare_fused", lambda *a, **k: pytest.fail("compared without the ops"))
     verdict, detail, _ = fused_batchnorm.check_fused_batchnorm(machine, None)

@@ -8,6 +8,7 @@ import shutil
 
 import bench_startup
 import pytest
+
 from support.processes import HANG_S, run, venv_env
 
 pytestmark = pytest.mark.slow  # launches train.py

@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import pytest
-from support.processes import HANG_S, ROOT, venv_env, wait_until, run
-from support.runs import metrics
-from support.runs import digits_run
 
+import pytest
+
+from support.processes import HANG_S, ROOT, run, venv_env, wait_until
+from support.runs import digits_run, metrics
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 

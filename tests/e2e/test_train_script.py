@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # starts Pythons that load MXNet

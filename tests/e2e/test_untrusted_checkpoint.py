@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import pytest
+
+from rn50kit.training import checkpoint
 from support.processes import HANG_S, ROOT, run, venv_env
 from support.runs import digits_run
-from rn50kit.training import checkpoint
 
 pytestmark = pytest.mark.slow  # trains and scores end to end
 

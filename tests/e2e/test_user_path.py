@@ -1,25 +1,27 @@
 """A newcomer's path through the README: starting afresh, keeping a few checkpoints, scoring and predicting with
 what the checkpoint knows, the same defaults with and without runner, the recipe's LR through runner, a live
 progress bar when rank 0's output is a terminal, and warnings about a batch larger than the data."""
-import os
-import numpy as np
-import pytest
 import glob
 import json
+import os
 import pty
 import re
 import sys
-from support.processes import ROOT, venv_env, run
-from support.runs import value_after
-from support.datasets import labelled_records
-from support.runs import record_config
+
+import numpy as np
+import pytest
+
 from rn50kit.training import announce
+from support.datasets import labelled_records
+from support.processes import ROOT, run, venv_env
+from support.runs import record_config, value_after
 
 
 @pytest.mark.slow  # a heavier in-process test (the fast lane stays under a minute)
 def test_a_batch_larger_than_the_data_and_class_names_of_the_wrong_length_are_warned_about(tmp_path, caplog):
     """Found by the second newcomer walk (issue 26)."""
     import mxnet as mx
+
     from rn50kit.scoring import predict
     files = labelled_records(tmp_path, [i % 10 for i in range(20)])
     with caplog.at_level("WARNING"):
@@ -237,6 +239,7 @@ def test_runner_on_a_terminal_shows_rank_0s_live_bar_without_prefixes(tmp_path):
 
 def save_checkpoints(prefix, tags):
     import mxnet as mx
+
     from rn50kit.training import checkpoint
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(3, in_units=2))
@@ -265,6 +268,7 @@ def test_prune_removes_superseded_step_checkpoints_and_old_epochs(tmp_path):
 
 def test_num_classes_checked_against_the_lst(tmp_path):
     import argparse
+
     from rn50kit.config import settings
     rec = tmp_path / "train.rec"
     (tmp_path / "train.lst").write_text("".join(f"{i}\t{i % 3}\tc{i % 3}/{i}.jpg\n" for i in range(9)))
@@ -279,8 +283,8 @@ def test_num_classes_checked_against_the_lst(tmp_path):
 
 
 def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
-    from rn50kit.training import checkpoint
     from rn50kit.config import settings
+    from rn50kit.training import checkpoint
     prefix = tmp_path / "model"
     save_checkpoints(prefix, [(1, 0), (2, 0), (3, 0), (3, 4)])
     older = checkpoint.read_state(str(tmp_path / "model-0002.state.json"))

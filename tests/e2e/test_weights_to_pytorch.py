@@ -2,13 +2,20 @@
 ones are in unit/test_export_weights.py): the export gives the kit's logits through the independent numpy ResNet
 on torchvision's names, and importing it back gives the checkpoint's arrays bit for bit, a network with the other
 stride placement refusing it; a bare .params file needs --version."""
+import export_weights
 import pytest
 from safetensors.numpy import load_file
 
-import export_weights
-from support.weights import (X, assert_logits, export_and_check_logits, export_and_check_round_trip,
-    exported_checkpoint, logits, trained_like)
 from support import resnet_reference as ref
+from support.weights import (
+    X,
+    assert_logits,
+    export_and_check_logits,
+    export_and_check_round_trip,
+    exported_checkpoint,
+    logits,
+    trained_like,
+)
 
 pytestmark = pytest.mark.slow  # full-size networks in process
 

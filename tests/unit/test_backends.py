@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from rn50kit.common import backends
-from rn50kit.config import cli
-from rn50kit.config import settings
+from rn50kit.config import cli, settings
 from rn50kit.data import loaders
 from rn50kit.launch import arguments, checks, plan
 

@@ -1,11 +1,12 @@
 """tools/bench_models.py in process: bfloat16 operands, the ceiling's notes and the oneDNN kernel breakdown of the
 marked steps (its workers as processes: e2e/test_bench_models_workers.py)."""
-import pytest
 import bench_models
-from model_workers import mxnet_steps
-from model_workers.breakdown import BREAKDOWN_MARKS, kernel_times, step_breakdown
 import mxnet as mx
 import numpy as np
+import pytest
+from model_workers import mxnet_steps
+from model_workers.breakdown import BREAKDOWN_MARKS, kernel_times, step_breakdown
+
 from support.networks import NO_BFLOAT16
 
 

@@ -6,11 +6,9 @@ import benchmark
 from rn50kit.benchmarking import runs
 from rn50kit.benchmarking.results import baseline_problems, combine_runs, metric_keys, summarize
 from rn50kit.benchmarking.runs import run_settings
-from rn50kit.benchmarking.sweep import command_builder, next_untimed, Sweep
+from rn50kit.benchmarking.sweep import Sweep, command_builder, next_untimed
 from rn50kit.benchmarking.tables import model_title, tables, warmup_lines
-
 from rn50kit.launch.plan import plan_launch
-
 from support.networks import NO_BFLOAT16
 from support.runs import EIGHT_GPU_MACHINE
 

@@ -2,8 +2,8 @@
 import check_dataset
 import pytest
 from mxnet import recordio
-from support.datasets import run_tool, EXPECTED_ERRORS
 
+from support.datasets import EXPECTED_ERRORS, run_tool
 
 EXPECTED_WARNINGS = {5: "not a JPEG", 8: "grayscale JPEG", 9: "unusual size"}
 
@@ -72,6 +72,7 @@ def test_missing_file_is_a_one_line_error(tmp_path):
 def test_a_repeated_entry_and_a_record_running_into_the_next_are_errors(tmp_path):
     """Found by tests/e2e/test_record_fuzz.py: both passed before (DALI fails on the second in C++)."""
     import struct
+
     from support.datasets import jpeg, photo, write_payloads
     rec, idx = write_payloads(str(tmp_path / "f"), [(i % 3, jpeg(photo(i))) for i in range(6)])
     lines = open(idx).read().splitlines()
@@ -99,6 +100,7 @@ def dali_refused_jpeg():
 def test_an_image_only_dalis_decoder_refuses_is_a_bad_record_and_fix_drops_it(tmp_path, capsys):
     import cv2
     import numpy as np
+
     import dali
     from support.datasets import jpeg, photo, write_payloads
     bad = dali_refused_jpeg()

@@ -3,14 +3,15 @@ state (refused) and those that do not, and what a bad resume says."""
 import os
 import resource
 import struct
-import pytest
+
 import mxnet as mx
 import numpy as np
+import pytest
 
-from rn50kit.training import state
 import fit
-from support.checkpoints import fake_checkpoint, save_tiny
+from rn50kit.training import state
 from rn50kit.training.distributed import Distributed
+from support.checkpoints import fake_checkpoint, save_tiny
 
 
 def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):

@@ -7,16 +7,14 @@ import re
 import pytest
 
 import train
-from support.processes import ROOT
-from rn50kit.config import config_files
+from rn50kit.config import config_files, resolved_config, train_config
 from rn50kit.config import recipe as recipes
-from rn50kit.config import train_config
 from rn50kit.config.cli import UsageError
 from rn50kit.launch import arguments, train_flags
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
-from rn50kit.config import resolved_config
 from rn50kit.training import run_record, state
+from support.processes import ROOT
 
 tomllib = config_files.tomllib  # the standard library's from Python 3.11 on, tomli on 3.10
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from support.processes import HANG_S, ROOT, venv_env
 from rn50kit.config import cli, recipe, train_flags
 from rn50kit.config.fit_flags import FitConfig
+from support.processes import HANG_S, ROOT, venv_env
 
 # One flag of every group at least, the way runner passes them (train.py's own names)
 FULL_COMMAND = ["--mode", "train_val", "--recipe", "rsb-a3", "--seed", "3", "--kv-store", "horovod", "--batch-size",

@@ -1,22 +1,22 @@
 """dali: the pipelines against independent references (OpenCV + numpy for validation, geometry for augmentation),
 the DALI-to-MXNet iterator, and the memory kinds of the copies out of DALI."""
 import collections
-import mxnet as mx
-import pytest
-import dali
 import os
 import threading
+
 import cv2
+import mxnet as mx
 import numpy as np
+import pytest
 import sklearn.datasets
 
+import dali
 import train
-
-from rn50kit.data import backend_dali, loaders, record_source, records
-from support.processes import wait_until
-from support.datasets import write_record_file
-from rn50kit.common import rules, backends
+from rn50kit.common import backends, rules
 from rn50kit.config import train_config
+from rn50kit.data import backend_dali, loaders, record_source, records
+from support.datasets import write_record_file
+from support.processes import wait_until
 
 
 def val_labels(rec, idx, shard_id, num_shards, batch_size):

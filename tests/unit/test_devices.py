@@ -2,13 +2,11 @@
 import mxnet as mx
 import pytest
 
-from rn50kit.config import fit_flags
 import train
+from rn50kit.config import fit_flags
 from rn50kit.config.cli import UsageError
 from rn50kit.training import worker
-
 from support.runs import planned_train_argv
-
 
 # --- 4: one rule for --gpus: it selects the GPUs with every --kv-store, consistently with runner's variable ---
 

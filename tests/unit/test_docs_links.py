@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from support.processes import ROOT
 from support.docs import SHELL_FENCES, doc_blocks, doc_files
+from support.processes import ROOT
 
 MARKERS = re.compile(r"(run: (demo|dry-run)|skip: \S.*)$")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

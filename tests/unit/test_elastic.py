@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from rn50kit.data import records
 from rn50kit.config.cli import UsageError
+from rn50kit.data import records
 from rn50kit.launch import discovery
+from rn50kit.launch.discovery import hostfile_lines
 from rn50kit.launch.launchers import elastic
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
-from rn50kit.launch.discovery import hostfile_lines
 from rn50kit.reporting.outputs import describe_world_change
 from rn50kit.training.elastic import ElasticEpoch, WorldPlan, describe_plan, plan_world
 

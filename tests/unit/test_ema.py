@@ -3,6 +3,7 @@ against numpy's exponential average; swapped in and out, saved and loaded."""
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
+
 from rn50kit.launch import memory
 from rn50kit.training.ema import EMA, MULTI_SGD_MAX_ARRAYS
 

@@ -5,7 +5,6 @@ import tempfile
 
 import pytest
 
-
 # --- runner's reading of the workers' records (no processes) -------------------------------------------------
 
 def test_runner_names_the_first_real_fault_not_the_teardown(tmp_path):

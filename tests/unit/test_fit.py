@@ -3,21 +3,28 @@ weight-decay groups, gradient accumulation, mixup and CutMix, BCE, model_best.""
 import mxnet as mx
 import numpy as np
 import pytest
-from rn50kit.training import optimizers
-from rn50kit.config import fit_flags
-import fit
-from support import loop as loop_harness
-import train
-import models
-from rn50kit.training import checkpoint
-from rn50kit.training import precision
-from rn50kit.config import train_config
-from support.loop import CPU, RUN
-from rn50kit.scoring import scoring
-from mxnet import gluon, autograd
-from support.loop import (TINY_CLASSES, AccumBatches, ListedBatches, tiny_accum_net, fit_config, learned_accum,
-    constant_batch, MICRO, ACCUM)
+from mxnet import autograd, gluon
 
+import fit
+import models
+import train
+from rn50kit.config import fit_flags, train_config
+from rn50kit.scoring import scoring
+from rn50kit.training import checkpoint, optimizers, precision
+from support import loop as loop_harness
+from support.loop import (
+    ACCUM,
+    CPU,
+    MICRO,
+    RUN,
+    TINY_CLASSES,
+    AccumBatches,
+    ListedBatches,
+    constant_batch,
+    fit_config,
+    learned_accum,
+    tiny_accum_net,
+)
 
 CLASSES, BATCH, STEPS, STOP_AFTER = 4, 8, 6, 3
 

@@ -4,12 +4,14 @@ import json
 import os
 import subprocess
 import types
+
+import gpu_check
 import numpy as np
 import pytest
-import gpu_check
 from selfcheck import collectives, environment, pipelines, speed
-from support.runs import CPU_CHECKS, GPU_CHECKS, EIGHT_GPU_MACHINE, planned_train_argv
+
 from rn50kit.launch import devices
+from support.runs import CPU_CHECKS, EIGHT_GPU_MACHINE, GPU_CHECKS, planned_train_argv
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +67,7 @@ def test_the_data_gpu_checks_batches_on_the_cpu(tmp_path, monkeypatch):
     builds it, for the CPU here: uint8 crops handed over and normalized once, float16 NHWC 4-channel, within
     float16 rounding of the pipeline-normalized one, and a batch that is off fails the comparison."""
     import mxnet as mx
+
     import dali
     handed_over = []
     real_call = dali.DeviceNormalize.__call__
@@ -273,7 +276,9 @@ def test_an_h100_with_a_pypi_wheel_is_named_in_one_line_before_any_kernel(tmp_pa
 def test_runner_refuses_an_h100_with_a_pypi_wheel_before_any_worker_by_the_self_checks_test(monkeypatch, capsys):
     """runner on compute capability 9.0 with mxnet-cu112: one line (gpu_check's), exit 2, nothing launched."""
     import mxnet as mx
-    from rn50kit.launch import machine as this_machine, plan, runner
+
+    from rn50kit.launch import machine as this_machine
+    from rn50kit.launch import plan, runner
     monkeypatch.setattr(this_machine, "nvidia_gpu_count", lambda: 8)
     monkeypatch.setattr(mx.context, "num_gpus", lambda: 8)
     monkeypatch.setattr(environment.ctypes, "CDLL", lambda name: FakeCuda(90))

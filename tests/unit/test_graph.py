@@ -7,10 +7,10 @@ import mxnet as mx
 import numpy as np
 
 import models
-from support.networks import small_net
 from rn50kit.graph.batchnorm_fold import round_to_bfloat16
 from rn50kit.graph.inference import optimize_for_inference
 from rn50kit.graph.symbol_files import export, load_checkpoint, without_amp_casts
+from support.networks import small_net
 
 
 def test_export_import_round_trip_and_float16_interchange(tmp_path):

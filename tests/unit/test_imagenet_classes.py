@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from support.processes import HANG_S, ROOT, venv_env
 from rn50kit.common import imagenet_classes
+from support.processes import HANG_S, ROOT, venv_env
 
 
 def test_thousand_classes_in_sorted_synset_order():

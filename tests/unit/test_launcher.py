@@ -2,23 +2,22 @@
 all GPUs), several nodes, a CPU machine. The planned train.py arguments go through train.py's own parser and
 model builder, so GPU command lines are checked on a CPU without launching anything."""
 import os
+
 import mxnet as mx
 import numpy as np
 import pytest
+
 import models
 import train
-
+from rn50kit.common import rules
+from rn50kit.config import settings, train_config
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import environment
+from rn50kit.launch import devices, environment
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
-
+from support.checkpoints import fake_checkpoint
 from support.processes import ROOT
 from support.runs import planned_train_argv
-from rn50kit.launch import devices
-from rn50kit.config import settings, train_config
-from rn50kit.common import rules
-from support.checkpoints import fake_checkpoint
 
 
 def test_runner_passes_bfloat16_to_train_py_on_a_cpu_and_refuses_it_on_gpus(tmp_path):

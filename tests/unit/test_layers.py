@@ -5,9 +5,10 @@ import os
 import pkgutil
 import subprocess
 import sys
-import pytest
-from support.processes import HANG_S, ROOT, venv_env
 
+import pytest
+
+from support.processes import HANG_S, ROOT, venv_env
 
 MXNET_FREE = ["benchmarking", "common", "config", "launch", "reliability", "reporting"]
 

@@ -1,22 +1,21 @@
 """loaders: the data iterators of every CPU backend (the contract fit.py relies on, sharding, synthetic data), the
 read-ahead of the training records, augmentation flags, one pipeline and shard per device, the mxnet backend's
 conversion on the device and the pipeline threads."""
+import collections
+import os
+import threading
+
 import mxnet as mx
 import numpy as np
 import pytest
-import train
-import collections
-import os
 
-import threading
+import train
 from rn50kit.common import rules
-from rn50kit.config import cli
+from rn50kit.config import cli, train_config
 from rn50kit.data import backend_mxnet, backend_synthetic, loaders, protocol, record_source, records
-from support.runs import TINY_RUN, parse_train
-from rn50kit.config import train_config
 from rn50kit.scoring import scoring
 from rn50kit.training import distributed
-
+from support.runs import TINY_RUN, parse_train
 
 MEAN, STD = (123.68, 116.779, 103.939), (58.393, 57.12, 57.375)
 

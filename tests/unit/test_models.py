@@ -1,12 +1,14 @@
 """models.py: architectures against published parameter counts and a numpy forward, precisions, fused ops,
 stochastic depth (its files and graphs: test_graph.py)."""
 import math
+
 import mxnet as mx
 import numpy as np
 import pytest
-import models
 from mxnet import autograd
 from mxnet.gluon import nn
+
+import models
 from rn50kit.common import rules
 from rn50kit.graph.parameters import load_parameters
 from rn50kit.graph.symbol_files import export
@@ -125,8 +127,8 @@ def blocks_of(net, kind):
 
 def test_nvidias_fused_ops_are_read_from_mxnets_operator_registry(monkeypatch):
     """Upstream MXNet 1.9.1 (this machine's) has neither of NVIDIA's ops; a build that registers them is seen."""
-    from support import fused_standins
     from rn50kit.launch import devices
+    from support import fused_standins
     assert not devices.nvidia_bn_relu() and not devices.nvidia_bn_add_relu() and not devices.nvidia_fused_batchnorm()
     assert not models.fused_bn_add_relu_available()
     fused_standins.register(monkeypatch)

@@ -3,11 +3,12 @@ of their formulas and MXNet's own optimizers."""
 import json
 import struct
 
+import convert_states
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon
-import convert_states
+
 from rn50kit.training import distributed, optimizer_state, optimizers
 
 
@@ -498,8 +499,7 @@ def test_the_registry_builds_what_the_flags_built_before(name):
 
 
 def test_the_generic_flags_reach_the_optimizers_that_read_them():
-    from rn50kit.config import optimizer_registry, train_flags
-    from rn50kit.config import train_config
+    from rn50kit.config import optimizer_registry, train_config, train_flags
     net = small_net()
     names = sorted(net.collect_params().keys())
 

@@ -8,12 +8,11 @@ import mxnet as mx
 import pytest
 
 import fit
+from rn50kit.config import fit_flags
 from rn50kit.reporting import output_table, outputs
 from rn50kit.reporting.report import Report
-from rn50kit.config import fit_flags
 from rn50kit.training.distributed import Distributed
-from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
-from support.loop import CPU, RUN
+from support.loop import CPU, MICRO, RUN, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
 
 EVENTS = ["run_start", "epoch_start", "iteration", "steps_end", "trained", "validation_start", "validation",
           "epoch_end", "run_end", "close"]

@@ -3,9 +3,10 @@ scale."""
 import mxnet as mx
 import pytest
 from model_workers.timing import bfloat16_missing
-from support.networks import NO_BFLOAT16
+
 from rn50kit.config import settings
 from rn50kit.training import precision
+from support.networks import NO_BFLOAT16
 
 
 def test_cpu_checks_agree(tmp_path):

@@ -1,5 +1,6 @@
 """predict: class names from beside the records, from ImageNet's WordNet ids, and saved with a checkpoint."""
 import json
+
 from rn50kit.common import imagenet_classes
 from rn50kit.scoring import predict
 

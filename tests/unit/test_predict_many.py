@@ -13,9 +13,9 @@ import pytest
 
 from rn50kit.config import train_config
 from rn50kit.scoring import predict, predict_many, scoring
+from support.datasets import photo_folder
 from support.loop import CPU
 from support.networks import built
-from support.datasets import photo_folder
 
 NUM_CLASSES, TOP = 1000, 3  # conftest.built's ResNet-18
 NAMES = [f"class{i}" for i in range(NUM_CLASSES)]

@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from rn50kit.launch import network
-from rn50kit.training import prelaunch
 from rn50kit.reliability import faults
+from rn50kit.training import prelaunch
 
 RESUMES = "resumes from the last complete checkpoint"
 

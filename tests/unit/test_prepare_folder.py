@@ -1,7 +1,6 @@
 """tools/prepare_folder.py's split in process: counts, seeded and stratified, refusals."""
-import pytest
 import prepare_folder
-
+import pytest
 
 # ---------------------------------------------------------------------------------------------------------
 # the parts that need no im2rec

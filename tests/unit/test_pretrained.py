@@ -2,16 +2,18 @@
 independent reference forward pass (tests/resnet_reference.py, numpy, torchvision's semantics) on fixed inputs."""
 import argparse
 import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
-import models
-from support import resnet_reference as ref
 from mxnet import autograd, gluon
+
+import models
 from rn50kit.config import finetune_flags
 from rn50kit.weights import pretrained
 from rn50kit.weights.architecture import Architecture, network_architecture
-from support.weights import X, assert_logits, kit_net, load, logits, save_safetensors, Weights, refusal
+from support import resnet_reference as ref
+from support.weights import Weights, X, assert_logits, kit_net, load, logits, refusal, save_safetensors
 
 
 def save_params(weights, path):

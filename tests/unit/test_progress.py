@@ -1,6 +1,6 @@
 """progress: the first line's global and per-worker batch, the progress line's epoch of how many and its ETA."""
-from rn50kit.training import announce
 from rn50kit.config import train_config
+from rn50kit.training import announce
 
 
 def test_the_first_line_says_global_batch_and_per_worker():
@@ -14,6 +14,7 @@ def test_the_first_line_says_global_batch_and_per_worker():
 def test_the_progress_line_says_which_epoch_of_how_many_and_that_its_eta_is_the_runs(caplog):
     """Found by the second newcomer walk (issue 26)."""
     import io
+
     from rn50kit.reporting.progress import Progress
     with caplog.at_level("INFO", logger="rn50"):
         Progress(True, 1, stream=io.StringIO(), num_epochs=16).update(8, 3, 10, 12.5, 1.25, 0.1, 3725)

@@ -4,12 +4,13 @@ reproducible with --seed and across a resume."""
 import mxnet as mx
 import numpy as np
 import pytest
+
 import train
-from rn50kit.data import loaders, records
-from support.datasets import write_record_file, NUM_RECORDS, NUM_CLASSES
-from support.runs import parse_ordered
 from rn50kit.config import train_config
+from rn50kit.data import loaders, records
 from rn50kit.training import distributed, epoch_data
+from support.datasets import NUM_CLASSES, NUM_RECORDS, write_record_file
+from support.runs import parse_ordered
 
 
 def epoch_labels(iterator):

@@ -1,8 +1,10 @@
 """report: per-class results round trip; a benchmark JSON is not a run report (the drawings, by plot_report.py's
 process: e2e/test_plot_report.py)."""
 import json
+
 import numpy as np
 import pytest
+
 from rn50kit.reporting import report as reports
 
 
@@ -26,6 +28,7 @@ def test_report_py_says_a_benchmark_json_is_not_a_run_report_and_which_iteration
                                                                                                   monkeypatch, capsys):
     """Found by the second newcomer walk (issue 26)."""
     import json
+
     from rn50kit.reporting import report
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps({"model": "resnet18_v1.5", "ngpus": [1], "bs": [8], "metric_keys": ["x"],

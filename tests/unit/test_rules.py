@@ -1,17 +1,18 @@
 """One table of data backends and one set of run rules, used by runner and train.py alike: the same refusal, word
 for word, from both sides of the MXNet wall; one LR-scaling rule; the schedules as small named functions."""
 import math
+
 import mxnet as mx
 import pytest
+
 import train
-from support.runs import TINY_RUN, train_refusal, plan_refusal
 from rn50kit.common import backends, rules
-from rn50kit.config import cli
-from rn50kit.config import lr_schedules
+from rn50kit.config import cli, lr_schedules
 from rn50kit.config import recipe as recipes
 from rn50kit.data import loaders
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
+from support.runs import TINY_RUN, plan_refusal, train_refusal
 
 
 def runner_refusal(argv, gpus=0, cores=2):

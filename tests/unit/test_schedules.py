@@ -1,6 +1,7 @@
 """schedules against their formulas: LR schedules, the poly schedule, the mlperf LR points, FFCV's progressive
 sizes."""
 import pytest
+
 from rn50kit.config import lr_schedules
 from rn50kit.config import recipe as recipes
 

@@ -2,13 +2,13 @@
 import mxnet as mx
 import numpy as np
 import pytest
+
 import train
 from rn50kit.config import train_config
 from rn50kit.data import loaders
-from rn50kit.training import distributed
-from rn50kit.scoring import scoring
 from rn50kit.reporting import report as reports
-
+from rn50kit.scoring import scoring
+from rn50kit.training import distributed
 
 TWO = [mx.cpu(0), mx.cpu(1)]
 

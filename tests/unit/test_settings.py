@@ -2,15 +2,14 @@
 checkpoint brings, machine defaults, and the files of an abandoned run moved aside."""
 import os
 import re
+
 import pytest
 
 import train
-
 from rn50kit.config import settings
-from support.checkpoints import fake_checkpoint
-from support.runs import plan_refusal
-from support.checkpoints import touch
 from rn50kit.training import checkpoint
+from support.checkpoints import fake_checkpoint, touch
+from support.runs import plan_refusal
 
 
 def test_python_train_py_on_a_gpu_gets_the_float16_defaults_runner_gets(tmp_path):

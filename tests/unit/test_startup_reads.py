@@ -7,6 +7,7 @@ import struct
 import check_dataset
 import numpy as np
 import pytest
+
 from rn50kit.data import backend_mxnet, loaders, record_source, records
 
 COUNT, SAMPLE, BLOCK = 300, 32, 8  # a file ten times the (shrunk) sample

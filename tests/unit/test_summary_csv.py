@@ -6,9 +6,8 @@ import json
 
 import fit
 from rn50kit.training.distributed import Distributed
-from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from support.loop import CPU, MICRO, RUN, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
 from support.runs import logged
-from support.loop import CPU, RUN
 
 EPOCHS = 3
 

@@ -12,16 +12,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 import fit
-from support import loop as loop_harness
-from support.runs import logged
-from rn50kit.reporting import outputs
-from rn50kit.reporting.tensorboard_log import TensorBoard
-from rn50kit.reporting.report import Report
 from rn50kit.config import fit_flags
+from rn50kit.reporting import outputs
+from rn50kit.reporting.report import Report
+from rn50kit.reporting.tensorboard_log import TensorBoard
 from rn50kit.training.distributed import Distributed
 from rn50kit.training.elastic import ElasticEpoch, plan_world
-from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
-from support.loop import CPU, RUN
+from support import loop as loop_harness
+from support.loop import CPU, MICRO, RUN, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from support.runs import logged
 
 EPOCHS, STEPS = 2, 3
 ARGS = {"lr": 0.4, "batch_size": 4, "model": "tiny", "lr_steps": [30, 60], "pretrained": None, "no_metrics": False}

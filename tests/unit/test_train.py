@@ -1,22 +1,20 @@
 """train.py in process: refusals in one line (class counts, batches the machine cannot hold, a negative lr,
 scoring without a checkpoint, MXNet errors), and the epoch-0 pipeline let go."""
+import gc
+import weakref
+
 import mxnet as mx
 import pytest
 
 import train
-
-import gc
-import weakref
 from rn50kit.common import backends
-from rn50kit.config import cli
+from rn50kit.config import cli, train_config
 from rn50kit.data import loaders
-from rn50kit.config import train_config
 from rn50kit.training import announce, epoch_data, start_checks
 from rn50kit.training.distributed import Distributed
 from support.datasets import labelled_records
-from support.runs import record_config, train_refusal, plan_refusal
 from support.networks import built
-
+from support.runs import plan_refusal, record_config, train_refusal
 
 # --- 7: the epoch-0 training pipeline is let go once used, or at once after a resume -------------------------
 
@@ -96,8 +94,9 @@ def test_class_count_below_the_record_labels_is_refused_without_a_lst(tmp_path, 
 def test_train_refuses_in_one_line_a_batch_the_machine_cannot_hold(monkeypatch):
     """Found by the second newcomer walk (issue 26)."""
     import mxnet as mx
-    from rn50kit.training import distributed
+
     from rn50kit.launch import memory
+    from rn50kit.training import distributed
     monkeypatch.setattr(memory, "cpu_budget", lambda processes: 1 * 2 ** 30)
     cfg = train_config.RunConfig().replace(fit__batch_size=4096, fit__mode="train", data__image_shape=(3, 32, 32))
     net = built(18, 32)

@@ -1,17 +1,17 @@
 """The configs: every flag of train.py lands in exactly one field of one concern's config and is read somewhere,
 each config builds without the parser from its own defaults, and the recipes fill what was not typed."""
-import dataclasses
-import pytest
-from rn50kit.config import fit_flags
-import train
-import math
 import ast
+import dataclasses
 import glob
+import math
 import os
-from rn50kit.config import train_config
-from rn50kit.data import loaders
-from rn50kit.config import cli
+
+import pytest
+
+import train
+from rn50kit.config import cli, fit_flags, train_config
 from rn50kit.config import recipe as recipes
+from rn50kit.data import loaders
 from support.processes import ROOT
 
 

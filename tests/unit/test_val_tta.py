@@ -10,9 +10,8 @@ import pytest
 import fit
 from rn50kit.scoring import predict, scoring
 from rn50kit.training.distributed import Distributed
-from support.loop import MICRO, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
+from support.loop import CPU, MICRO, RUN, TINY_CLASSES, AccumBatches, fit_config, tiny_accum_net
 from support.weights import kit_net
-from support.loop import CPU, RUN
 
 CLASSES = 10
 
@@ -63,6 +62,7 @@ def test_validation_scores_the_mean_of_the_image_and_its_mirror(layout, devices)
 
 def test_prediction_gives_the_averaged_probabilities(tmp_path):
     import cv2
+
     from rn50kit.config import train_config
     net = kit_net("resnet18_v1.5", CLASSES)
     image = tmp_path / "photo.png"

@@ -2,9 +2,10 @@
 import json
 import sys
 import time
-import pytest
-from support.processes import HANG_S, wait_until
 
+import pytest
+
+from support.processes import HANG_S, wait_until
 
 # --- the watchdog's account of a stall (in process) -----------------------------------------------------------
 
@@ -12,7 +13,9 @@ def test_a_read_blocked_on_mxnets_engine_is_an_engine_wait():
     """The loop's loss read (fit.mean_loss) waits for the engine, which waits for the step's allreduce when a peer
     stopped: a wait, not this rank's own stall (the frames are MXNet's, not the kit's Distributed or Horovod)."""
     import threading
+
     import mxnet as mx
+
     from rn50kit.reliability import watchdog
 
     release = threading.Event()
@@ -45,8 +48,7 @@ def test_a_read_blocked_on_mxnets_engine_is_an_engine_wait():
 
 
 def test_the_watchdog_names_a_silent_peer_before_its_own_wait(tmp_path, monkeypatch):
-    from rn50kit.reliability import faults
-    from rn50kit.reliability import watchdog
+    from rn50kit.reliability import faults, watchdog
 
     def write(rank, **fields):
         (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,

@@ -72,6 +72,7 @@ def mxnet_training(mx, net, data, label):
     """A training step as train.py runs it: in a bfloat16 worker the AMP pass is in the graph, and there is no loss
     scaling (bfloat16 keeps float32's exponent range; fit.py scales float16 only)."""
     from mxnet import autograd, gluon
+
     from rn50kit.training import optimizers
     trainer = gluon.Trainer(net.collect_params(), optimizers.SGD(learning_rate=0.01, momentum=0.9, wd=1e-5))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -113,6 +114,7 @@ def mxnet_steps(kind, model, batch_size, image_size, fuse_bn_relu=False):
         from mxnet.contrib import amp
         amp.init(target_dtype="bfloat16")  # before the networks are built: AMP patches MXNet's operators
     import mxnet as mx
+
     import models
     from rn50kit.graph import inference
     from rn50kit.scoring import quantize

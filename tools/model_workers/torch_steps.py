@@ -36,6 +36,7 @@ def torch_resnet50(torch):
 
 def torch_steps(batch_size, image_size):
     import contextlib
+
     import torch
     data = torch.rand(batch_size, 3, image_size, image_size).to(memory_format=torch.channels_last)
     label = torch.arange(batch_size) % 1000

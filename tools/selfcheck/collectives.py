@@ -6,10 +6,11 @@ import sys
 
 from selfcheck import GPU_CHECK, NOT_APPLICABLE
 
+
 def allreduce_worker():
     """Run by horovodrun: every rank contributes (rank+1) * ones; the sum must be exact."""
-    import mxnet as mx
     import horovod.mxnet as hvd
+    import mxnet as mx
     hvd.init()
     ctx = mx.gpu(hvd.local_rank()) if mx.context.num_gpus() else mx.cpu()
     size = 1 << 20

@@ -18,6 +18,7 @@ def fused_pair(machine, ctx, dtype, layout, channels, depth):
     gamma and beta drawn at random (the last gamma of a block is 0 at initialisation, which would hide the fused
     add), saved under the parameters' names and loaded into the fused one as a checkpoint is."""
     import mxnet as mx
+
     import models
     from rn50kit.graph.parameters import load_parameters
     nets = [models.get_model(f"resnet{depth}_v1.5", num_classes=10, layout=layout, input_layout=layout,

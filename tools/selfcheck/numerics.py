@@ -10,6 +10,7 @@ BACKWARD_TOLERANCE = 5e-2  # the classifier's weight gradient: relative L2 error
 
 def resnet(layout="NCHW", channels=3, dtype="float32", ctx=None, classes=1000):
     import mxnet as mx
+
     import models
     net = models.get_model("resnet50_v1.5", num_classes=classes, layout=layout, input_layout=layout,
                            in_channels=channels, dtype=dtype)
@@ -54,6 +55,7 @@ def check_numerics_cpu(machine, args):
     non-oneDNN kernels), and against the same weights in the 4-channel structure (the conversion the GPU
     comparison relies on: load_parameters pads the stem): forward and one backward, on the CPU."""
     import mxnet as mx
+
     from rn50kit.graph.parameters import load_parameters
     images, labels = fixed_batch(batch=2)
     net = resnet()
@@ -85,6 +87,7 @@ def check_numerics_gpu(machine, args):
     """float16 NHWC 4-channel ResNet-50 on gpu(0) against the float32 NCHW network with the same weights on the
     CPU: one training-mode forward and backward on a fixed batch."""
     import mxnet as mx
+
     from rn50kit.graph.parameters import load_parameters
     images, labels = fixed_batch(batch=8)
     reference = resnet()

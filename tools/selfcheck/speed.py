@@ -61,12 +61,13 @@ def release_gpu_memory(machine):
 
 def step_seconds(layout, channels, batch, steps=10, warmup=3, reserve=0):
     import mxnet as mx
-    from rn50kit.data import loaders
+    from mxnet import gluon
+
     import fit
     import models
+    from rn50kit.data import loaders
     from rn50kit.training import optimizers
     from rn50kit.training.distributed import Distributed
-    from mxnet import gluon
     ctx = mx.gpu(0)
     held = hold_memory(reserve, ctx)  # the margin for what a training run has beside the step
     net = models.get_model("resnet50_v1.5", num_classes=1000, layout=layout, input_layout=layout,

@@ -6,9 +6,10 @@ def train_steps(ctx, dtype, layout, channels, size, layers, steps, batch, lr):
     data: (losses, applied flags, final loss scale)."""
     import mxnet as mx
     from mxnet import gluon
-    from rn50kit.data import loaders
+
     import fit
     import models
+    from rn50kit.data import loaders
     from rn50kit.training import optimizers
     from rn50kit.training.distributed import Distributed
     net = models.get_model(f"resnet{layers}_v1.5", num_classes=10, layout=layout, input_layout=layout,

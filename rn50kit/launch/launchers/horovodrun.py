@@ -16,8 +16,7 @@ import threading
 from pathlib import Path
 
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import horovod_build
-from rn50kit.launch import supervision
+from rn50kit.launch import horovod_build, supervision
 from rn50kit.launch.launchers import elastic
 from rn50kit.launch.launchers.base import Launcher
 

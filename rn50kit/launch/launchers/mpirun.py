@@ -14,9 +14,7 @@ import threading
 from rn50kit.config.cli import UsageError
 from rn50kit.launch import supervision
 from rn50kit.launch.launchers import base
-from rn50kit.reliability import faults
-from rn50kit.reliability import run_lock
-from rn50kit.reliability import world
+from rn50kit.reliability import faults, run_lock, world
 
 # Open MPI's mpirun refuses to start as root without both (CI and containers run as root).
 MPIRUN_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

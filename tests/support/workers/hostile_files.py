@@ -207,6 +207,7 @@ def read_run_lock(path, data, base):
 
 def read_safetensors(path, data, base):
     import numpy as np
+
     from rn50kit.weights import pretrained
     try:
         weights, _ = pretrained.read_weights(path)

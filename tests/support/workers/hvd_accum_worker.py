@@ -11,12 +11,10 @@ TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # the kit's modules, and tests/support
 import horovod.mxnet as hvd  # noqa: E402
 
-from rn50kit.training import distributed  # noqa: E402
 import fit  # noqa: E402
-from rn50kit.training import precision  # noqa: E402
+from rn50kit.training import distributed, precision  # noqa: E402
 from rn50kit.training.stop_signals import StopFlag  # noqa: E402
-from support.loop import ACCUM, CPU, MICRO, RUN, TINY_CLASSES, AccumBatches, fit_config  # noqa: E402
-from support.loop import learned_accum, tiny_accum_net  # noqa: E402
+from support.loop import ACCUM, CPU, MICRO, RUN, TINY_CLASSES, AccumBatches, fit_config, learned_accum, tiny_accum_net  # noqa: E402
 
 
 def main():

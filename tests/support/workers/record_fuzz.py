@@ -180,6 +180,7 @@ def through_reader(case, num_classes, split):
     """train.py's checks at start-up (the index, the labels against --num-classes) and its ``split`` iterator for
     one epoch (the training one shuffles: its labels come back sorted)."""
     import mxnet as mx
+
     import train
     from rn50kit.config import train_config
     from rn50kit.config.cli import UsageError
