@@ -9,27 +9,16 @@ import pytest
 
 import train
 from rn50kit.reporting import output_table
-from support.docs import doc_blocks
+from support.docs import section_blocks
 from support.processes import ROOT
 from support.runs import TINY_RUN
 
 GUIDE = os.path.join(ROOT, "docs", "extending.md")
 
 
-def section_blocks(title):
-    """The Python blocks of the guide's section ``title``, in order."""
-    text = open(GUIDE).read()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    end_line = text.count("\n", 0, end) + 1 if end >= 0 else None
-    start_line = text.count("\n", 0, start) + 1
-    return [block["text"] for block in doc_blocks(GUIDE) if block["lang"] == "python" and
-            start_line < block["line"] and (end_line is None or block["line"] < end_line)]
-
-
 def the_guides_output():
     """The guide's module (the first block) and its row of OUTPUTS (the second), as printed."""
-    module, row = section_blocks("An output")
+    module, row = section_blocks(GUIDE, "An output")
     return module, ast.literal_eval(row.split("#")[0].strip().rstrip(","))
 
 
