@@ -127,6 +127,14 @@ def names_with(feature):
     return sorted(name for name, backend in BACKENDS.items() if getattr(backend, feature))
 
 
+def elastic_refusal(name):
+    """Why an elastic run cannot read its records with backend ``name`` (one line), or None when it can."""
+    if get(name).elastic:
+        return None
+    return (f"elastic runs read the records with the dali backends (the records not read yet go to the new world); "
+            f"--data-backend {name} cannot: use {' or '.join(names_with('elastic'))}")
+
+
 def get(name):
     if name not in BACKENDS:
         raise ValueError(f"unknown --data-backend {name}; choose from {', '.join(NAMES)}")

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import sys
 
+from rn50kit.common import backends
 from rn50kit.common.helptext import HelpFormatter
 from rn50kit.config import cli, config_files, recipe, settings, train_config
 from rn50kit.config.cli import OneLineParser, UsageError
@@ -151,27 +152,30 @@ def check_config(cfg):
         raise UsageError(str(error))
 
 
-def problem(argv):
+def problem(argv, elastic=False):
     """Why train.py would refuse the flags ``argv`` before it starts anything (a hyper-parameter out of range, an
-    option the chosen optimizer does not take ...), one line naming the flag (and the file that set it), or None.
-    Unknown flags, bad values and bad config or recipe files end the process with argparse's line and status 2,
-    as train.py does."""
+    option the chosen optimizer does not take, ``elastic``: a backend an elastic run cannot read with ...), one
+    line naming the flag (and the file that set it), or None. Unknown flags, bad values and bad config or recipe
+    files end the process with argparse's line and status 2, as train.py does."""
     args = parse_args(argv, prog=PROG)
     if args.mode in ("val", "pred") and args.num_epochs is None:
         args.num_epochs = 1
     try:
         fill_hyper_parameters(args, given_flags(argv))
         check_config(train_config.from_args(args))
+        if elastic and backends.elastic_refusal(args.data_backend):
+            raise UsageError(backends.elastic_refusal(args.data_backend))
     except UsageError as error:
         return config_files.blame(str(error), read_settings(argv), typed_flags(argv))
     return None
 
 
-def check(argv):
-    """train.py's refusal of the flags ``argv``, in this process and without MXNet: ``train.py: error: <one
-    line>`` on stderr and exit status 2, as `python train.py ARGV` would start with; returns when they are good.
-    (What needs the machine, the data or a checkpoint's file is train.check_flags'.)"""
+def check(argv, elastic=False):
+    """train.py's refusal of the flags ``argv`` (of an elastic run's workers, ``elastic``), in this process and
+    without MXNet: ``train.py: error: <one line>`` on stderr and exit status 2, as `python train.py ARGV` would
+    start with; returns when they are good. (What needs the machine, the data or a checkpoint's file is
+    train.check_flags'.)"""
     argv = [str(arg) for arg in argv]
-    found = problem(argv)
+    found = problem(argv, elastic)
     if found:
         cli.fail(PROG, found)

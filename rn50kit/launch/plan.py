@@ -12,6 +12,7 @@ import rn50kit
 from rn50kit.common import backends
 from rn50kit.config import recipe
 from rn50kit.launch import arguments, checks, environment, hosts, launchers, network
+from rn50kit.launch.launchers import elastic
 
 KIT_DIR = Path(rn50kit.KIT_DIR)  # where train.py is, unless runner says otherwise
 
@@ -77,4 +78,4 @@ def launch_description(args, machine, launcher):
     here = not launcher.places_workers and all(network.is_local(host) for host in names or ["localhost"])
     # the memory of this machine's CPU: other hosts' (and each GPU's) are estimated by their workers
     return {"workers": args.ngpus, "workers_here": workers_here, "gpus": machine.gpus,
-            "memory": here and not machine.gpus}
+            "memory": here and not machine.gpus, "elastic": elastic.is_elastic(args)}

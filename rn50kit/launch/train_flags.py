@@ -20,7 +20,7 @@ def check_train_flags(extra, kit_dir, launch=None):
     """An unknown or bad train.py flag or hyper-parameter and, given ``launch`` (plan.launch_description's), what
     start_checks.check_before_start knows before any worker starts: train.py's one-line message, once, before any
     worker starts (and in a dry run). Returns the run's checkpoint prefix (None: it does not train)."""
-    flags.check(extra)
+    flags.check(extra, elastic=bool(launch and launch.get("elastic")))
     if launch is None:
         return None
     check = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, sys.argv.pop(1)); "

@@ -15,12 +15,11 @@ def elastic_training(cfg, net, ctxs, dist, lock):
     if not dist.elastic:
         return None
     from rn50kit.training import elastic  # Horovod's elastic driver: loaded for elastic runs only
+    refusal = backends.elastic_refusal(cfg.data.data_backend)  # first: synthetic data has no --data-train either
+    if refusal:
+        raise UsageError(refusal)
     if not cfg.data.data_train:
         raise UsageError(f"--mode {cfg.fit.mode} needs training data (--data-train)")
-    if not backends.get(cfg.data.data_backend).elastic:
-        raise UsageError(f"elastic runs read the records with the dali backends (the records not read yet go to the "
-                         f"new world); --data-backend {cfg.data.data_backend} cannot: use "
-                         f"{' or '.join(backends.names_with('elastic'))}")
     fit_cfg = cfg.fit
     if fit_cfg.horovod_num_groups > 1:  # see optimizers.trainer_for
         raise UsageError(f"elastic runs allreduce the gradients as one group (a lost worker fails every collective "

@@ -3,6 +3,7 @@ against references written out here: the global batch a world keeps, the records
 starts. The runs themselves (real horovodrun in elastic mode, workers killed and added) are
 tests/e2e/test_elastic_training.py."""
 import itertools
+import pathlib
 import subprocess
 import sys
 
@@ -18,6 +19,8 @@ from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
 from rn50kit.reporting.outputs import describe_world_change
 from rn50kit.training.elastic import ElasticEpoch, WorldPlan, describe_plan, plan_world
+
+KIT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def brute_force_plan(global_batch, workers, max_per_worker):
@@ -138,6 +141,18 @@ def test_elastic_flags_that_cannot_work_are_refused_in_one_line(data_root, flags
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_runner_refuses_an_elastic_run_on_synthetic_data_before_any_worker_starts(data_root, capsys):
+    """In runner's own process, from train.py's flags (rn50kit.config.train_flags.check with elastic): the
+    backend's line, not the workers' (the fault campaign's finding: every worker started, then refused)."""
+    from rn50kit.launch import train_flags
+    with pytest.raises(SystemExit) as refused:
+        train_flags.check_train_flags(["--data-backend", "synthetic"], KIT, {"elastic": True})
+    line = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and "\n" not in line, line
+    assert line.endswith("--data-backend synthetic cannot: use dali-cpu or dali-gpu"), line
+    assert train_flags.check_train_flags(["--data-backend", "synthetic"], KIT) is None  # a fixed world reads it
+
+
 def test_a_discovery_script_places_workers_beyond_this_machines_cores(data_root):
     _, _, command = plan(["-n", "8", "--data-root", data_root, "--host-discovery-script", "discover.sh"])
     assert command[command.index("-np") + 1] == "8" and command[command.index("--max-np") + 1] == "8"
@@ -157,18 +172,20 @@ def test_plans_cover_every_small_world():
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--data-backend", "mxnet"], "--data-backend mxnet cannot: use dali-cpu or dali-gpu"),
-    (["--horovod-num-groups", "4"], "elastic runs allreduce the gradients as one group"),
+    (["--data-train", "train.rec", "--data-backend", "mxnet"], "--data-backend mxnet cannot: use dali-cpu or dali-gpu"),
+    (["--data-backend", "synthetic"], "--data-backend synthetic cannot: use dali-cpu or dali-gpu"),
+    (["--data-train", "train.rec", "--horovod-num-groups", "4"], "elastic runs allreduce the gradients as one group"),
 ])
 def test_an_elastic_worker_refuses_what_an_elastic_run_cannot_do_in_one_line(tmp_path, flags, says):
-    """Checked in the worker (elastic_setup.elastic_training), before the network or any collective."""
+    """Checked in the worker (elastic_setup.elastic_training), before the network or any collective; synthetic
+    data (no --data-train) is refused for its backend, not for the training data it does not need."""
     import mxnet as mx
 
     import train
     from rn50kit.config.cli import UsageError
     from rn50kit.training import elastic_setup
     from rn50kit.training.distributed import Distributed
-    argv = ["--data-train", str(tmp_path / "train.rec"), "--kv-store", "horovod", *flags]
+    argv = ["--kv-store", "horovod", *flags]
     cfg = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
     dist = Distributed(None)
     dist.elastic = True
