@@ -472,13 +472,16 @@ def fit(cfg, run, net, make_train_iter, val_iter, ctxs, dist, num_classes, finet
     def save(epoch, step, partials=None, best=False):
         save_checkpoint(prefix, net, state, run, epoch, step, cfg.keep_last, cfg.seed, partials, best)
 
-    if elastic is not None:
-        stopped, reached, last_epoch = elastic.train(cfg, loop, state, end_epoch, save, finetune, train_epochs, lambda:
-                                                     open_outputs(cfg, run, state.report, dist, ctxs, False, None))
+    def end_run(stopped, reached, last_epoch):
+        finished = loop.end_epoch > first_epoch and not stopped and (reached or loop.end_epoch == cfg.num_epochs)
+        loop.outputs.run_end(last_epoch, finished, reached, stopped, state.elapsed(), state.target)  # rank 0's now
+
+    if elastic is not None:  # ends the run in its world: a worker lost while rank 0 writes the report is a reset
+        stopped, _, _ = elastic.train(cfg, loop, state, end_epoch, save, finetune, train_epochs, lambda:
+                                      open_outputs(cfg, run, state.report, dist, ctxs, False, None), end_run)
     else:
         stopped, reached, last_epoch = train_epochs(cfg, loop, state, range(first_epoch, end_epoch), epoch_iter,
                                                     val_iter, save, finetune)
-    finished = end_epoch > first_epoch and not stopped and (reached or end_epoch == cfg.num_epochs)
-    loop.outputs.run_end(last_epoch, finished, reached, stopped, state.elapsed(), state.target)  # rank 0's now
+        end_run(stopped, reached, last_epoch)
     loop.outputs.close()
     return state.report, stopped

@@ -23,7 +23,11 @@ def bootstrap():
     from rn50kit.training import stop_signals
     stop_signals.keep_early_stops()
     set_mxnet_environment(sys.argv[1:], os.environ)
-    mxnet = import_mxnet()
+    try:
+        mxnet = import_mxnet()
+    except ImportError:
+        sys.exit("train.py: error: MXNet is not installed for this Python; run `make setup`, then use "
+                 ".venv/bin/python (or `source .venv/bin/activate`)")
     if supported.mxnet_problem(mxnet.__version__):
         sys.exit(f"train.py: error: {supported.mxnet_problem(mxnet.__version__)}")
 
@@ -43,24 +47,22 @@ def set_mxnet_environment(argv, environ):
 
 
 class _WithoutScikitLearn:
-    """MXNet 1.9.1's legacy mxnet.model imports scikit-learn where it is installed (the kit's demo data needs it)
-    for a base class the kit never uses; with scipy.stats and pandas behind it, a third of a second of every
-    worker's start. Hidden while MXNet loads; MXNet handles its absence."""
+    """MXNet 1.9.1 imports scikit-learn where it is installed (the kit's demo data needs it) for a legacy base class
+    the kit never uses, and SciPy for sparse arrays and entropy calibration (quantize.py gives it scipy.stats when
+    that is asked for): together about a second of every worker's and every check's start. Hidden while MXNet
+    loads; MXNet handles their absence."""
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name.partition(".")[0] == "sklearn":
+        if name.partition(".")[0] in ("sklearn", "scipy"):
             raise ImportError(f"{name}: not needed by MXNet here")
         return None
 
 
 def import_mxnet():
-    """MXNet, loaded without scikit-learn; exits with one line where it is not installed."""
+    """MXNet, loaded without scikit-learn (an ImportError where MXNet is not installed)."""
     sys.meta_path.insert(0, _WithoutScikitLearn)
     try:
         import mxnet
-    except ImportError:
-        sys.exit("train.py: error: MXNet is not installed for this Python; run `make setup`, then use "
-                 ".venv/bin/python (or `source .venv/bin/activate`)")
     finally:
         sys.meta_path.remove(_WithoutScikitLearn)
     return mxnet
@@ -69,7 +71,9 @@ def import_mxnet():
 if __name__ == "__main__":
     bootstrap()
 
-import mxnet  # after bootstrap: as a script, MXNet's environment is set before it loads
+# After bootstrap: as a script, MXNet's environment is set before it loads. Imported (runner's flag check, tests),
+# MXNet loads here, without scikit-learn too (a second of every check's start).
+mxnet = import_mxnet()
 
 import fit
 from rn50kit.common import rules

@@ -108,7 +108,11 @@ def calibration_iter(batches, max_batches):
 
 def quantize(net, data_shape, calibration, calib_batches_fn):
     """A quantized SymbolBlock of the float32 ``net``; fills calibration['records']."""
+    from mxnet.contrib import quantization
     from mxnet.contrib.quantization import quantize_net_v2
+    if calibration["mode"] == "entropy" and quantization.stats is None:  # train.py loads MXNet without SciPy
+        from scipy import stats
+        quantization.stats = stats
     if any(os.environ.get(k) != v for k, v in INT8_ENV.items()):
         log.warning("INT8 graph made with oneDNN's convolution+add fusion, which loses accuracy in MXNet 1.9.1: "
                     "set %s before MXNet is imported", " ".join(f"{k}={v}" for k, v in INT8_ENV.items()))

@@ -141,7 +141,9 @@ class ElasticRun:
     finetune: object
     train_epochs: object  # fit.train_epochs
     open_outputs: object  # the outputs of rank 0 (its files), for a worker that becomes rank 0
+    end_run: object  # end_run(stopped, reached, last_epoch): the outputs told the run's end (rank 0's: the report)
     consumed: object = None  # consumed(step): the samples of the epoch read after micro-step ``step``
+    ended: object = None  # the outputs told the run's end (a reset after it tells only a new rank 0's again)
 
     def resume_consumed(self, global_batch):
         """The samples of the resumed epoch a checkpoint's step had read."""
@@ -170,6 +172,12 @@ class ElasticRun:
 
     def world_changed(self, change):
         self.loop.outputs.world_changed(change)
+
+    def end(self, result):
+        """The run's end told to this worker's outputs, once (the report and the MLPerf log's end written once)."""
+        if self.ended is not self.loop.outputs:
+            self.ended = self.loop.outputs
+            self.end_run(*result)
 
     def became_primary(self):
         """Rank 0 was lost and this worker is rank 0 now: it writes the run's files from here on (the logs append;
@@ -215,12 +223,13 @@ class ElasticTraining(State):
 
     # --- what the loop calls ---------------------------------------------------------------------------------
 
-    def train(self, cfg, loop, state, end_epoch, save, finetune, train_epochs, open_outputs):
-        """Run fit.py's loop (``train_epochs`` and its pieces) from the state's epoch to ``end_epoch``, elastic;
-        returns what train_epochs returns for the last epoch run."""
+    def train(self, cfg, loop, state, end_epoch, save, finetune, train_epochs, open_outputs, end_run):
+        """Run fit.py's loop (``train_epochs`` and its pieces) from the state's epoch to ``end_epoch``, elastic,
+        and its end (``end_run``) with every worker of the last world; returns what train_epochs returns for the
+        last epoch run."""
         loop.after_update = self.after_update
         self.run = run = ElasticRun(cfg, loop, state, end_epoch, save, finetune, train_epochs, open_outputs,
-                                    self.consumed_after)
+                                    end_run, self.consumed_after)
         consumed = run.resume_consumed(self.global_batch)
         self.live = {"epoch": run.state.epoch, "consumed": consumed}
         self.save_now(run.state.epoch, consumed, partial=run.state.partial)
@@ -351,7 +360,12 @@ class ElasticTraining(State):
     def _epochs(self, _state):
         with collective_failures(self):
             self.note_world()  # every rank of the new world here, after a sync or a reset without one
-            return self._train_epochs()
+            result = self._train_epochs()
+            # The end in this world too: a worker lost while rank 0 writes the report fails the barrier after it,
+            # and the world that is left ends the run again (its rank 0 writes the report every rank keeps).
+            self.run.end(result)
+            self.dist.finish()
+            return result
 
     def _train_epochs(self):
         run, result = self.run, (False, False, self.run.state.epoch)

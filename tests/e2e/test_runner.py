@@ -236,11 +236,12 @@ def test_runner_dry_run_with_slurm_outside_srun_is_refused():
     assert "srun" in result.stderr or "MPI" in result.stderr
 
 
-def test_a_dry_run_prints_a_plan_that_pastes_as_the_same_words():
+def test_a_dry_run_prints_a_plan_that_pastes_as_the_same_words(digits_data):
     """Issue 58: --dry-run printed the command unquoted, so a pasted elastic plan split its discovery command into
-    words and ran something else. Shell-quoted (shlex.join), the printed line parses back to the planned words."""
-    result = run_runner("-n", "2", "--min-np", "1", "-H", "localhost:2", "--data-backend", "synthetic",
-                        "--dtype", "float32", "--dry-run")
+    words and ran something else. Shell-quoted (shlex.join), the printed line parses back to the planned words.
+    (Elastic runs read records through DALI: synthetic data is refused.)"""
+    result = run_runner("-n", "2", "--min-np", "1", "-H", "localhost:2", "--data-backend", "dali-cpu",
+                        "--data-root", str(digits_data), "--dtype", "float32", "--dry-run")
     assert result.returncode == 0, result.stderr
     *env_lines, printed = result.stdout.strip().splitlines()
     words = shlex.split(printed)
