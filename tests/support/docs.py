@@ -39,7 +39,7 @@ def doc_blocks(path):
 
 def section_blocks(path, title, lang="python"):
     """The ``lang`` blocks of the section ``## title`` of a Markdown file, in order, as printed
-    (docs/extending.md's guides: unit/test_extending_*)."""
+    (docs/extending.md's guides: e2e/test_extending_*)."""
     text = open(path).read()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
