@@ -4,10 +4,8 @@ printed (backends.register: what the line does in the table), then a tiny networ
 path with --data-backend numpy; every batch the network trained on is one the backend served, in its order, as
 many as the run's steps."""
 import ast
-import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ import pytest
 import train
 from rn50kit.common import backends
 from rn50kit.training import network
-from support.docs import section_blocks
+from support.docs import import_guide_module, section_blocks
 from support.processes import ROOT
 from support.runs import TINY_RUN
 
@@ -41,12 +39,7 @@ def guides_backend(tmp_path, monkeypatch):
     text, row = the_guides_backend()
     module_name = row.builder.partition(":")[0]
     assert module_name == "rn50kit.data.backend_numpy"
-    path = tmp_path / "backend_numpy.py"
-    path.write_text(text)  # step 1, outside the kit's tree, imported under the name the row gives
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, module_name, module)
+    module = import_guide_module(text, module_name, tmp_path, monkeypatch)  # step 1
     built = []
     get_iterators = module.get_iterators
 

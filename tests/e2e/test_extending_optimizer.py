@@ -3,17 +3,15 @@ test's own rather than rn50kit/training, loaded under the name its entry gives),
 optimizer_registry.OPTIMIZERS as printed, then a tiny network trained through train.py's real path with
 --optimizer plain-sgd; every weight's first update against NumPy's w - lr (rescale g + wd w)."""
 import ast
-import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 import train
 from rn50kit.config import optimizer_registry
-from support.docs import section_blocks
+from support.docs import import_guide_module, section_blocks
 from support.processes import ROOT
 from support.runs import TINY_RUN
 
@@ -37,12 +35,7 @@ def guides_optimizer(tmp_path, monkeypatch):
     text, name, entry = the_guides_optimizer()
     module_name = entry.factory.partition(":")[0]
     assert module_name == "rn50kit.training.plain_sgd"
-    path = tmp_path / "plain_sgd.py"
-    path.write_text(text)  # step 1, outside the kit's tree, imported under the name the entry gives
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, module_name, module)
+    module = import_guide_module(text, module_name, tmp_path, monkeypatch)  # step 1
     monkeypatch.setitem(optimizer_registry.OPTIMIZERS, name, entry)  # step 2
     first = {}
     update = module.PlainSGD.update

@@ -1,6 +1,6 @@
 """pretrained: the 50-layer sources (torchvision's ResNeXt-50 safetensors, GluonCV's resnetv1b, resnet_v1 with its
-1x1 biases, resnext and the legacy auto-numbered names) give the kit's network the logits of the independent
-reference forward pass (support/resnet_reference.py); the 18-layer cases and the refusals are
+1x1 biases, resnext) and the legacy auto-numbered names (18 and 50 layers) give the kit's network the logits of the
+independent reference forward pass (support/resnet_reference.py); the other 18-layer cases and the refusals are
 unit/test_pretrained.py's. Here for their time: each builds and loads a 25 M-parameter network."""
 import mxnet as mx
 import pytest
@@ -52,7 +52,8 @@ def test_gluoncv_resnext_params_give_reference_logits(resnext50):
     assert info.source == "GluonCV resnext"
 
 
-@pytest.mark.parametrize("fixture, kit_name, prefix", [("gluon50_v1", "resnet50_v1", "")])
+@pytest.mark.parametrize("fixture, kit_name, prefix", [("tv18", "resnet18_v1", "resnetv10_"),
+                                                       ("gluon50_v1", "resnet50_v1", "")])
 def test_gluoncv_legacy_names_give_reference_logits(request, fixture, kit_name, prefix, tmp_path):
     """Files of the old save_params: auto-numbered names, with or without the network's prefix."""
     weights = request.getfixturevalue(fixture)

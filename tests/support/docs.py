@@ -1,5 +1,7 @@
-"""The docs' command blocks (unit/test_docs_links, e2e/test_docs)."""
+"""The docs' command blocks (unit/test_docs_links, e2e/test_docs) and the guides' modules (e2e/test_extending_*)."""
+import importlib.util
 import os
+import sys
 
 from .processes import ROOT
 
@@ -46,3 +48,15 @@ def section_blocks(path, title, lang="python"):
     start_line, end_line = text.count("\n", 0, start) + 1, (text.count("\n", 0, end) + 1 if end >= 0 else None)
     return [block["text"] for block in doc_blocks(path) if block["lang"] == lang and start_line < block["line"]
             and (end_line is None or block["line"] < end_line)]
+
+
+def import_guide_module(text, module_name, folder, monkeypatch):
+    """A guide's module ``text``, written to ``folder`` (outside the kit's tree) and imported under the name its
+    table row gives, ``module_name``, for the test's duration (``monkeypatch``)."""
+    path = folder / f"{module_name.rpartition('.')[2]}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, module_name, module)
+    return module

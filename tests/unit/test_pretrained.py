@@ -48,16 +48,6 @@ def test_wrapper_prefix_and_bfloat16_safetensors(tv18, tmp_path):
     assert info.params_loaded == info.params_total
 
 
-@pytest.mark.parametrize("fixture, kit_name, prefix", [("tv18", "resnet18_v1", "resnetv10_")])
-def test_gluoncv_legacy_names_give_reference_logits(request, fixture, kit_name, prefix, tmp_path):
-    """Files of the old save_params: auto-numbered names, with or without the network's prefix."""
-    weights = request.getfixturevalue(fixture)
-    path = save_params(ref.to_gluoncv_legacy(weights.sd, prefix), tmp_path / "legacy.params")
-    net, info = load(kit_name, path, weights.num_classes)
-    assert_logits(logits(net), weights.expected)
-    assert info.source == "GluonCV resnet_v1" and info.params_loaded == info.params_total
-
-
 def test_gluoncv_resnet18_v1_structural_names(tv18, tmp_path):
     path = save_params(ref.to_gluoncv_features(tv18.sd), tmp_path / "resnet18_v1.params")
     net, info = load("resnet18_v1", path, 7)
