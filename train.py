@@ -46,7 +46,7 @@ def set_mxnet_environment(argv, environ):
             environ["OMP_NUM_THREADS"] = str(devices.openmp_threads())
 
 
-class _WithoutScikitLearn:
+class _WithoutSciPyStack:
     """MXNet 1.9.1 imports scikit-learn where it is installed (the kit's demo data needs it) for a legacy base class
     the kit never uses, and SciPy for sparse arrays and entropy calibration (quantize.py gives it scipy.stats when
     that is asked for): together about a second of every worker's and every check's start. Hidden while MXNet
@@ -59,12 +59,12 @@ class _WithoutScikitLearn:
 
 
 def import_mxnet():
-    """MXNet, loaded without scikit-learn (an ImportError where MXNet is not installed)."""
-    sys.meta_path.insert(0, _WithoutScikitLearn)
+    """MXNet, loaded without scikit-learn and SciPy (an ImportError where MXNet is not installed)."""
+    sys.meta_path.insert(0, _WithoutSciPyStack)
     try:
         import mxnet
     finally:
-        sys.meta_path.remove(_WithoutScikitLearn)
+        sys.meta_path.remove(_WithoutSciPyStack)
     return mxnet
 
 
@@ -72,7 +72,7 @@ if __name__ == "__main__":
     bootstrap()
 
 # After bootstrap: as a script, MXNet's environment is set before it loads. Imported (runner's flag check, tests),
-# MXNet loads here, without scikit-learn too (a second of every check's start).
+# MXNet loads here, without scikit-learn and SciPy too (a second of every check's start).
 mxnet = import_mxnet()
 
 import fit

@@ -163,8 +163,9 @@ def problem(argv, elastic=False):
     try:
         fill_hyper_parameters(args, given_flags(argv))
         check_config(train_config.from_args(args))
-        if elastic and backends.elastic_refusal(args.data_backend):
-            raise UsageError(backends.elastic_refusal(args.data_backend))
+        refusal = elastic and backends.elastic_refusal(args.data_backend)
+        if refusal:
+            raise UsageError(refusal)
     except UsageError as error:
         return config_files.blame(str(error), read_settings(argv), typed_flags(argv))
     return None

@@ -109,7 +109,6 @@ def calibration_iter(batches, max_batches):
 def quantize(net, data_shape, calibration, calib_batches_fn):
     """A quantized SymbolBlock of the float32 ``net``; fills calibration['records']."""
     from mxnet.contrib import quantization
-    from mxnet.contrib.quantization import quantize_net_v2
     if calibration["mode"] == "entropy" and quantization.stats is None:  # train.py loads MXNet without SciPy
         from scipy import stats
         quantization.stats = stats
@@ -120,8 +119,9 @@ def quantize(net, data_shape, calibration, calib_batches_fn):
     calibration["records"] = int(records)
     with warnings.catch_warnings():  # "Cannot decide type for data": the input's type is known at run time
         warnings.simplefilter("ignore", UserWarning)
-        qnet = quantize_net_v2(net, quantized_dtype="auto", quantize_mode="full", calib_data=calib_iter,
-                               calib_mode=calibration["mode"], num_calib_examples=records, ctx=mx.cpu())
+        qnet = quantization.quantize_net_v2(net, quantized_dtype="auto", quantize_mode="full", calib_data=calib_iter,
+                                            calib_mode=calibration["mode"], num_calib_examples=records,
+                                            ctx=mx.cpu())
     qnet.hybridize(static_alloc=True, static_shape=True)
     qnet(mx.nd.zeros(data_shape)).wait_to_read()
     return qnet

@@ -148,3 +148,30 @@ def test_runner_refuses_int8_training_and_forwards_int8_scoring(digits_data):
                                 timeout=HANG_S)
     assert calibrated.returncode == 0, calibrated.stderr
     assert f"--data-train {digits_data}/train.rec" in calibrated.stdout  # the calibration records
+
+
+ENTROPY_CALIBRATION = """
+import sys
+import train  # loads MXNet as runner's check and every worker do: without scikit-learn and SciPy
+import mxnet as mx
+from mxnet.contrib import quantization
+import models
+from rn50kit.scoring import quantize
+assert "scipy" not in sys.modules and quantization.stats is None, "MXNet loaded SciPy"
+net = models.get_model("resnet18_v1.5", num_classes=10)
+net.initialize(mx.init.Xavier())
+net.hybridize()
+batches = [mx.io.DataBatch([mx.nd.random.uniform(shape=(4, 3, 32, 32))], pad=0) for _ in range(2)]
+calibration = {"mode": "entropy", "batches": 2}
+qnet = quantize.quantize(net, (1, 3, 32, 32), calibration, lambda: batches)
+print(qnet(mx.nd.zeros((2, 3, 32, 32))).shape, calibration["records"], quantization.stats is not None)
+"""
+
+
+def test_entropy_calibration_works_where_mxnet_was_loaded_without_scipy():
+    """train.py hides SciPy while MXNet loads (a second of every start), so MXNet's entropy calibration finds no
+    scipy.stats; quantize.quantize gives it one when --calib-mode entropy asks."""
+    result = subprocess.run([sys.executable, "-c", ENTROPY_CALIBRATION], cwd=ROOT, env=venv_env(),
+                            capture_output=True, text=True, timeout=HANG_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-3:] == ["10)", "8", "True"], result.stdout
