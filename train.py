@@ -76,11 +76,11 @@ if __name__ == "__main__":
 mxnet = import_mxnet()
 
 import fit
-from rn50kit.common import rules
-from rn50kit.config import cli, config_files, settings, train_config, train_flags
+from rn50kit.config import config_files, train_flags
 from rn50kit.config.cli import UsageError
+from rn50kit.config.data_flags import input_shape
 from rn50kit.data import loaders
-from rn50kit.launch import devices
+from rn50kit.launch import devices, memory
 from rn50kit.reliability import faults
 from rn50kit.scoring import predict, scoring
 from rn50kit.training import (
@@ -89,7 +89,6 @@ from rn50kit.training import (
     elastic_setup,
     epoch_data,
     network,
-    prelaunch,
     run_modes,
     run_record,
     seeds,
@@ -98,13 +97,12 @@ from rn50kit.training import (
     worker,
     workspace,
 )
-from rn50kit.training.start_checks import check_before_start
 from rn50kit.weights import pretrained
 
 # train.py's command line lives in the configuration home (MXNet-free: runner checks it in its own process)
 get_args_parser, parse_args, given_flags = train_flags.get_args_parser, train_flags.parse_args, train_flags.given_flags
 read_settings, fill_hyper_parameters = train_flags.read_settings, train_flags.fill_hyper_parameters
-check_config = train_flags.check_config
+check_config, configure = train_flags.check_config, train_flags.configure
 
 
 def setup_logging(rank):
@@ -112,46 +110,18 @@ def setup_logging(rank):
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def check_flags(argv, launch=None):
-    """Parse ``argv`` as train.py would and exit 2 with one line on an unknown or bad flag or hyper-parameter
-    (train_flags.check) or a damaged --load file. With ``launch`` (runner's description of the run:
-    launcher.launch_description) also what check_before_start can know before any worker starts, then print the
-    run's checkpoint prefix as JSON for runner's advice on a failure."""
-    args = parse_args(argv, prog="train.py")
-    if args.load and os.path.isfile(args.load):  # faults: a damaged --load file, refused before the workers start
-        try:
-            checkpoint.check_loadable(args.load)
-        except checkpoint.CheckpointError as error:
-            cli.fail("train.py", str(error))
-    train_flags.check(argv)
-    if launch is None:
+def print_network_sizes(argv):
+    """runner's memory estimate of a CPU run (launch/network_sizes.py), measured: the parameters and the activation
+    elements per image of the network ``argv`` trains, as JSON on stdout (or why it cannot be built)."""
+    cfg = configure(parse_args(argv, prog="train.py"), given_flags(argv), 0)
+    try:
+        net = network.build_network(cfg, [mxnet.cpu()], amp_graph=False)
+    except UsageError as error:  # flags the network cannot be built with: runner's refusal
+        print(json.dumps({"refusal": str(error)}))
         return
-    try:
-        cfg = configure(args, given_flags(argv), launch["gpus"])
-        contexts = cfg.fit.cpu_contexts if cfg.fit.kv_store != "horovod" and not launch["gpus"] else 1
-        check_before_start(cfg, launch["workers"] * contexts, launch["workers_here"], launch["memory"], True)
-    except UsageError as error:
-        cli.fail("train.py", config_files.blame(str(error), read_settings(argv), train_flags.typed_flags(argv)))
-    print(json.dumps({"checkpoint_prefix": prelaunch.checkpoint_prefix(cfg)}))
-
-
-def configure(args, given, num_gpus):
-    """The RunConfig of parsed flags: the defaults that depend on the machine, the data, a checkpoint and the
-    recipe filled in, then every value checked. The Namespace stops here."""
-    try:
-        settings.complete(args, given, num_gpus)
-    except ValueError as error:
-        raise UsageError(str(error))
-    problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
-    if problem:
-        raise UsageError(problem)
-    notes = fill_hyper_parameters(args, given)
-    cfg = train_config.from_args(args)
-    check_config(cfg)  # a refusal is the only line
-    for note in notes:
-        if args.mode in ("train", "train_val") and not args.test_io:  # --test-io trains nothing
-            logging.info("%s", note)  # rank 0 only logs at INFO
-    return cfg
+    shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
+    print(json.dumps({"parameters": memory.parameter_count(net),
+                      "activations": memory.activation_elements(net, shape)}))
 
 
 class RunFailed(UsageError):

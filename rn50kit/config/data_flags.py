@@ -2,6 +2,7 @@
 values; the iterators that read them are rn50kit/data's."""
 import dataclasses
 
+from rn50kit.common import backends
 from rn50kit.config import cli
 
 
@@ -137,6 +138,35 @@ def check_train_size(cfg):
         raise ValueError("progressive resizing needs both --train-size START,END and --train-size-epochs FIRST,LAST "
                          f"(0 <= FIRST < LAST); got --train-size {','.join(map(str, sizes)) or 'none'} and "
                          f"--train-size-epochs {','.join(map(str, epochs)) or 'none'}")
+
+
+def check_data_files(cfg):
+    """Return a one-line message naming the first missing data file of a DataConfig, or None: the files its
+    backend's row names (backends.RootLayout) for each split given, and the split --test-io times."""
+    layout = backends.root_layout(cfg.data_backend)
+    for split in layout.splits():
+        data, files = getattr(cfg, f"data_{split}"), layout.files(split)
+        if not data:
+            continue
+        needed = [(f"--data-{split}", data, files.data)]
+        if files.index:
+            needed.append((f"--data-{split}-idx", getattr(cfg, f"data_{split}_idx"), files.index))
+        for flag, path, name in needed:
+            if not path:
+                return f"{flag} is required with the {cfg.data_backend} backend; {cli.PREPARE_HINT}"
+            if not backends.present(path, name):
+                return f"{flag} {path} does not exist; {cli.PREPARE_HINT}"
+    if cfg.test_io:
+        for split in layout.splits_for(cfg.test_io_mode)[0]:
+            if not getattr(cfg, f"data_{split}"):
+                return f"--test-io-mode {cfg.test_io_mode} needs --data-{split}; {cli.PREPARE_HINT}"
+    return None
+
+
+def input_shape(image_shape, layout, batch):
+    """The network's input of ``batch`` images of ``image_shape`` (C,H,W) in ``layout`` (NCHW or NHWC)."""
+    channels, height, width = image_shape
+    return (batch, channels, height, width) if layout == "NCHW" else (batch, height, width, channels)
 
 
 def color_jitter3(values):

@@ -8,6 +8,7 @@ line with MXNet blocked).
 """
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 
@@ -152,6 +153,26 @@ def check_config(cfg):
         raise UsageError(str(error))
 
 
+def configure(args, given, num_gpus):
+    """The RunConfig of parsed flags: the defaults that depend on the machine, the data, a checkpoint and the
+    recipe filled in, then every value checked (a UsageError). The Namespace stops here."""
+    from rn50kit.common import rules
+    try:
+        settings.complete(args, given, num_gpus)
+    except ValueError as error:
+        raise UsageError(str(error))
+    problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
+    if problem:
+        raise UsageError(problem)
+    notes = fill_hyper_parameters(args, given)
+    cfg = train_config.from_args(args)
+    check_config(cfg)  # a refusal is the only line
+    for note in notes:
+        if args.mode in ("train", "train_val") and not args.test_io:  # --test-io trains nothing
+            logging.info("%s", note)  # rank 0 only logs at INFO
+    return cfg
+
+
 def problem(argv, elastic=False):
     """Why train.py would refuse the flags ``argv`` before it starts anything (a hyper-parameter out of range, an
     option the chosen optimizer does not take, ``elastic``: a backend an elastic run cannot read with ...), one
@@ -175,7 +196,7 @@ def check(argv, elastic=False):
     """train.py's refusal of the flags ``argv`` (of an elastic run's workers, ``elastic``), in this process and
     without MXNet: ``train.py: error: <one line>`` on stderr and exit status 2, as `python train.py ARGV` would
     start with; returns when they are good. (What needs the machine, the data or a checkpoint's file is
-    train.check_flags'.)"""
+    start_checks.check_launch'.)"""
     argv = [str(arg) for arg in argv]
     found = problem(argv, elastic)
     if found:

@@ -17,7 +17,8 @@ from rn50kit.data.io_timing import save_image_grid, test_io  # noqa: F401
 from rn50kit.data.protocol import DataError, Feed, out_dtype  # noqa: F401
 from rn50kit.data.record_files import label_problem, open_record_files, record_labels  # noqa: F401
 from rn50kit.data.record_source import ShuffledShardSource  # noqa: F401
-from rn50kit.config.data_flags import DataConfig, check_augmentation, check_train_size, color_jitter3  # noqa: F401
+from rn50kit.config.data_flags import (  # noqa: F401
+    DataConfig, check_augmentation, check_data_files, check_train_size, color_jitter3)
 
 
 def epoch_train_size(cfg, epoch):
@@ -36,29 +37,6 @@ def train_shape(cfg, epoch=0):
     size = epoch_train_size(cfg, epoch)
     channels, height, width = cfg.image_shape
     return (channels, height, width) if size is None else (channels, size, size)
-
-
-def check_data_files(cfg):
-    """Return a one-line message naming the first missing data file of a DataConfig, or None: the files its
-    backend's row names (backends.RootLayout) for each split given, and the split --test-io times."""
-    layout = backends.root_layout(cfg.data_backend)
-    for split in layout.splits():
-        data, files = getattr(cfg, f"data_{split}"), layout.files(split)
-        if not data:
-            continue
-        needed = [(f"--data-{split}", data, files.data)]
-        if files.index:
-            needed.append((f"--data-{split}-idx", getattr(cfg, f"data_{split}_idx"), files.index))
-        for flag, path, name in needed:
-            if not path:
-                return f"{flag} is required with the {cfg.data_backend} backend; {cli.PREPARE_HINT}"
-            if not backends.present(path, name):
-                return f"{flag} {path} does not exist; {cli.PREPARE_HINT}"
-    if cfg.test_io:
-        for split in layout.splits_for(cfg.test_io_mode)[0]:
-            if not getattr(cfg, f"data_{split}"):
-                return f"--test-io-mode {cfg.test_io_mode} needs --data-{split}; {cli.PREPARE_HINT}"
-    return None
 
 
 def feed_of(run_cfg):

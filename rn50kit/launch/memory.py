@@ -102,9 +102,14 @@ def check(net, input_shape, dtype, global_batch, devices, processes_here, budget
     """(problem, estimate): ``problem`` is one line when the estimate of training ``global_batch`` images over
     ``devices`` devices (``processes_here`` of them on this machine) exceeds ``budget`` bytes per device (None:
     unknown, nothing checked), naming a global batch that fits."""
+    sizes = parameter_count(net), activation_elements(net, (1,) + tuple(input_shape[1:]))
+    return check_sizes(sizes, input_shape, dtype, global_batch, devices, budget, where)
+
+
+def check_sizes(sizes, input_shape, dtype, global_batch, devices, budget, where):
+    """check() of a network known by its ``sizes``: (parameters, activation elements per image)."""
+    params, activations = sizes
     per_device = max(global_batch // max(devices, 1), 1)
-    params = parameter_count(net)
-    activations = activation_elements(net, (1,) + tuple(input_shape[1:]))
     need = training_bytes(params, activations, per_device, dtype)
     if budget is None or need <= budget:
         return None, need

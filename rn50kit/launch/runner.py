@@ -31,7 +31,7 @@ def main(argv=None, kit_dir=plan.KIT_DIR):
         if busy:
             fail(busy)
     # a dry run refuses what the run would, before launching: the flags and what can be known of the run
-    checkpoint_prefix = train_flags.check_train_flags(train_flags.train_arguments(command), kit_dir,
+    checkpoint_prefix = train_flags.check_train_flags(train_flags.train_arguments(command),
                                                       plan.launch_description(args, described, launcher))
     if args.dry_run:
         for key, value in env.items():  # shell-quoted: a pasted plan runs the same words (a discovery command)
@@ -50,5 +50,5 @@ def refuse(error, argv, extra, kit_dir):
     value in the file is the line to read, not the plan it led to: train.py's check speaks first."""
     config = arguments.get_args_parser().parse_known_args(argv)[0].config
     if config and not isinstance(error, arguments.BadConfigFile):
-        train_flags.check_train_flags(extra + ["--config", os.path.abspath(config)], kit_dir)
+        train_flags.check_train_flags(extra + ["--config", os.path.abspath(config)])
     fail(arguments.blame_config_file(str(error), argv))

@@ -1,11 +1,7 @@
-"""train.py's flags checked before any worker starts: first in this process by train.py's own parser and checks,
-which need no MXNet (rn50kit.config.train_flags), then, for a launch, what needs the machine, the data or a
-checkpoint's file in a Python that imports train (train.check_flags): one line for an unknown or bad flag, and the
-run's checkpoint prefix."""
-import json
+"""train.py's flags checked before any worker starts, in runner's process and without MXNet: train.py's own parser
+and checks (rn50kit.config.train_flags), then, for a launch, what needs the machine, the data or a checkpoint's
+file (start_checks.check_launch): one line for an unknown or bad flag, and the run's checkpoint prefix."""
 import os
-import subprocess
-import sys
 
 from rn50kit.config import train_flags as flags
 
@@ -16,21 +12,12 @@ def train_arguments(command):
     return [str(part) for part in command[at + 1:]]
 
 
-def check_train_flags(extra, kit_dir, launch=None):
+def check_train_flags(extra, launch=None):
     """An unknown or bad train.py flag or hyper-parameter and, given ``launch`` (plan.launch_description's), what
-    start_checks.check_before_start knows before any worker starts: train.py's one-line message, once, before any
+    start_checks.check_launch knows before any worker starts: train.py's one-line message, once, before any
     worker starts (and in a dry run). Returns the run's checkpoint prefix (None: it does not train)."""
     flags.check(extra, elastic=bool(launch and launch.get("elastic")))
     if launch is None:
         return None
-    check = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, sys.argv.pop(1)); "
-                            "import train; train.check_flags(sys.argv[2:], json.loads(sys.argv[1]))", str(kit_dir),
-                            json.dumps(launch), *extra], stdout=subprocess.PIPE, text=True)
-    lines, answer = check.stdout.splitlines(), {}
-    if check.returncode == 0 and launch and lines and lines[-1].startswith('{"checkpoint_prefix"'):
-        answer = json.loads(lines.pop())
-    if lines:
-        print("\n".join(lines))
-    if check.returncode != 0:
-        sys.exit(check.returncode)
-    return answer.get("checkpoint_prefix")
+    from rn50kit.training import start_checks  # the data, the workspace and the checkpoint's modules
+    return start_checks.check_launch(extra, launch)

@@ -11,6 +11,7 @@ import numpy as np
 from mxnet import gluon
 
 from rn50kit.common import backends
+from rn50kit.config.data_flags import input_shape
 from rn50kit.data.loaders import out_dtype
 from rn50kit.graph.inference import optimize_for_inference, to_bfloat16
 from rn50kit.reporting.report import Report
@@ -210,11 +211,6 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
     if dist.is_primary:
         log.info("Loaded %s", path)
     return path
-
-
-def input_shape(image_shape, layout, batch):
-    channels, height, width = image_shape
-    return (batch, channels, height, width) if layout == "NCHW" else (batch, height, width, channels)
 
 
 def int8_graph(cfg, net, ctxs, dist, calibration_batches):

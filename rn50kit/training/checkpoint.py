@@ -27,11 +27,10 @@ import os
 import re
 import shutil
 
-import mxnet as mx
 import numpy as np
 
-import models
-from rn50kit.training import optimizer_state
+# MXNet (and models and optimizer_state, which import it) load where a file is read or written through them:
+# runner's launch check reads state files and checksums in its own process, without MXNet.
 
 STATE_SUFFIX = ".state.json"
 TAG = r"-\d{4}(?:-step\d{6})?"
@@ -52,6 +51,9 @@ def workspace_path(workspace, name):
 def load_params(net, path, ctxs):
     """Load a .params file into ``net`` on the devices ``ctxs``; a file of another architecture is a
     CheckpointError."""
+    import mxnet as mx
+
+    import models
     try:
         models.load_parameters(net, path, ctxs)
     except ValueError as error:
@@ -108,6 +110,9 @@ def _export(net, tmp_prefix):
     """models.export of ``net`` to ``tmp_prefix``; returns the parameter file. MXNet's file writer reports a failed
     write as "FileStream.Write incomplete" without the cause, and drops an error at close (leaving a short file):
     so the file is read back, and on failure a write of the same size from Python finds the cause (OSError)."""
+    import mxnet as mx
+
+    import models
     path = f"{tmp_prefix}-0000.params"
     try:
         models.export(net, tmp_prefix)
@@ -139,6 +144,9 @@ def save(prefix, net, trainer, state, ema=None, best=False):
 
     Raises CheckpointError when a file cannot be written (the disk full, its quota, a file-size limit): what this
     save wrote is removed first, so no part of it is taken for a checkpoint later."""
+    import mxnet as mx
+
+    from rn50kit.training import optimizer_state
     directory, name = os.path.split(prefix)
     tag = tag_for(state["epoch"], state["step"])
     tmp_prefix = os.path.join(directory, f".tmp-{name}")
@@ -388,6 +396,7 @@ def check_loadable(params_path):
             raise CheckpointError(why)
         if state is not None:
             return
+    import mxnet as mx
     try:
         mx.nd.load(params_path)
     except mx.base.MXNetError as error:

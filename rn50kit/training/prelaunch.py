@@ -10,7 +10,8 @@ import os
 import tempfile
 
 from rn50kit.config import settings
-from rn50kit.data import loaders
+from rn50kit.data.protocol import DataError
+from rn50kit.data.record_files import label_problem, record_labels
 from rn50kit.training import checkpoint
 
 TRAINING_MODES = ("train", "train_val")
@@ -33,9 +34,9 @@ def labels_problem(cfg):
     if cfg.fit.mode == "pred":
         return None
     try:
-        labels = loaders.record_labels(cfg.data)
-        bad = loaders.label_problem(cfg.data, cfg.model.num_classes)
-    except loaders.DataError as error:
+        labels = record_labels(cfg.data)
+        bad = label_problem(cfg.data, cfg.model.num_classes)
+    except DataError as error:
         return str(error)
     return bad or settings.class_count_problem(cfg.data.data_train, cfg.data.data_val, cfg.model.num_classes,
                                                labels)[0]

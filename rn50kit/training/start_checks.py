@@ -1,17 +1,40 @@
 """What refuses a run before it starts, in one line each (a UsageError): runner's rules against this machine, the
 flags against the devices the batch splits over, the data, the workspace and the checkpoint (prelaunch.py),
-and the memory of the batch. runner runs check_before_start before launching (train.py's check_flags); every
-worker's start runs it again, then check_memory with the network built."""
+and the memory of the batch. runner runs check_launch in its own process before launching, without MXNet (a CPU
+run's network sizes come from launch/network_sizes.py); every worker's start runs check_before_start again, then
+check_memory with the network built."""
 import logging
+import os
 
 from rn50kit.common import backends, rules
-from rn50kit.config import cli
+from rn50kit.config import cli, config_files, train_flags
 from rn50kit.config.cli import UsageError
-from rn50kit.data import loaders
-from rn50kit.launch import devices, memory
+from rn50kit.config.data_flags import check_augmentation, check_data_files, check_train_size, input_shape
+from rn50kit.launch import devices, memory, network_sizes
 from rn50kit.reliability import faults
-from rn50kit.scoring import quantize, scoring
-from rn50kit.training import network, prelaunch
+from rn50kit.training import checkpoint, prelaunch
+
+
+def check_launch(argv, launch):
+    """runner's check of train.py's flags ``argv`` before any worker starts, and in a dry run, in runner's process:
+    a damaged --load file, then what check_before_start knows for ``launch`` (plan.launch_description's: the
+    workers, those here, GPUs, whether to estimate the memory here), each refused as train.py would refuse it
+    (``train.py: error: <one line>``, status 2). Returns the run's checkpoint prefix (None: it does not train)."""
+    args = train_flags.parse_args(argv, prog="train.py")
+    if args.load and os.path.isfile(args.load):  # faults: a damaged --load file, refused before the workers start
+        try:
+            checkpoint.check_loadable(args.load)
+        except checkpoint.CheckpointError as error:
+            cli.fail("train.py", str(error))
+    try:
+        cfg = train_flags.configure(args, train_flags.given_flags(argv), launch["gpus"])
+        contexts = cfg.fit.cpu_contexts if cfg.fit.kv_store != "horovod" and not launch["gpus"] else 1
+        sizes = (lambda: network_sizes.network_sizes(cfg, argv)) if launch["memory"] else None
+        check_before_start(cfg, launch["workers"] * contexts, launch["workers_here"], True, sizes)
+    except UsageError as error:
+        cli.fail("train.py", config_files.blame(str(error), train_flags.read_settings(argv),
+                                                train_flags.typed_flags(argv)))
+    return prelaunch.checkpoint_prefix(cfg)
 
 
 def check_run(cfg, gpu):
@@ -28,31 +51,32 @@ def check_run(cfg, gpu):
 def check_devices(cfg, ctxs, dist):
     """The flags against the workers' devices; --dtype int8 against what this machine can quantize."""
     # elastic: each world's plan splits the batch
-    check_before_start(cfg, 1 if dist.elastic else dist.size * len(ctxs), dist.local_size, False, False)
+    check_before_start(cfg, 1 if dist.elastic else dist.size * len(ctxs), dist.local_size, False)
     if cfg.fit.dtype == "int8":
+        from rn50kit.scoring import quantize
         why = quantize.int8_unavailable(cfg.fit.mode, ctxs, cfg.model.conv_layout, cfg.quantize.calib_batches)
         if why:
             raise UsageError(why)
 
 
-def check_before_start(cfg, devices, processes_here, memory_too, launching):
+def check_before_start(cfg, devices, processes_here, launching, sizes_of=None):
     """What can be known before any worker starts, a UsageError of one line: the flags against the ``devices``
     the global batch splits over (validate_args), the data's labels, the workspace, the checkpoint --resume
-    continues (prelaunch.py) and, with ``memory_too`` (a CPU run; each worker estimates its GPU's), the memory of
-    the batch for ``processes_here`` workers on this machine. runner runs it (check_flags, ``launching``) before
-    launching and in a dry run; every worker's start runs it too, but for the memory (check_memory's collective
-    has it) and the checkpoint (fit.resume, after the workspace lock)."""
+    continues (prelaunch.py) and, given ``sizes_of`` (a CPU run's: () -> (parameters, activations per
+    image), or None when unknown; each worker estimates its GPU's), the memory of the batch for
+    ``processes_here`` workers on this machine. runner runs it (check_launch, ``launching``) before launching and
+    in a dry run; every worker's start runs it too, but for the memory (check_memory's collective has it) and the
+    checkpoint (fit.resume, after the workspace lock)."""
     validate_args(cfg, devices)
     problem = prelaunch.problem(cfg, resume=launching)
     if problem:
         raise UsageError(problem)
-    if memory_too and prelaunch.trains(cfg) and cfg.fit.memory_check == "refuse":
-        import mxnet as mx
+    sizes = sizes_of and prelaunch.trains(cfg) and cfg.fit.memory_check == "refuse" and sizes_of()
+    if sizes:
         contexts = 1 if cfg.fit.kv_store == "horovod" else cfg.fit.cpu_contexts
-        net = network.build_network(cfg, [mx.cpu()], amp_graph=False)
         budget, where = cpu_memory_budget(processes_here, contexts)
-        problem, _ = memory.check(net, scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1),
-                                  cfg.fit.dtype, cfg.fit.batch_size, devices, processes_here, budget, where)
+        problem, _ = memory.check_sizes(sizes, input_shape(cfg.data.image_shape, cfg.data.input_layout, 1),
+                                        cfg.fit.dtype, cfg.fit.batch_size, devices, budget, where)
         if problem:
             raise UsageError(problem)
 
@@ -84,12 +108,12 @@ def validate_args(cfg, num_workers):
     if problem and fit_cfg.mode in prelaunch.TRAINING_MODES:
         raise UsageError(problem)
     try:
-        loaders.check_train_size(data_cfg)
-        loaders.check_augmentation(data_cfg)
+        check_train_size(data_cfg)
+        check_augmentation(data_cfg)
     except ValueError as error:
         raise UsageError(str(error))
     if backends.reads_records(data_cfg.data_backend):
-        missing = loaders.check_data_files(data_cfg)
+        missing = check_data_files(data_cfg)
         if missing:
             raise UsageError(missing)
         if not data_cfg.data_train and not data_cfg.data_val:
@@ -108,7 +132,7 @@ def check_memory(cfg, net, ctxs, dist):
         budget, where = memory.gpu_budget(ctxs[0]), f"GPU {ctxs[0].device_id}"
     else:
         budget, where = cpu_memory_budget(dist.local_size, len(ctxs))
-    shape = scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
+    shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
     problem, _ = memory.check(net, shape, fit_cfg.dtype, fit_cfg.batch_size, dist.size * len(ctxs),
                               dist.local_size, budget, where)
     refused = bool(problem) and fit_cfg.memory_check == "refuse"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import train
-from rn50kit.config import optimizer_registry
+from rn50kit.config import optimizer_registry, train_flags
 from support.docs import import_guide_module, section_blocks
 from support.processes import ROOT
 from support.runs import TINY_RUN
@@ -70,7 +70,7 @@ def test_the_guides_optimizer_trains_a_network_through_train_py(guides_optimizer
 
 def test_a_generic_flag_the_guides_optimizer_does_not_take_is_refused_in_one_line(guides_optimizer, capsys):
     with pytest.raises(SystemExit) as ended:
-        train.check_flags(["--optimizer", "plain-sgd", "--opt-eps", "1e-8"])
+        train_flags.check(["--optimizer", "plain-sgd", "--opt-eps", "1e-8"])  # runner's check, in its process
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.count("\n") == 1
     assert "--opt-eps: --optimizer plain-sgd has no eps (used by lars, lamb)" in err

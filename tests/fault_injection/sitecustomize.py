@@ -124,8 +124,8 @@ def kill_in_save(checkpoint):
     checkpoint.os = Overridden(os, replace=operation("rename", os.replace, lambda tmp, final: final))
     checkpoint.json = Overridden(json, dump=operation("write", json.dump, lambda state, f, **kw: f.name))
     checkpoint.shutil = Overridden(shutil, copyfile=operation("write", shutil.copyfile, lambda src, dst: dst))
-    checkpoint.optimizer_state = Overridden(checkpoint.optimizer_state, save=operation(
-        "write", checkpoint.optimizer_state.save, lambda trainer, path: path))
+    from rn50kit.training import optimizer_state  # checkpoint.save imports it where it saves
+    optimizer_state.save = operation("write", optimizer_state.save, lambda trainer, path: path)
 
 
 _RANK = next((os.environ[mark] for mark in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")

@@ -105,11 +105,14 @@ def test_a_malformed_default_recipe_refuses_every_run_in_one_line(recipes_with_a
                                   ["--optimizer", "lamb", "--opt-betas", "0.9,1.5"], ["--opt-eps", "-1"],
                                   ["--no-such-flag"], ["--ema-decay", "1.5", "--lr", "0.1"], ["--dtype", "float8"]])
 def test_the_in_process_check_refuses_as_train_py_does(argv, capsys):
-    """runner's check without a train.py process (train_flags.check) against train.py's own (train.check_flags,
-    which runner ran in a Python that imports train): the same line, the same status."""
-    import train
+    """runner's first check of the flags alone (train_flags.check) against its check of the launch, which completes
+    the RunConfig as each worker's train.py does (start_checks.check_launch, through train_flags.configure): the
+    same line, the same status."""
+    from rn50kit.training import start_checks
+    launch = {"gpus": 0, "workers": 1, "workers_here": 1, "memory": False}
     outcomes = []
-    for check in (train_flags.check, train.check_flags):
+    on_any_machine = ["--data-backend", "synthetic"]
+    for check in (train_flags.check, lambda argv: start_checks.check_launch(argv + on_any_machine, launch)):
         with pytest.raises(SystemExit) as ended:
             check(argv)
         outcomes.append((ended.value.code, capsys.readouterr().err))

@@ -146,11 +146,11 @@ def test_runner_refuses_an_elastic_run_on_synthetic_data_before_any_worker_start
     backend's line, not the workers' (the fault campaign's finding: every worker started, then refused)."""
     from rn50kit.launch import train_flags
     with pytest.raises(SystemExit) as refused:
-        train_flags.check_train_flags(["--data-backend", "synthetic"], KIT, {"elastic": True})
+        train_flags.check_train_flags(["--data-backend", "synthetic"], {"elastic": True})
     line = capsys.readouterr().err.strip()
     assert refused.value.code == 2 and "\n" not in line, line
     assert line.endswith("--data-backend synthetic cannot: use dali-cpu or dali-gpu"), line
-    assert train_flags.check_train_flags(["--data-backend", "synthetic"], KIT) is None  # a fixed world reads it
+    assert train_flags.check_train_flags(["--data-backend", "synthetic"]) is None  # a fixed world reads it
 
 
 def test_a_discovery_script_places_workers_beyond_this_machines_cores(data_root):
