@@ -110,18 +110,25 @@ def setup_logging(rank):
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def print_network_sizes(argv):
-    """runner's memory estimate of a CPU run (launch/network_sizes.py), measured: the parameters and the activation
-    elements per image of the network ``argv`` trains, as JSON on stdout (or why it cannot be built)."""
+def network_sizes(argv):
+    """The parameters and the activation elements per image of the network ``argv`` trains (or why it cannot be
+    built), for runner's memory estimate of a CPU run."""
     cfg = configure(parse_args(argv, prog="train.py"), given_flags(argv), 0)
     try:
         net = network.build_network(cfg, [mxnet.cpu()], amp_graph=False)
     except UsageError as error:  # flags the network cannot be built with: runner's refusal
-        print(json.dumps({"refusal": str(error)}))
-        return
+        return {"refusal": str(error)}
     shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
-    print(json.dumps({"parameters": memory.parameter_count(net),
-                      "activations": memory.activation_elements(net, shape)}))
+    return {"parameters": memory.parameter_count(net), "activations": memory.activation_elements(net, shape)}
+
+
+ANSWERS = {"network_sizes": network_sizes,
+           "nvidia_fused_batchnorm": lambda argv: {"fused": devices.nvidia_fused_batchnorm()}}
+
+
+def print_answer(question, argv):
+    """What runner's launch check asks of MXNet (launch/mxnet_answers.py), answered as JSON on stdout."""
+    print(json.dumps(ANSWERS[question](argv)))
 
 
 class RunFailed(UsageError):

@@ -1,7 +1,7 @@
 """What refuses a run before it starts, in one line each (a UsageError): runner's rules against this machine, the
 flags against the devices the batch splits over, the data, the workspace and the checkpoint (prelaunch.py),
-and the memory of the batch. runner runs check_launch in its own process before launching, without MXNet (a CPU
-run's network sizes come from launch/network_sizes.py); every worker's start runs check_before_start again, then
+and the memory of the batch. runner runs check_launch in its own process before launching, without MXNet (what
+only MXNet tells comes from launch/mxnet_answers.py); every worker's start runs check_before_start again, then
 check_memory with the network built."""
 import logging
 import os
@@ -10,7 +10,7 @@ from rn50kit.common import backends, rules
 from rn50kit.config import cli, config_files, train_flags
 from rn50kit.config.cli import UsageError
 from rn50kit.config.data_flags import check_augmentation, check_data_files, check_train_size, input_shape
-from rn50kit.launch import devices, memory, network_sizes
+from rn50kit.launch import devices, memory, mxnet_answers
 from rn50kit.reliability import faults
 from rn50kit.training import checkpoint, prelaunch
 
@@ -29,7 +29,7 @@ def check_launch(argv, launch):
     try:
         cfg = train_flags.configure(args, train_flags.given_flags(argv), launch["gpus"])
         contexts = cfg.fit.cpu_contexts if cfg.fit.kv_store != "horovod" and not launch["gpus"] else 1
-        sizes = (lambda: network_sizes.network_sizes(cfg, argv)) if launch["memory"] else None
+        sizes = (lambda: mxnet_answers.network_sizes(cfg, argv)) if launch["memory"] else None
         check_before_start(cfg, launch["workers"] * contexts, launch["workers_here"], True, sizes)
     except UsageError as error:
         cli.fail("train.py", config_files.blame(str(error), train_flags.read_settings(argv),

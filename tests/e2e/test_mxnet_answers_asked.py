@@ -1,12 +1,13 @@
-"""runner's memory estimate of a CPU run: the network's sizes measured by a Python that imports train
-(launch/network_sizes.py), and runner's launch check loading no MXNet once they are known."""
+"""What runner's launch check asks of MXNet, answered by a Python that imports train (launch/mxnet_answers.py): the
+network's sizes of a CPU run's memory estimate, NVIDIA's fused BatchNorm; the check loads no MXNet once they are
+known."""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from rn50kit.launch import network_sizes
+from rn50kit.launch import mxnet_answers
 from support.processes import ROOT, venv_env
 
 ARGV = ["--data-backend", "synthetic", "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32"]
@@ -21,7 +22,7 @@ def run_config(argv):
 def measured_cache(tmp_path_factory):
     """A cache holding ARGV's network, measured once (about 3 s) by the kit's own path."""
     path = tmp_path_factory.mktemp("cache") / "network-sizes.json"
-    sizes = network_sizes.network_sizes(run_config(ARGV), ARGV, path=str(path))
+    sizes = mxnet_answers.network_sizes(run_config(ARGV), ARGV, path=str(path))
     return path, sizes
 
 
@@ -42,7 +43,7 @@ def test_runner_s_launch_check_loads_no_mxnet_once_the_network_is_known(measured
     """The launch check of a CPU run, the memory estimate included, in a Python that must not load MXNet."""
     cache = tmp_path / "rn50-kit"
     cache.mkdir()
-    (cache / "network-sizes.json").write_text(measured_cache[0].read_text())
+    (cache / "mxnet-answers.json").write_text(measured_cache[0].read_text())
     code = ("import sys; from rn50kit.launch import train_flags; "
             "prefix = train_flags.check_train_flags(sys.argv[1:], {'gpus': 0, 'workers': 2, 'workers_here': 2, "
             "'memory': True}); print(prefix, 'mxnet' in sys.modules)")
@@ -53,3 +54,10 @@ def test_runner_s_launch_check_loads_no_mxnet_once_the_network_is_known(measured
     refused = subprocess.run([sys.executable, "-c", code, *ARGV, "--batch-size", "10000000"], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert refused.returncode == 2 and refused.stderr.startswith("train.py: error: training needs about")
+
+
+def test_the_fused_batchnorm_answer_is_this_mxnet_s(tmp_path):
+    from rn50kit.launch import devices
+    path = str(tmp_path / "answers.json")
+    assert mxnet_answers.nvidia_fused_batchnorm(path) is (devices.nvidia_bn_relu() and devices.nvidia_bn_add_relu())
+    assert list(json.loads(open(path).read()).values()) == [{"fused": mxnet_answers.nvidia_fused_batchnorm(path)}]
