@@ -22,12 +22,13 @@ from support.runs import digits_runner
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = 1200  # 50 optimizer steps of 24 images per epoch
+EXAMPLES = 1200  # 50 optimizer steps of 24 images per epoch: the runs whose accuracy is compared
+SHORT = 480  # 20 steps: the runs that test what happens around a world change, not how far the run learns
 TOLERANCE = 0.2
 
 
-def runner_command(digits, workspace, workers, per_worker, *extra, epochs=2):
-    return digits_runner(digits, workspace, workers, per_worker, epochs, EXAMPLES, "--warmup-epochs", "0",
+def runner_command(digits, workspace, workers, per_worker, *extra, epochs=2, examples=EXAMPLES):
+    return digits_runner(digits, workspace, workers, per_worker, epochs, examples, "--warmup-epochs", "0",
                          "--memory-check", "warn", *extra)
 
 
@@ -133,7 +134,7 @@ def test_rank_0_lost_a_new_rank_0_writes_the_run_and_holds_the_workspace(digits_
     need_ssh_hosts()
     workspace = tmp_path / "ws"
     process = start(runner_command(digits_data, workspace, 3, 8, "-H", "hostA:1,hostB:1,localhost:1", "--min-np", "2",
-                                   *ELASTIC), tmp_path / "run")
+                                   *ELASTIC, examples=SHORT), tmp_path / "run")
     from rn50kit.reliability import run_lock
     try:
         victim = wait_until(lambda: worker_with(workspace, "HOROVOD_RANK", "0"), "rank 0's worker", HANG_S,
@@ -165,7 +166,7 @@ def test_a_worker_killed_inside_a_commit_the_others_go_on_from_theirs(digits_dat
     workspace = tmp_path / "ws"
     injection = os.path.join(ROOT, "tests", "fault_injection")
     process = start(runner_command(digits_data, workspace, 3, 8, "-H", "localhost:2,hostA:1", "--min-np", "2",
-                                   *ELASTIC, epochs=1), tmp_path / "run",
+                                   *ELASTIC, epochs=1, examples=SHORT), tmp_path / "run",
                     PYTHONPATH=injection + os.pathsep + venv_env()["PYTHONPATH"], RN50_INJECT_KIND="kill-in-commit",
                     RN50_INJECT_HOST="hostA", RN50_INJECT_STEP="3")
     finish(process, workspace)
@@ -205,7 +206,7 @@ def test_below_min_np_for_too_long_ends_in_one_line_and_the_same_command_resumes
     need_ssh_hosts()
     workspace = tmp_path / "ws"
     command = runner_command(digits_data, workspace, 2, 12, "-H", "localhost:1,hostA:1", "--min-np", "2",
-                             "--elastic-timeout", "10", *ELASTIC, epochs=3)
+                             "--elastic-timeout", "10", *ELASTIC, epochs=3, examples=SHORT)
     process = start(command, tmp_path / "run")
     try:
         from rn50kit.training import checkpoint
@@ -236,7 +237,7 @@ def test_a_stop_signal_saves_and_the_rerun_resumes_an_elastic_run(digits_data, t
     need_ssh_hosts()
     workspace = tmp_path / "ws"
     command = runner_command(digits_data, workspace, 2, 12, "-H", "localhost:1,hostA:1", "--min-np", "1",
-                             *ELASTIC)
+                             *ELASTIC, examples=SHORT)
     process = start(command, tmp_path / "run")
     try:
         wait_until(lambda: len(records(workspace, "iter")) >= 10, "step 10 of epoch 1", HANG_S, process)
