@@ -46,12 +46,16 @@ demo: setup
 # Two pytest-xdist workers, each taking whole test files (their module fixtures are built once): much of the suite
 # waits on other processes (start-up, stall timeouts, launches over SSH), so two share even a 2-core machine well.
 TEST_WORKERS ?= 2
+# Python's bytecode caches written even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1, as in some
+# containers and CI images): pytest rewrites every test module it imports, about 4 s of each worker's start, and
+# keeps the result only in them.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 # Inside NVIDIA's MXNet container (docs/gpu.md): keep its MXNet, numpy, Horovod and Open MPI, add only the kit's
 # packages, and print what was found. CONTAINER_PYTHON: the container's Python.
@@ -75,7 +79,8 @@ $(STANDIN): tools/install_horovod.sh
 
 test-container: $(STANDIN)
 	tools/setup_container.sh $(STANDIN_VENV)/bin/python --with-tests
-	$(STANDIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 tests/unit \
+	PYTHONDONTWRITEBYTECODE= $(STANDIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		--durations=10 tests/unit \
 		tests/e2e/test_container_route.py tests/e2e/test_self_check.py::test_self_check_on_this_cpu_machine
 
 lint: setup

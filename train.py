@@ -24,7 +24,7 @@ def bootstrap():
     stop_signals.keep_early_stops()
     set_mxnet_environment(sys.argv[1:], os.environ)
     try:
-        mxnet = import_mxnet()
+        mxnet = supported.import_mxnet()
     except ImportError:
         sys.exit("train.py: error: MXNet is not installed for this Python; run `make setup`, then use "
                  ".venv/bin/python (or `source .venv/bin/activate`)")
@@ -46,33 +46,13 @@ def set_mxnet_environment(argv, environ):
             environ["OMP_NUM_THREADS"] = str(devices.openmp_threads())
 
 
-class _WithoutSciPyStack:
-    """MXNet 1.9.1 imports scikit-learn where it is installed (the kit's demo data needs it) for a legacy base class
-    the kit never uses, and SciPy for sparse arrays and entropy calibration (quantize.py gives it scipy.stats when
-    that is asked for): together about a second of every worker's and every check's start. Hidden while MXNet
-    loads; MXNet handles their absence."""
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name.partition(".")[0] in ("sklearn", "scipy"):
-            raise ImportError(f"{name}: not needed by MXNet here")
-        return None
-
-
-def import_mxnet():
-    """MXNet, loaded without scikit-learn and SciPy (an ImportError where MXNet is not installed)."""
-    sys.meta_path.insert(0, _WithoutSciPyStack)
-    try:
-        import mxnet
-    finally:
-        sys.meta_path.remove(_WithoutSciPyStack)
-    return mxnet
-
-
 if __name__ == "__main__":
     bootstrap()
 
 # After bootstrap: as a script, MXNet's environment is set before it loads. Imported (runner's flag check, tests),
 # MXNet loads here, without scikit-learn and SciPy too (a second of every check's start).
+from rn50kit.common.supported import import_mxnet  # noqa: E402
+
 mxnet = import_mxnet()
 
 import fit
