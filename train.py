@@ -102,7 +102,16 @@ def network_sizes(argv):
     return {"parameters": memory.parameter_count(net), "activations": memory.activation_elements(net, shape)}
 
 
-ANSWERS = {"network_sizes": network_sizes,
+def params_problem(argv):
+    """Why MXNet cannot read the parameter file ``argv[0]`` (None: it reads it)."""
+    try:
+        checkpoint.read_params(argv[0])
+    except checkpoint.CheckpointError as error:
+        return {"problem": str(error)}
+    return {"problem": None}
+
+
+ANSWERS = {"network_sizes": network_sizes, "params_problem": params_problem,
            "nvidia_fused_batchnorm": lambda argv: {"fused": devices.nvidia_fused_batchnorm()}}
 
 

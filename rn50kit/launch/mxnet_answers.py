@@ -5,6 +5,8 @@ every launch and dry run): asked once of a Python that imports train (train.prin
 - network_sizes: a run's network's parameters and activation elements per image, for the memory estimate of a
   CPU run; kept under the model's flags, the image shape and layout, the dtype and the kit's code.
 - nvidia_fused_batchnorm: whether this MXNet has NVIDIA's fused BatchNorm ops (a float16 GPU run's defaults).
+- params_problem: whether MXNet reads a --load file that has no state file to verify it against (never kept: the
+  file may change).
 
 An entry that cannot be read is asked again, never trusted; a cache that cannot be written only costs the time.
 """
@@ -21,6 +23,7 @@ from rn50kit import KIT_DIR
 from rn50kit.config.cli import UsageError
 
 MAX_ENTRIES = 200  # a few hundred networks: the file stays small and is read whole
+_PARAMS_READ = {}  # (path, size, mtime) -> params_problem's answer, in this process
 
 
 def cache_path(environ=os.environ):
@@ -134,3 +137,17 @@ def nvidia_fused_batchnorm(path=None):
     cannot be told (no MXNet: no fused ops)."""
     answer = cached(key("nvidia_fused_batchnorm"), valid_flag, "nvidia_fused_batchnorm", (), path)
     return bool(answer and answer["fused"])
+
+
+def read_params(path):
+    """checkpoint.read_params of ``path`` in a Python that imports train: the file's problem raised here, as the
+    CheckpointError it is; a file MXNet reads, or an answer that cannot be had, passes (each worker reads it).
+    Asked once per version of the file in this process (a scoring launch checks its --load twice)."""
+    stat = os.stat(path)
+    version = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    if version not in _PARAMS_READ:
+        _PARAMS_READ[version] = ask("params_problem", [path])
+    answer = _PARAMS_READ[version]
+    if isinstance(answer, dict) and isinstance(answer.get("problem"), str):
+        from rn50kit.training.checkpoint import CheckpointError
+        raise CheckpointError(answer["problem"])

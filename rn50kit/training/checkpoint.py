@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import numpy as np
 
@@ -382,7 +383,8 @@ def not_parameters(path):
 
 def check_loadable(params_path):
     """Refuse (CheckpointError) a named parameter file that is damaged or not one (not_parameters): checked
-    against its state file when one is beside it, else by reading it (a truncated or foreign file does not load)."""
+    against its state file when one is beside it, else by reading it (a truncated or foreign file does not load);
+    where MXNet is not loaded (runner's launch check), a Python that imports train reads it."""
     problem = not_parameters(params_path)
     if problem:
         raise CheckpointError(problem)
@@ -396,6 +398,15 @@ def check_loadable(params_path):
             raise CheckpointError(why)
         if state is not None:
             return
+    if "mxnet" in sys.modules:
+        read_params(params_path)
+    else:
+        from rn50kit.launch import mxnet_answers
+        mxnet_answers.read_params(params_path)
+
+
+def read_params(params_path):
+    """A CheckpointError where MXNet's loader cannot read ``params_path`` (a truncated or foreign file)."""
     import mxnet as mx
     try:
         mx.nd.load(params_path)

@@ -57,7 +57,39 @@ def test_runner_s_launch_check_loads_no_mxnet_once_the_network_is_known(measured
 
 
 def test_the_fused_batchnorm_answer_is_this_mxnet_s(tmp_path):
+    """Asked by a float16 run on GPUs (its defaults), as in a dry run of `./runner -n 8 -b 208 --dtype float16`
+    planned for 8 GPUs: this MXNet's own answer, and runner's check then loads no MXNet."""
     from rn50kit.launch import devices
-    path = str(tmp_path / "answers.json")
-    assert mxnet_answers.nvidia_fused_batchnorm(path) is (devices.nvidia_bn_relu() and devices.nvidia_bn_add_relu())
-    assert list(json.loads(open(path).read()).values()) == [{"fused": mxnet_answers.nvidia_fused_batchnorm(path)}]
+    path = tmp_path / "rn50-kit" / "mxnet-answers.json"
+    assert mxnet_answers.nvidia_fused_batchnorm(str(path)) is (devices.nvidia_bn_relu() and
+                                                               devices.nvidia_bn_add_relu())
+    assert list(json.loads(path.read_text()).values()) == [{"fused": mxnet_answers.nvidia_fused_batchnorm(str(path))}]
+    code = ("import sys; from rn50kit.launch import train_flags; train_flags.check_train_flags(sys.argv[1:], "
+            "{'gpus': 8, 'workers': 8, 'workers_here': 8, 'memory': False}); print('mxnet' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--dtype", "float16", "--batch-size", "1664",
+                           "--workspace", str(tmp_path / "ws")], cwd=ROOT, env={**venv_env(), "XDG_CACHE_HOME":
+                                                                               str(tmp_path)},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr
+
+
+def test_runner_s_check_of_a_load_file_reads_it_through_mxnet_without_loading_it(tmp_path):
+    """A scoring launch's --load with no state file beside it: a damaged file refused in train.py's line, a whole one
+    passed, and runner's process never loads MXNet."""
+    import mxnet as mx
+    whole, damaged = tmp_path / "whole.params", tmp_path / "damaged.params"
+    mx.nd.save(str(whole), {"w": mx.nd.ones((2, 3))})
+    damaged.write_bytes(whole.read_bytes()[:-5])
+    code = ("import sys; from rn50kit.launch import train_flags; "
+            "train_flags.check_train_flags(sys.argv[1:], {'gpus': 0, 'workers': 1, 'workers_here': 1, "
+            "'memory': True}); print('mxnet' in sys.modules)")
+    for path, status in ((whole, 0), (damaged, 2)):
+        done = subprocess.run([sys.executable, "-c", code, *ARGV, "--mode", "val", "--load", str(path)], cwd=ROOT,
+                              env=venv_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert done.returncode == status, done.stderr
+        if status:
+            assert done.stderr == f"train.py: error: {damaged} is damaged or not a parameter file " \
+                f"({done.stderr.split('(', 1)[1]}"
+            assert done.stderr.count("\n") == 1
+        else:
+            assert done.stdout.split() == ["False"]

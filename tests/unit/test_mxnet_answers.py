@@ -73,3 +73,26 @@ def test_the_fused_batchnorm_answer_is_kept_per_mxnet_build(tmp_path, monkeypatc
     monkeypatch.setattr(mxnet_answers, "ask", lambda question, argv: asked.append(question) or None)
     assert mxnet_answers.nvidia_fused_batchnorm(path) is False  # another MXNet, which cannot tell: no fused ops
     assert asked == ["nvidia_fused_batchnorm"] * 2
+
+
+def test_runner_s_check_of_a_load_file_asks_once_per_version_of_the_file(tmp_path, monkeypatch):
+    """A --load file with no state file beside it, where MXNet is not loaded (runner's process): read by a Python
+    that imports train, once for the check of the flags and the scoring settings' check, again once it changes."""
+    import sys
+
+    from rn50kit.training import checkpoint
+    path = tmp_path / "model-best.params"
+    path.write_bytes(b"not a parameter file")
+    asked = []
+    monkeypatch.delitem(sys.modules, "mxnet", raising=False)
+    monkeypatch.setattr(mxnet_answers, "ask", lambda question, argv: asked.append((question, argv)) or
+                        {"problem": f"{argv[0]} is damaged or not a parameter file (MXNet: ...)"})
+    for _ in range(2):
+        with pytest.raises(checkpoint.CheckpointError, match="is damaged or not a parameter file"):
+            checkpoint.check_loadable(str(path))
+    assert asked == [("params_problem", [str(path)])]
+    path.write_bytes(b"another file, longer than the first")
+    monkeypatch.setattr(mxnet_answers, "ask", lambda question, argv: asked.append((question, argv)) or
+                        {"problem": None})
+    checkpoint.check_loadable(str(path))
+    assert len(asked) == 2
