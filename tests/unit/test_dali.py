@@ -399,7 +399,7 @@ CONTEXTS = [mx.cpu(), mx.cpu(1), mx.gpu(0), mx.gpu(3)]
 
 
 @pytest.mark.parametrize("backend", [name for name in backends.NAMES
-                                     if backends.get(name).builder.endswith("dali_iterators")])
+                                     if backends.get(name).builder.startswith("rn50kit.data.backend_dali:")])
 @pytest.mark.parametrize("ctx", CONTEXTS, ids=str)
 def test_every_dali_copy_has_source_and_destination_of_one_memory_kind(backend, ctx):
     """Found by the second review of the GPU paths (issue 21)."""
