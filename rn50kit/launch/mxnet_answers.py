@@ -87,7 +87,7 @@ def write_cache(path, entries):
     kept = dict(list(entries.items())[-MAX_ENTRIES:])
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), prefix=".network-sizes-",
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), prefix=".mxnet-answers-",
                                          delete=False) as f:
             json.dump(kept, f)
         os.replace(f.name, path)
