@@ -49,8 +49,8 @@ def set_mxnet_environment(argv, environ):
 if __name__ == "__main__":
     bootstrap()
 
-# After bootstrap: as a script, MXNet's environment is set before it loads. Imported (runner's flag check, tests),
-# MXNet loads here, without scikit-learn and SciPy too (a second of every check's start).
+# After bootstrap: as a script, MXNet's environment is set before it loads. Imported (the Python that answers
+# runner's mxnet_answers, tests), MXNet loads here, without scikit-learn and SciPy too (a second of each start).
 from rn50kit.common.supported import import_mxnet  # noqa: E402
 
 mxnet = import_mxnet()

@@ -7,8 +7,8 @@ import mxnet as mx
 
 import models
 from rn50kit.config.cli import UsageError
+from rn50kit.config.data_flags import input_shape
 from rn50kit.data import loaders
-from rn50kit.scoring import scoring
 from rn50kit.weights import pretrained
 
 TRAINING_MODES = ("train", "train_val")
@@ -30,7 +30,7 @@ def build_network(cfg, ctxs, amp_graph):
         raise UsageError(str(error))
     net.initialize(mx.init.Xavier(), ctx=ctxs)  # layers with their own initializer keep it
     net.hybridize(static_alloc=True, static_shape=True)
-    shape = scoring.input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
+    shape = input_shape(cfg.data.image_shape, cfg.data.input_layout, 1)
     # Finish deferred shapes (so checkpoints load into every parameter) by shape inference, not a forward
     # pass: an inference-mode forward lets oneDNN reorder the weights into its own layout, which Horovod's
     # broadcast and allreduce cannot read on CPU.
