@@ -19,6 +19,7 @@ from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
 from support.datasets import photo_folder
 from support.processes import ROOT, run
+from support.runs import configured
 
 tomllib = config_files.tomllib  # the standard library's from Python 3.11 on, tomli on 3.10
 
@@ -115,7 +116,7 @@ def test_a_run_writes_its_config_and_runner_replays_it(tmp_path):
     args, _, command = plan_launch(["--config", str(resolved), "--workspace", str(elsewhere)],
                                    Machine(0, os.cpu_count() or 1), {})
     argv = train_flags.train_arguments(command)
-    replayed = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
+    replayed = configured(argv)
     assert args.ngpus == 1
     assert_equal_configs(replayed, used, skip=("workspace", "config"))
     assert replayed.fit.workspace == str(elsewhere) and replayed.fit.config == str(resolved)
@@ -167,11 +168,6 @@ def test_the_docs_commands_run_as_printed(tmp_path, digits_data, monkeypatch):
     replayed = planned_worker_config(["--config", str(tmp_path / "runs" / "demo-short" / "config.toml"),
                                       "--workspace", "demo-elsewhere"])
     assert_equal_configs(replayed, used, skip=("workspace", "config"), typed_in=str(tmp_path))
-
-
-def configured(argv):
-    """The RunConfig train.py builds from ``argv``, in this process."""
-    return train.configure(train.parse_args(argv), train.given_flags(argv), 0)
 
 
 def test_a_score_writes_its_config_beside_its_report_and_train_py_replays_it(tmp_path):

@@ -9,20 +9,14 @@ import pytest
 
 from rn50kit.launch import mxnet_answers
 from support.processes import ROOT, venv_env
-
-ARGV = ["--data-backend", "synthetic", "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32"]
-
-
-def run_config(argv):
-    from rn50kit.config import train_flags
-    return train_flags.configure(train_flags.parse_args(argv), train_flags.given_flags(argv), 0)
+from support.runs import TINY_RUN, configured
 
 
 @pytest.fixture(scope="module")
 def measured_cache(tmp_path_factory):
-    """A cache holding ARGV's network, measured once (about 3 s) by the kit's own path."""
+    """A cache holding TINY_RUN's network, measured once (about 3 s) by the kit's own path."""
     path = tmp_path_factory.mktemp("cache") / "network-sizes.json"
-    sizes = mxnet_answers.network_sizes(run_config(ARGV), ARGV, path=str(path))
+    sizes = mxnet_answers.network_sizes(configured(TINY_RUN), TINY_RUN, path=str(path))
     return path, sizes
 
 
@@ -33,7 +27,7 @@ def test_the_measured_sizes_are_those_of_the_network_built_here(measured_cache):
 
     from rn50kit.launch import memory
     from rn50kit.training import network
-    net = network.build_network(run_config(ARGV), [mx.cpu()], amp_graph=False)
+    net = network.build_network(configured(TINY_RUN), [mx.cpu()], amp_graph=False)
     assert measured_cache[1] == (memory.parameter_count(net), memory.activation_elements(net, (1, 3, 32, 32)))
     assert list(json.loads(measured_cache[0].read_text()).values()) == [dict(zip(("parameters", "activations"),
                                                                                  measured_cache[1]))]
@@ -48,10 +42,10 @@ def test_runner_s_launch_check_loads_no_mxnet_once_the_network_is_known(measured
             "prefix = train_flags.check_train_flags(sys.argv[1:], {'gpus': 0, 'workers': 2, 'workers_here': 2, "
             "'memory': True}); print(prefix, 'mxnet' in sys.modules)")
     env = {**venv_env(), "XDG_CACHE_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--batch-size", "16", "--workspace",
+    done = subprocess.run([sys.executable, "-c", code, *TINY_RUN, "--batch-size", "16", "--workspace",
                            str(tmp_path / "ws")], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert done.returncode == 0 and done.stdout.split() == [str(tmp_path / "ws" / "model"), "False"]
-    refused = subprocess.run([sys.executable, "-c", code, *ARGV, "--batch-size", "10000000"], cwd=ROOT, env=env,
+    refused = subprocess.run([sys.executable, "-c", code, *TINY_RUN, "--batch-size", "10000000"], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert refused.returncode == 2 and refused.stderr.startswith("train.py: error: training needs about")
 
@@ -66,7 +60,7 @@ def test_the_fused_batchnorm_answer_is_this_mxnet_s(tmp_path):
     assert list(json.loads(path.read_text()).values()) == [{"fused": mxnet_answers.nvidia_fused_batchnorm(str(path))}]
     code = ("import sys; from rn50kit.launch import train_flags; train_flags.check_train_flags(sys.argv[1:], "
             "{'gpus': 8, 'workers': 8, 'workers_here': 8, 'memory': False}); print('mxnet' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--dtype", "float16", "--batch-size", "1664",
+    done = subprocess.run([sys.executable, "-c", code, *TINY_RUN, "--dtype", "float16", "--batch-size", "1664",
                            "--workspace", str(tmp_path / "ws")], cwd=ROOT, env={**venv_env(), "XDG_CACHE_HOME":
                                                                                str(tmp_path)},
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -84,7 +78,7 @@ def test_runner_s_check_of_a_load_file_reads_it_through_mxnet_without_loading_it
             "train_flags.check_train_flags(sys.argv[1:], {'gpus': 0, 'workers': 1, 'workers_here': 1, "
             "'memory': True}); print('mxnet' in sys.modules)")
     for path, status in ((whole, 0), (damaged, 2)):
-        done = subprocess.run([sys.executable, "-c", code, *ARGV, "--mode", "val", "--load", str(path)], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-c", code, *TINY_RUN, "--mode", "val", "--load", str(path)], cwd=ROOT,
                               env=venv_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert done.returncode == status, done.stderr
         if status:

@@ -44,6 +44,12 @@ def value_after(command, flag):
     return command[len(command) - 1 - command[::-1].index(flag) + 1]
 
 
+def configured(argv):
+    """The RunConfig train.py builds from ``argv`` (a CPU run), in this process and without MXNet."""
+    from rn50kit.config import train_flags
+    return train_flags.configure(train_flags.parse_args(argv), train_flags.given_flags(argv), 0)
+
+
 def parse_train(*argv):
     import train
     return train.parse_args([str(a) for a in argv])

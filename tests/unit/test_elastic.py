@@ -19,6 +19,7 @@ from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
 from rn50kit.reporting.outputs import describe_world_change
 from rn50kit.training.elastic import ElasticEpoch, WorldPlan, describe_plan, plan_world
+from support.runs import configured
 
 KIT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -181,12 +182,11 @@ def test_an_elastic_worker_refuses_what_an_elastic_run_cannot_do_in_one_line(tmp
     data (no --data-train) is refused for its backend, not for the training data it does not need."""
     import mxnet as mx
 
-    import train
     from rn50kit.config.cli import UsageError
     from rn50kit.training import elastic_setup
     from rn50kit.training.distributed import Distributed
     argv = ["--kv-store", "horovod", *flags]
-    cfg = train.configure(train.parse_args(argv), train.given_flags(argv), 0)
+    cfg = configured(argv)
     dist = Distributed(None)
     dist.elastic = True
     with pytest.raises(UsageError) as refused:

@@ -5,21 +5,16 @@ import json
 import pytest
 
 from rn50kit.launch import mxnet_answers
-
-ARGV = ["--data-backend", "synthetic", "--num-layers", "18", "--num-classes", "10", "--image-shape", "3,32,32"]
-
-
-def run_config(argv):
-    from rn50kit.config import train_flags
-    return train_flags.configure(train_flags.parse_args(argv), train_flags.given_flags(argv), 0)
+from support.runs import TINY_RUN, configured
 
 
 @pytest.fixture
 def cached(tmp_path):
-    """A cache holding ARGV's network (sizes of another network: the cache is trusted as it is)."""
+    """A cache holding TINY_RUN's network (sizes of another network: the cache is trusted as it is)."""
     path = tmp_path / "cached" / "network-sizes.json"
     path.parent.mkdir()
-    path.write_text(json.dumps({mxnet_answers.network_key(run_config(ARGV)): {"parameters": 13, "activations": 17}}))
+    name = mxnet_answers.network_key(configured(TINY_RUN))
+    path.write_text(json.dumps({name: {"parameters": 13, "activations": 17}}))
     return path
 
 
@@ -29,10 +24,10 @@ def test_a_cached_network_is_not_measured_again_and_another_one_is(cached, tmp_p
     asked = []
     monkeypatch.setattr(mxnet_answers, "ask", lambda question, argv: asked.append(argv) or
                         {"parameters": 7, "activations": 11})
-    assert mxnet_answers.network_sizes(run_config(ARGV), ARGV, path=str(path)) == (13, 17)
+    assert mxnet_answers.network_sizes(configured(TINY_RUN), TINY_RUN, path=str(path)) == (13, 17)
     assert asked == []
-    other = ARGV + ["--num-classes", "100"]
-    assert mxnet_answers.network_sizes(run_config(other), other, path=str(path)) == (7, 11)
+    other = TINY_RUN + ["--num-classes", "100"]
+    assert mxnet_answers.network_sizes(configured(other), other, path=str(path)) == (7, 11)
     assert asked == [other] and len(json.loads(path.read_text())) == 2
 
 
@@ -40,25 +35,26 @@ def test_a_cached_network_is_not_measured_again_and_another_one_is(cached, tmp_p
                                      "{KEY: {\"parameters\": \"11\", \"activations\": 5}}"])
 def test_a_damaged_cache_is_measured_again_and_rewritten(content, tmp_path, monkeypatch):
     path = tmp_path / "network-sizes.json"
-    path.write_text(content.replace("KEY", json.dumps(mxnet_answers.network_key(run_config(ARGV)))))
+    path.write_text(content.replace("KEY", json.dumps(mxnet_answers.network_key(configured(TINY_RUN)))))
     monkeypatch.setattr(mxnet_answers, "ask", lambda question, argv: {"parameters": 3, "activations": 5})
-    assert mxnet_answers.network_sizes(run_config(ARGV), ARGV, path=str(path)) == (3, 5)
+    assert mxnet_answers.network_sizes(configured(TINY_RUN), TINY_RUN, path=str(path)) == (3, 5)
     assert list(json.loads(path.read_text()).values()) == [{"parameters": 3, "activations": 5}]
 
 
 def test_a_cache_that_cannot_be_written_still_gives_the_sizes(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setattr(mxnet_answers, "ask", lambda question, argv: {"parameters": 3, "activations": 5})
-    assert mxnet_answers.network_sizes(run_config(ARGV), ARGV, path=str(tmp_path / "file" / "sizes.json")) == (3, 5)
+    unwritable = str(tmp_path / "file" / "sizes.json")
+    assert mxnet_answers.network_sizes(configured(TINY_RUN), TINY_RUN, path=unwritable) == (3, 5)
 
 
 def test_the_key_changes_with_the_network_and_not_with_the_rest_of_the_run():
-    base = mxnet_answers.network_key(run_config(ARGV))
+    base = mxnet_answers.network_key(configured(TINY_RUN))
     other_run = ["--batch-size", "8", "--lr", "0.1", "--num-epochs", "3"]
-    assert base == mxnet_answers.network_key(run_config(ARGV + other_run))
+    assert base == mxnet_answers.network_key(configured(TINY_RUN + other_run))
     for change in (["--num-layers", "34"], ["--image-shape", "3,64,64"], ["--num-classes", "5"],
                    ["--input-layout", "NHWC", "--conv-layout", "NHWC"]):
-        assert mxnet_answers.network_key(run_config(ARGV + change)) != base, change
+        assert mxnet_answers.network_key(configured(TINY_RUN + change)) != base, change
 
 
 
