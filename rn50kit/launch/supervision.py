@@ -18,6 +18,7 @@ import rn50kit
 from rn50kit.reliability import faults, run_lock
 
 INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
+FINISHED_ALL_THE_SAME = "rank 0 had finished the run all the same (every epoch trained, its report written)"
 
 
 @dataclasses.dataclass
@@ -43,19 +44,24 @@ def supervise(launcher, args, command, workspace, checkpoint_prefix):
         ended = launcher.start(args, command)
         reaper.finish()
         wait_for_workspace(workspace)
-        return conclude(ended.status, ended.failure, run_lock.read_outcome(outcome.name),
-                        failure_summary(ended, fault_dir, checkpoint_prefix))
+        account = run_lock.read_outcome(outcome.name)
+        return conclude(ended.status, ended.failure, account,
+                        failure_summary(ended, fault_dir, checkpoint_prefix, finished=account == "done"))
     finally:
         reaper.finish()
         os.unlink(outcome.name)
         shutil.rmtree(fault_dir, ignore_errors=True)
 
 
-def failure_summary(ended, fault_dir, checkpoint_prefix):
+def failure_summary(ended, fault_dir, checkpoint_prefix, finished=False):
     """The one line on a failed run, with the advice to resume only where a complete checkpoint exists; None when
-    the run did not fail."""
+    the run did not fail. ``finished``: rank 0 had ended the run well all the same (a worker whose connection was
+    cut lives on and finishes): the line says so instead."""
     if ended.status in (0, INTERRUPTED):
         return None
+    if finished:
+        line = faults.summarize(fault_dir, ended.first_failed, ended.known, advice=FINISHED_ALL_THE_SAME)
+        return line or f"{ended.failure}; {FINISHED_ALL_THE_SAME}"
     resumable = has_checkpoint(checkpoint_prefix)
     if ended.driver_ended:
         return ended.failure + (faults.RESUME if resumable else faults.RESTART)
@@ -90,6 +96,8 @@ def conclude(status, failure, outcome, summary=None):
         print("runner: interrupted (Ctrl-C) before the workers had saved a checkpoint", file=sys.stderr)
         return INTERRUPTED
     if outcome == "done" or status == 0:
+        if status != 0 and summary:
+            print(f"runner: note: {summary}", file=sys.stderr)
         return 0
     print(f"runner: error: {summary or failure}", file=sys.stderr)
     return status if status > 0 else 1

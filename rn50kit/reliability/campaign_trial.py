@@ -87,7 +87,10 @@ def line_problem(fault, launcher, run, workspace):
         return None if ok else f"after SIGTERM to every process: status {run.status}, last line {run.last_line!r}"
     if launcher == "elastic" and run.status == 0:
         return None  # the run went on without the worker
-    if not run.last_line.startswith("runner: error: "):
+    # A worker cut off from runner (a lost connection) lives on, and may finish the run: then runner notes the
+    # failure and ends well.
+    done = run.status == 0 and finished(workspace)
+    if not run.last_line.startswith("runner: note: " if done else "runner: error: "):
         return f"the last line is not runner's one line: {run.last_line[:300]!r}"
     rank = fault.target if fault.target.isdigit() else None
     host = "hostA" if rank == "0" else "hostB"  # -H hostA:1,hostB:1

@@ -216,13 +216,14 @@ RESUME = "rerun the same command to resume from the last complete checkpoint"
 RESTART = "rerun the same command to start again (no checkpoint was saved)"
 
 
-def summarize(directory, first_failed=None, known=None, ended="every worker has ended", resumable=True):
+def summarize(directory, first_failed=None, known=None, ended="every worker has ended", resumable=True, advice=None):
     """runner's one line on a failed run, or None when the records say nothing. ``first_failed``: (rank, exit
     status) of the first worker the launcher saw end badly, when it tells; ``known``: what the launcher knows of
-    that worker (its host as named in -H, its pid), over its record or for want of one (it died before writing
-    it); ``ended``: what became of the others; ``resumable``: whether a complete checkpoint exists to resume
-    from (the advice says so only then, and never after a refusal of the configuration)."""
-    advice = RESUME if resumable else RESTART
+    that worker (its host as named in -H, its pid, a crash its output told), over its record or for want of one
+    (it died before writing it); ``ended``: what became of the others; ``resumable``: whether a complete
+    checkpoint exists to resume from (the advice says so only then, and never after a refusal of the
+    configuration); ``advice``: instead of that advice (a run that ended well all the same)."""
+    advice = advice or (RESUME if resumable else RESTART)
     records = read_all(directory)
     if known is not None:
         records[known["rank"]] = dict(records.get(known["rank"], {}), **known)
@@ -237,8 +238,8 @@ def summarize(directory, first_failed=None, known=None, ended="every worker has 
                 "rerun" + (" (the same command resumes from the last complete checkpoint)" if resumable else ""))
     if first_failed is not None:
         rank, status = first_failed
-        name = signal_name(status)
         record = records.get(rank, {"rank": rank})
+        name = signal_name(status) or record.get("crash")  # a crash its output told (ssh's status is 255)
         if name in CRASHES:
             return (f"{who(record)} crashed ({name}, {CRASHES[name]}; exit status {status}): its Python stack is "
                     f"above (\"Fatal Python error\"); {ended}; {advice}")

@@ -44,6 +44,65 @@ def test_the_launchers_name_for_a_host_wins_and_stands_in_for_a_missing_record(t
     assert line.startswith("rank 0 (host vm, pid 7) was killed by SIGKILL") and "; srun ends it; " in line
 
 
+def forwarded_by_horovod(lines, rank):
+    """``lines`` as Horovod's own forwarding (safe_shell_exec.prefix_connection) writes a worker's stderr to
+    runner's sys.stderr, here a horovodrun.CrashWatch: the watch."""
+    import io
+    import multiprocessing
+
+    from horovod.runner.common.util import safe_shell_exec
+
+    from rn50kit.launch.launchers import horovodrun
+    watch = horovodrun.CrashWatch(io.StringIO())
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    os.write(writer.fileno(), "".join(line + "\n" for line in lines).encode())
+    writer.close()
+    safe_shell_exec.prefix_connection(reader, watch, "stderr", rank, False)
+    assert watch.stream.getvalue().splitlines() == [f"[{rank}]<stderr>:{line}" for line in lines]  # passed on
+    return watch
+
+
+HOROVOD_FAILED = ("Horovod detected that one or more processes exited with non-zero status, thus causing the job "
+                  "to be terminated. The first process to do so was:\nProcess name: {rank}\nExit code: 255\n")
+
+
+@pytest.mark.parametrize("crashed", [True, False])
+def test_over_ssh_a_crash_is_told_from_a_lost_connection_by_the_workers_own_output(crashed, tmp_path):
+    """ssh's status is 255 whether the worker crashed or the connection was lost: faulthandler's first line in the
+    worker's forwarded output (train.py enables it) names the crash."""
+    from rn50kit.launch import supervision
+    from rn50kit.launch.launchers import horovodrun
+    from rn50kit.reliability import faults
+    (tmp_path / "rank-0.json").write_text(json.dumps(dict(rank=0, host="hostA", pid=7, alive=9.5)))
+    output = ["Fatal Python error: Segmentation fault", "", "Current thread 0x00007f (most recent call first):"]
+    watch = forwarded_by_horovod(output if crashed else ["Connection to hosta closed by remote host."], 0)
+    forwarded_by_horovod(["Fatal Python error: Aborted"], 1)  # another rank's crash is its own
+    ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.format(rank=0)), supervision.StopRelay(), watch.seen)
+    line = faults.summarize(str(tmp_path), ended.first_failed, ended.known, resumable=False)
+    if crashed:
+        assert line.startswith("rank 0 (host hostA, pid 7) crashed (SIGSEGV, a segmentation fault; exit status "
+                               "255): its Python stack is above"), line
+    else:
+        assert line.startswith("rank 0 (host hostA, pid 7) exited with status 255 (ssh's: the connection to its "
+                               "host ended"), line
+
+
+def test_a_run_that_rank_0_finished_after_its_launcher_failed_ends_well_with_a_note(tmp_path, capsys):
+    """A worker cut off from runner (its SSH session lost) lives on and may finish the run: runner ends with status
+    0 and one note naming the failure, not an error and advice to rerun."""
+    from rn50kit.launch import supervision
+    (tmp_path / "rank-0.json").write_text(json.dumps(dict(rank=0, host="hostA", pid=7, alive=9.5)))
+    ended = supervision.Ended(255, "worker 0 exited with status 255; its message is above", (0, 255))
+    summary = supervision.failure_summary(ended, str(tmp_path), None, finished=True)
+    assert supervision.conclude(ended.status, ended.failure, "done", summary) == 0
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("runner: note: rank 0 (host hostA, pid 7) exited with status 255 (ssh's") and \
+        line.endswith(supervision.FINISHED_ALL_THE_SAME) and "rerun" not in line, line
+    summary = supervision.failure_summary(ended, str(tmp_path), None, finished=False)
+    assert supervision.conclude(ended.status, ended.failure, None, summary) == 255  # not finished: the error
+    assert capsys.readouterr().err.startswith("runner: error: rank 0 (host hostA, pid 7) exited with status 255")
+
+
 # --- under srun: the step's shared folder, one report -----------------------------------------------------------
 
 def test_one_task_of_an_srun_step_reports_and_stale_steps_are_removed(tmp_path):

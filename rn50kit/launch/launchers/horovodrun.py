@@ -72,12 +72,13 @@ def run_horovodrun(arguments):
     restore = supervision.forward_stop_signals(lambda signum: stop.request())
     sys.argv = ["horovodrun", *arguments]
     logs = DriverLogs("--min-np" in arguments)
+    crashes = sys.stderr = CrashWatch(sys.stderr)  # Horovod forwards the workers' output to sys.stderr
     try:
         horovod_launch.run_commandline()
     except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
         if logs.driver.ended:
             return supervision.Ended(1, logs.driver.ended, driver_ended=True)
-        return failed_run(error, stop)
+        return failed_run(error, stop, crashes.seen)
     except TimeoutException as error:  # the elastic driver's wait for the first slots (gloo_run.py)
         for driver in drivers:  # its discovery thread would go on running the script while runner ends
             driver.stop(str(error))
@@ -85,6 +86,7 @@ def run_horovodrun(arguments):
     except KeyboardInterrupt:
         return supervision.Ended(supervision.INTERRUPTED, "interrupted")
     finally:
+        sys.stderr = crashes.stream
         stop.done.set()
         restore()
         logs.remove()
@@ -126,16 +128,43 @@ class DriverLogs:
         logging.getLogger().setLevel(self.level)
 
 
-def failed_run(error, stop):
-    """horovodrun's RuntimeError as a supervision.Ended: the first worker to fail and its status, or horovodrun's
-    refusal before it started any (its reason per host is printed above)."""
+# faulthandler's first line (train.py enables it) for each signal a native crash is, by the signal's name
+CRASH_LINES = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Floating point exception": "SIGFPE",
+               "Aborted": "SIGABRT", "Illegal instruction": "SIGILL"}
+CRASH_LINE = re.compile(r"\[(\d+)\]<stderr>:Fatal Python error: (" + "|".join(CRASH_LINES) + ")")
+
+
+class CrashWatch:
+    """sys.stderr while horovodrun forwards the workers' lines ("[rank]<stderr>:..."): passes each on and keeps
+    which rank's faulthandler reported a native crash (``seen``: rank -> signal name). Over SSH a worker's status
+    is ssh's 255 whatever ended it; its own last words tell a crash from a lost connection."""
+
+    def __init__(self, stream):
+        self.stream, self.seen = stream, {}
+
+    def write(self, text):
+        found = CRASH_LINE.search(text)
+        if found:
+            self.seen.setdefault(int(found.group(1)), CRASH_LINES[found.group(2)])
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def failed_run(error, stop, crashes=None):
+    """horovodrun's RuntimeError as a supervision.Ended: the first worker to fail and its status (``crashes``,
+    CrashWatch.seen: its crash, where its output told one), or horovodrun's refusal before it started any (its
+    reason per host is printed above)."""
     codes = re.findall(r"Exit code: (-?\d+)", str(error))
     if not codes:
         return supervision.Ended(1, f"horovodrun: {horovodrun_refusal(error)}")
     workers = re.findall(r"Process name: (\S+)", str(error))
     first = (int(workers[0]), int(codes[0])) if workers and workers[0].isdigit() else None  # rank, status
+    crash = (crashes or {}).get(first[0]) if first else None
     return supervision.Ended(int(codes[0]), f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
-                                            f"{stop.note()}; its message is above", first)
+                                            f"{stop.note()}; its message is above", first,
+                             known={"rank": first[0], "crash": crash} if crash else None)
 
 
 def horovodrun_refusal(error):
