@@ -1,5 +1,4 @@
-"""The fault campaign's plan and report (tools/fault_campaign.py, issue 57). Its covering set, run end to end, is
-tests/campaign_covering.py (by hand until it has passed in CI: `python -m pytest tests/campaign_covering.py`).
+"""The fault campaign (tools/fault_campaign.py, issue 57): its plan, its report, and its covering set run end to end.
 
 The covering set (--covering): a trial per launcher
 (horovodrun, mpirun, srun, horovodrun over SSH, an elastic run), most with a second fault in the rerun, together
@@ -8,9 +7,16 @@ every fault kind once, each struck at a moment drawn from its seed. Every trial 
 of it left, the newest complete checkpoint loads, the same command's rerun reports the unfaulted run's metrics); a
 failure names the seed that replays it."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from rn50kit.reliability import campaign_plan, campaign_report
+from support.cluster import need_mpi, need_slurm, need_ssh_hosts
+from support.processes import HANG_S, ROOT, venv_env
 
 pytestmark = pytest.mark.slow  # launches processes or trains end to end
 
@@ -51,3 +57,22 @@ def test_the_report_counts_struck_trials_and_names_each_failure_with_its_replay(
                                    "replay": "replay 2"}]
     table = campaign_report.table(report)
     assert "| sigkill | - | - | 1/2 | - | - |" in table and "(`replay 2`)" in table
+
+
+def test_the_covering_set_strikes_every_launcher_and_fault_and_each_trial_survives(tmp_path):
+    need_mpi()
+    need_slurm()
+    need_ssh_hosts()
+    out = tmp_path / "campaign"
+    command = [sys.executable, os.path.join(ROOT, "tools", "fault_campaign.py"), "--covering", "--seed", "1",
+               "--stall-timeout", "15", "--margin", "120", "--out", str(out)]  # a busy CI machine's teardown
+    result = subprocess.run(command, env=venv_env(), capture_output=True, text=True, timeout=HANG_S * 2,
+                            stdin=subprocess.DEVNULL)
+    assert (out / "report.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    results = [json.loads(p.read_text()) for p in (out / "results").glob("*.json")]
+    assert {r["launcher"] for r in results} == set(campaign_plan.LAUNCHERS)
+    assert {f["kind"] for r in results for f in r["faults"] if f["struck"]} == set(campaign_plan.FAULTS), results
+    assert report["trials"] == len(campaign_plan.COVERING) and report["faults_struck"] == len(campaign_plan.FAULTS)
+    assert report["failures"] == [], campaign_report.table(report)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
