@@ -14,14 +14,14 @@ from support import datasets
 
 
 class _MXNetLoadsAsInTheKit:
-    """MXNet loads in the tests' processes as in the kit's (train.py's import_mxnet): without scikit-learn and SciPy
-    while its package initialises (importlib's ``_initializing``), whichever test file imports it first; 2 s of each
-    pytest process. Anything else imports them as usual."""
+    """MXNet loads in the tests' processes as in the kit's (train.py's import_mxnet): without scikit-learn, SciPy and
+    onnx while its package initialises (importlib's ``_initializing``), whichever test file imports it first; 2 s
+    of each pytest process. Anything else imports them as usual."""
     @staticmethod
     def find_spec(name, path=None, target=None):
         mxnet = sys.modules.get("mxnet")
         if mxnet is not None and getattr(getattr(mxnet, "__spec__", None), "_initializing", False):
-            return supported.WithoutSciPyStack.find_spec(name, path, target)
+            return supported.WithoutUnusedLibraries.find_spec(name, path, target)
         return None
 
 

@@ -27,12 +27,26 @@ def tag(epoch):
     return "best" if str(epoch) == "best" else f"{int(epoch):04d}"
 
 
+def mxnet_with_onnx():
+    """MXNet, its exporter's translations bound to onnx: the kit loads MXNet without onnx (supported.import_mxnet),
+    and those modules bind onnx when they load (None where it was missing), so they load again now that it is."""
+    import importlib
+
+    import mxnet as mx
+    import onnx
+    from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12, _op_translations_opset13
+    for translations in (_op_translations_opset12, _op_translations_opset13):
+        if translations.onnx is not onnx:
+            importlib.reload(translations)
+    return mx
+
+
 def export_onnx(prefix, epoch, image_shape, onnx_file=None):
     """Write the ONNX file for a checkpoint (``epoch``: a number or "best"); the symbol must compute in float32
     (float16 files: re-export)."""
     import tempfile
 
-    import mxnet as mx
+    mx = mxnet_with_onnx()
     onnx_file = onnx_file or f"{prefix}-{tag(epoch)}.onnx"
     tmp = onnx_file + ".tmp"
     with tempfile.TemporaryDirectory() as scratch:
