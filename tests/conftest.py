@@ -56,10 +56,14 @@ def pytest_configure(config):
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# The files that take longest, started first: pytest-xdist hands out whole files in the order collected, the first
-# few to each worker at once, and a long file started late would leave the other worker idle at the end. The
-# suite's (about a sixth of it) and the fast lane's (test_pretrained: a fifth of tests/unit).
-LONGEST_FIRST = ("test_fault_recovery.py", "test_pretrained.py")
+# The files that take longest, longest first (CI's durations): pytest-xdist hands out whole files in the order
+# collected (`make test` turns off its own reordering by the number of tests, which started the covering campaign
+# and the fine-tuning test last), and a long file started late leaves the other workers idle at the end; the unit
+# files, collected after these, fill that end. test_pretrained: a fifth of the fast lane.
+LONGEST_FIRST = ("test_fault_recovery.py", "test_docs.py", "test_elastic_training.py", "test_benchmark_sweeps.py",
+                 "test_fault_campaign.py", "test_train_and_resume.py", "test_horovod_training.py",
+                 "test_config_files_cli.py", "test_int8.py", "test_finetune.py", "test_self_check.py",
+                 "test_launchers.py", "test_kill_at_every_write.py", "test_pretrained.py")
 
 
 def pytest_collection_modifyitems(items):
