@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ def supervise(launcher, args, command, workspace, checkpoint_prefix):
     """Run ``command`` through ``launcher`` (a launchers.Launcher) to its end, the workers' records kept in a
     folder of their own and none of them left running: runner's exit status. ``checkpoint_prefix``
     (check_train_flags'): where a failed run may resume from."""
+    started = time.time()
     outcome = tempfile.NamedTemporaryFile(prefix="rn50-outcome-", suffix=".json", delete=False)
     outcome.close()
     os.environ[run_lock.OUTCOME_ENV] = outcome.name
@@ -43,7 +45,7 @@ def supervise(launcher, args, command, workspace, checkpoint_prefix):
     try:
         ended = launcher.start(args, command)
         reaper.finish()
-        wait_for_workspace(workspace)
+        wait_for_workspace(workspace, started)
         account = run_lock.read_outcome(outcome.name)
         return conclude(ended.status, ended.failure, account,
                         failure_summary(ended, fault_dir, checkpoint_prefix, finished=account == "done"))
@@ -103,13 +105,18 @@ def conclude(status, failure, outcome, summary=None):
     return status if status > 0 else 1
 
 
-def wait_for_workspace(workspace, patience_s=60.0):
+def wait_for_workspace(workspace, since, patience_s=60.0):
     """Workers on other hosts are out of the Reaper's reach: wait (bounded) until the one holding the workspace
-    lock has ended, so that the same command can be rerun at once."""
+    lock has ended, so that the same command can be rerun at once. One of this run's (it took the lock ``since``
+    runner started) on this machine and stopped (SIGSTOP, a debugger) would never end: it is ended at once."""
     if not workspace:
         return
     deadline = time.monotonic() + patience_s
     holder = run_lock.holder(workspace)
+    stopped = stopped_worker(holder, since) if holder is not None else None
+    if stopped is not None:
+        end_stopped(stopped, holder, workspace)
+        holder = run_lock.holder(workspace)
     if holder is not None:
         print(f"runner: note: waiting for {run_lock.describe(holder)} to end and free {workspace}", file=sys.stderr)
     while holder is not None and time.monotonic() < deadline:
@@ -118,6 +125,33 @@ def wait_for_workspace(workspace, patience_s=60.0):
     if holder is not None:
         print(f"runner: note: {run_lock.describe(holder)} still holds {workspace}; it ends when its collectives "
               "fail or --stall-timeout passes, or stop it by hand", file=sys.stderr)
+
+
+def stopped_worker(record, since):
+    """The process of the workspace lock's ``record`` if it is a worker of this run (it took the lock ``since``
+    runner started, and was created before that) on this machine, stopped; else None."""
+    import psutil  # a dependency of Horovod's launcher
+    started = record.get("started")
+    if record.get("host") != socket.gethostname() or not isinstance(started, (int, float)) or started < since:
+        return None
+    try:
+        process = psutil.Process(record["pid"])
+        ours = since - 1 <= process.create_time() <= started + 1  # not a later process given the same pid
+        stopped = process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
+    return process if ours and stopped else None
+
+
+def end_stopped(process, record, workspace):
+    import psutil
+    try:
+        process.kill()
+        process.wait(timeout=10)
+    except psutil.Error:
+        pass
+    print(f"runner: note: ended {run_lock.describe(record)}, a worker of this run that was stopped (SIGSTOP or a "
+          f"debugger) and held {workspace}", file=sys.stderr)
 
 
 def worker_processes(mark="HOROVOD_RANK"):

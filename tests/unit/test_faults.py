@@ -103,6 +103,50 @@ def test_a_run_that_rank_0_finished_after_its_launcher_failed_ends_well_with_a_n
     assert capsys.readouterr().err.startswith("runner: error: rank 0 (host hostA, pid 7) exited with status 255")
 
 
+HOLDS_THE_WORKSPACE = """import sys, time
+sys.path.insert(0, sys.argv[1])
+from rn50kit.reliability import run_lock
+run_lock.WorkspaceLock(sys.argv[2]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("case", ["stopped", "running", "stopped, not of this run"])
+def test_a_stopped_worker_of_the_run_that_holds_the_workspace_is_ended_at_once(case, tmp_path, capsys):
+    """A worker reached over SSH (to a name of this machine) is outside the Reaper's reach; stopped (SIGSTOP), it
+    would hold the workspace for ever: runner ends it at once when it is this run's, and waits for any other."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rn50kit.launch import supervision
+    from rn50kit.reliability import run_lock
+    from support.processes import ROOT
+    since = time.time()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_THE_WORKSPACE, ROOT, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        if case != "running":
+            os.kill(holder.pid, signal.SIGSTOP)
+        supervision.wait_for_workspace(str(tmp_path), since if case != "stopped, not of this run" else time.time(),
+                                       patience_s=1.0)
+        err = capsys.readouterr().err
+        if case == "stopped":
+            holder.wait(timeout=10)  # ended (runner's psutil reaps it here: the test's own child)
+            assert run_lock.holder(str(tmp_path)) is None
+            assert f"runner: note: ended pid {holder.pid} on host " in err and "that was stopped (SIGSTOP" in err
+            assert "waiting for" not in err
+        else:
+            assert holder.poll() is None and run_lock.holder(str(tmp_path))["pid"] == holder.pid
+            assert f"runner: note: pid {holder.pid} on host " in err and "still holds" in err and "ended" not in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # --- under srun: the step's shared folder, one report -----------------------------------------------------------
 
 def test_one_task_of_an_srun_step_reports_and_stale_steps_are_removed(tmp_path):
