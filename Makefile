@@ -43,18 +43,17 @@ demo: setup
 		--min-random-area 0.5 --random-mirror 0 --warmup-epochs 2 --seed 1 --workspace $(DEMO_RUN)
 	@echo; $(BIN)/python -m rn50kit.reporting.report $(DEMO_RUN)/report.json
 
-# pytest-xdist workers, each taking whole test files (their module fixtures are built once). The in-process unit
-# tests keep the cores busy with two; the whole suite waits on other processes for a quarter of its time (stall
-# timeouts, elastic resets, launches over SSH, srun's queue), which a third worker fills even on a 2-core machine.
+# Two pytest-xdist workers, each taking whole test files (their module fixtures are built once): much of the suite
+# waits on other processes (start-up, stall timeouts, launches over SSH), so two share even a 2-core machine well.
+# A third made a fresh-clone CI slower on 2 cores (51 minutes of tests against 39: each test about twice as long).
 TEST_WORKERS ?= 2
-SUITE_WORKERS ?= 3
 # Python's bytecode caches written even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1, as in some
 # containers and CI images): pytest rewrites every test module it imports, about 4 s of each worker's start, and
 # keeps the result only in them.
 PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 
 test: setup
-	$(PYTEST) -q -n $(SUITE_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 tests
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 tests
 
 test-fast: setup
 	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile tests/unit
