@@ -28,6 +28,9 @@ NAMED = {"sigkill": ("rank {rank} ", "SIGKILL"), "sigstop": ("rank {rank} ", "st
          "exception": ("rank {rank} ", "RuntimeError: injected fault"), "segfault": ("rank {rank} ", "SIGSEGV"),
          "full-disk": ("rank 0 ", "the disk is full"), "kill-in-save": ("rank 0 ", "SIGKILL"),
          "lost-host": ("rank {rank} (host {host}",)}
+# Over SSH a worker killed outright leaves no word and its status is ssh's 255, as for a lost connection: the line
+# names the rank and ssh's status, and says both causes (a crash is told apart: faulthandler's line).
+NAMED_OVER_SSH = {"sigkill": ("rank {rank} ", "status 255 (ssh's"), "kill-in-save": ("rank 0 ", "status 255 (ssh's")}
 STOPPED_LINE = "runner: stopped by signal after saving a checkpoint; rerun the same command to resume"
 
 
@@ -94,7 +97,8 @@ def line_problem(fault, launcher, run, workspace):
         return f"the last line is not runner's one line: {run.last_line[:300]!r}"
     rank = fault.target if fault.target.isdigit() else None
     host = "hostA" if rank == "0" else "hostB"  # -H hostA:1,hostB:1
-    wanted = [w.format(rank=rank, host=host) for w in NAMED.get(fault.kind, ()) if rank is not None or "{" not in w]
+    named = NAMED_OVER_SSH if launcher == "ssh" and fault.kind in NAMED_OVER_SSH else NAMED
+    wanted = [w.format(rank=rank, host=host) for w in named.get(fault.kind, ()) if rank is not None or "{" not in w]
     missing = [w for w in wanted if w not in run.last_line]
     return f"the last line does not name {missing}: {run.last_line[:300]!r}" if missing else None
 

@@ -59,6 +59,9 @@ class Watchdog(threading.Thread):
     def run(self):
         cpu, since = time.clock_gettime(self.clock), time.monotonic()
         launched, parent = world.launched_world(os.environ) is not None, os.getppid()
+        # A first heartbeat at once: a rank frozen before its first period is named by the others too
+        faults.heartbeat(where=where(sys._current_frames().get(self.main.ident))[0], waiting=None, idle=0.0,
+                         period=self.period)
         while self.main.is_alive():
             time.sleep(self.period)
             if launched and os.getppid() != parent:

@@ -74,3 +74,28 @@ def test_the_watchdog_names_a_silent_peer_before_its_own_wait(tmp_path, monkeypa
     write(1, alive=time.time(), where="fit.py:369 mean_loss", waiting="engine")  # waiting too
     assert fire("engine")["culprit"] == 0  # the engine waits for this rank's own device
     assert fire("collective")["culprit"] is None  # nothing tells which rank
+
+
+def test_a_rank_frozen_before_its_first_period_has_a_heartbeat_to_go_stale(tmp_path, monkeypatch):
+    """The watchdog's first heartbeat is at its start, not one period later: a rank stopped in its first steps
+    (the fault campaign, seed 100031: srun, step 1) is named by the others as silent, not as 'a rank stalled'."""
+    import threading
+
+    from rn50kit.reliability import faults, watchdog
+    from support.processes import wait_until
+    monkeypatch.setattr(faults, "_record", {"rank": 0, "host": "node0", "pid": 100})
+    monkeypatch.setattr(faults, "_path", str(tmp_path / "rank-0.json"))
+    done = threading.Event()
+    main = threading.Thread(target=done.wait)
+    main.start()
+    try:
+        dog = watchdog.Watchdog(50, 0, main_thread=main)  # a period of 5 s
+        started = time.time()
+        dog.start()
+        record = wait_until(lambda: (tmp_path / "rank-0.json").exists() and
+                            json.loads((tmp_path / "rank-0.json").read_text()), "the first heartbeat", 4)
+        assert started <= record["alive"] < started + dog.period and record["period"] == dog.period
+        assert faults.silent_ranks(now=record["alive"] + 3 * dog.period + 1, folder=str(tmp_path))[0]["rank"] == 0
+    finally:
+        done.set()
+        main.join()
