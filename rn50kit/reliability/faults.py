@@ -64,6 +64,28 @@ def install(rank, environ=os.environ):
     sys.excepthook = _excepthook
 
 
+def renumber(rank, size):
+    """This worker's rank in a new elastic world of ``size``: its record moves to that rank's file (a worker's
+    that left this world, or one that moved too, which its new owner writes); the records of ranks beyond the world
+    are of workers gone from it, removed so that no one reads them as silent."""
+    global _path
+    if _record is None:
+        return
+    _record["rank"] = rank
+    if _path is None:
+        return
+    folder = os.path.dirname(_path)
+    _path = os.path.join(folder, f"rank-{rank}.json")
+    _write()
+    for name in os.listdir(folder):
+        number = name[len("rank-"):-len(".json")] if name.startswith("rank-") and name.endswith(".json") else ""
+        if number.isdigit() and int(number) >= size:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
 def _write():
     if _path is None:
         return

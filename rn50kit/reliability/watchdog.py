@@ -51,10 +51,15 @@ class Watchdog(threading.Thread):
     def __init__(self, timeout, rank, main_thread=None):
         super().__init__(name="rn50-watchdog", daemon=True)
         self.timeout = timeout
-        self.rank = rank
+        self.first_rank = rank
         self.main = main_thread or threading.main_thread()
         self.period = min(5.0, max(0.5, timeout / 10))  # the heartbeat's; faults.silent_ranks allows 3 of them
         self.clock = time.pthread_getcpuclockid(self.main.ident)
+
+    @property
+    def rank(self):
+        """This worker's rank now (an elastic reset renumbers it: faults.renumber)."""
+        return faults._record["rank"] if faults._record else self.first_rank
 
     def run(self):
         cpu, since = time.clock_gettime(self.clock), time.monotonic()

@@ -415,6 +415,7 @@ class ElasticTraining(State):
             gc.enable()
         self.hvd.shutdown()
         self.hvd.init()
+        faults.renumber(self.hvd.rank(), self.hvd.size())
 
     def world_hosts(self):
         """Every rank's host name (HOROVOD_HOSTNAME: the name in the host list), indexed by rank."""

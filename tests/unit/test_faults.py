@@ -44,6 +44,33 @@ def test_the_launchers_name_for_a_host_wins_and_stands_in_for_a_missing_record(t
     assert line.startswith("rank 0 (host vm, pid 7) was killed by SIGKILL") and "; srun ends it; " in line
 
 
+def test_an_elastic_reset_renumbers_the_record_and_drops_those_beyond_the_world(tmp_path, monkeypatch):
+    """Rank 1 of 3 becomes rank 0 of 2 (the fault campaign, seed 100043: a disk full after the reset was blamed on
+    'rank 1'): its record moves, the record of the rank gone beyond the new world is removed, and a later fault names
+    the rank it has now."""
+    import time
+
+    from rn50kit.reliability import faults
+    old = time.time() - 60
+    for rank in (0, 2):  # rank 0 was lost (its record stale); rank 2 became rank 1
+        (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,
+                                                                    alive=old)))
+    monkeypatch.setattr(faults, "_record", None)
+    faults.install(1, {faults.FAULTS_ENV: str(tmp_path), "HOROVOD_HOSTNAME": "node1"})
+    faults.renumber(0, 2)
+    assert not (tmp_path / "rank-2.json").exists()  # beyond the new world
+    # the worker that was rank 2 takes rank 1 (its renumber writes the file this worker left)
+    (tmp_path / "rank-1.json").write_text(json.dumps(dict(rank=1, host="node2", pid=102, alive=time.time())))
+    records = faults.read_all(str(tmp_path))
+    assert sorted(records) == [0, 1] and records[0]["pid"] == os.getpid() and records[0]["host"] == "node1"
+    assert records[1]["pid"] == 102 and faults.silent_ranks(folder=str(tmp_path)) == []
+    faults.record_failure("the disk is full", "error")
+    line = faults.summarize(str(tmp_path), (0, 2))
+    assert line.startswith(f"rank 0 (host node1, pid {os.getpid()}) failed: the disk is full"), line
+    monkeypatch.setattr(faults, "_record", None)
+    monkeypatch.setattr(faults, "_path", None)
+
+
 def forwarded_by_horovod(lines, rank):
     """``lines`` as Horovod's own forwarding (safe_shell_exec.prefix_connection) writes a worker's stderr to
     runner's sys.stderr, here a horovodrun.CrashWatch: the watch."""
