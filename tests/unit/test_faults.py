@@ -55,7 +55,10 @@ def test_an_elastic_reset_renumbers_the_record_and_drops_those_beyond_the_world(
     for rank in (0, 2):  # rank 0 was lost (its record stale); rank 2 became rank 1
         (tmp_path / f"rank-{rank}.json").write_text(json.dumps(dict(rank=rank, host=f"node{rank}", pid=100 + rank,
                                                                     alive=old)))
-    monkeypatch.setattr(faults, "_record", None)
+    import sys
+    for name in ("_record", "_path"):  # install sets them: put back as they were after the test
+        monkeypatch.setattr(faults, name, None)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     faults.install(1, {faults.FAULTS_ENV: str(tmp_path), "HOROVOD_HOSTNAME": "node1"})
     faults.renumber(0, 2)
     assert not (tmp_path / "rank-2.json").exists()  # beyond the new world
@@ -67,8 +70,6 @@ def test_an_elastic_reset_renumbers_the_record_and_drops_those_beyond_the_world(
     faults.record_failure("the disk is full", "error")
     line = faults.summarize(str(tmp_path), (0, 2))
     assert line.startswith(f"rank 0 (host node1, pid {os.getpid()}) failed: the disk is full"), line
-    monkeypatch.setattr(faults, "_record", None)
-    monkeypatch.setattr(faults, "_path", None)
 
 
 def forwarded_by_horovod(lines, rank):
