@@ -199,6 +199,10 @@ def run(argv=None):
         if faults.is_teardown(str(error)):
             raise  # another rank went away: faults' hook records a teardown and names the rank that fell silent
         faults.fail("train.py", devices.describe_mxnet_error(error, mxnet.context.num_gpus()))
+    except OSError as error:  # a full disk at a log's or the report's write: one line, not a traceback
+        if checkpoint.write_failure(error) is None:
+            raise
+        faults.fail("train.py", checkpoint.write_failure(error))
     except KeyboardInterrupt:  # a second Ctrl-C while the first one's checkpoint was awaited
         print("train.py: interrupted (Ctrl-C twice): stopped without saving; rerun the same command to resume "
               "from the last checkpoint", file=sys.stderr)

@@ -56,12 +56,28 @@ def install(rank, environ=os.environ):
     recorded (its traceback printed as usual)."""
     global _record, _path
     folder = environ.get(FAULTS_ENV)
-    host = environ.get("HOROVOD_HOSTNAME", "")  # the name in runner's -H (horovodrun), else the machine's own
-    host = host if host and host not in ("localhost", "127.0.0.1") else socket.gethostname()
-    _record = {"rank": rank, "host": host, "pid": os.getpid(), "started": time.time()}
+    launched = world.launched_world(environ)
+    _record = {"rank": rank, "host": host_name(environ.get("HOROVOD_HOSTNAME", "")), "pid": os.getpid(),
+               "started": time.time()}
+    if launched is not None and launched.local_rank is not None:  # the slot Horovod's elastic driver names it by
+        _record["local_rank"] = launched.local_rank
     _path = os.path.join(folder, f"rank-{rank}.json") if folder and os.path.isdir(folder) else None
     _write()
     sys.excepthook = _excepthook
+
+
+def host_name(name):
+    """A worker's host as its record gives it: the name in runner's -H (horovodrun's HOROVOD_HOSTNAME), else, and
+    for the local machine's names, the machine's own."""
+    return name if name and name not in ("localhost", "127.0.0.1") else socket.gethostname()
+
+
+def rank_in_slot(directory, host, local_rank):
+    """The rank whose record is of the worker in slot ``local_rank`` of ``host`` (Horovod's elastic driver names
+    a failed worker so: "localhost[0]"), or None where no record tells."""
+    ranks = [rank for rank, record in read_all(directory).items()
+             if record.get("host") == host_name(host) and record.get("local_rank") == local_rank]
+    return ranks[0] if len(ranks) == 1 else None
 
 
 def renumber(rank, size):

@@ -31,11 +31,16 @@ WARMUP_ITERATIONS = 20  # by default the first iterations (graph building, cache
 
 def write_json(path, value, indent=4):
     """Write ``value`` to ``path`` atomically (a temporary file renamed over it): a reader, or a run stopped in the
-    middle, never sees half a file."""
+    middle, never sees half a file. An OSError (a full disk) names ``path``, and no part is left."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=indent)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=indent)
+        os.replace(tmp, path)
+    except OSError as error:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise OSError(error.errno, error.strerror, path) from error
 
 
 def timed(durations, untimed=WARMUP_ITERATIONS):

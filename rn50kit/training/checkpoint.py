@@ -211,6 +211,16 @@ def save_failure(prefix, tag, error):
             f"{kept}; fix that and rerun the same command to resume")
 
 
+def write_failure(error):
+    """One line for a full disk met writing a log or the report (a checkpoint's is save_failure's), or None for
+    another error."""
+    if not isinstance(error, OSError) or error.errno not in DISK_FULL:
+        return None
+    where = f"cannot write {error.filename}" if error.filename else "cannot write the run's logs or report"
+    return (f"the disk is full: {where} ({error.strerror}); the checkpoints saved are intact; free space there (or "
+            "give another --workspace) and rerun the same command to resume")
+
+
 def inspect(path, verify=False):
     """(state, None) for the complete checkpoint whose state file is ``path``, paths made absolute; (None, why)
     for one that is incomplete or damaged. ``verify``: compare the files' contents with their recorded SHA-256

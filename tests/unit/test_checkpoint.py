@@ -181,3 +181,22 @@ def test_load_of_a_checkpoints_other_files_or_an_export_says_what_it_is(tmp_path
     with pytest.raises(checkpoint.CheckpointError, match="is exported weights") as refused:
         checkpoint.check_loadable(str(export))
     assert "damaged" not in str(refused.value) and f"--pretrained {export}" in str(refused.value)
+
+
+def test_a_full_disk_at_the_report_is_one_line_naming_the_file(tmp_path):
+    """The fault campaign, seeds 100054 and 100081: a disk full when rank 0 wrote the final report ended the run with
+    an OSError's traceback; train.py tells it in one line (checkpoint.write_failure)."""
+    from rn50kit.reporting import report
+    from rn50kit.training import checkpoint
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    try:
+        with pytest.raises(OSError) as caught:
+            report.Report("resnet18", 1, ["train.py"]).save(str(tmp_path / "report.json"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    line = checkpoint.write_failure(caught.value)
+    assert line.startswith(f"the disk is full: cannot write {tmp_path / 'report.json'} (File too large); "), line
+    assert os.listdir(tmp_path) == []  # no part left
+    assert line.endswith("rerun the same command to resume") and "\n" not in line
+    assert checkpoint.write_failure(PermissionError(13, "Permission denied", "x")) is None  # not a full disk

@@ -241,3 +241,55 @@ def test_tasks_whose_workers_ended_well_leave_nothing_of_the_step(tmp_path):
     faults.leave_step(str(folder), 10)
     assert not folder.exists()
     faults.leave_step(str(folder), 2)  # a task whose folder is already gone
+
+
+def test_the_elastic_drivers_host_and_slot_name_the_rank_by_its_record(tmp_path, monkeypatch):
+    """Horovod's elastic driver names a failed worker "localhost[0]" (the fault campaign, seeds 100047-100085: the
+    last worker SIGKILLed during a save was told as a bare "worker localhost[0] exited with status 137"): the
+    records' host and local rank name its rank, and the signal is named."""
+    import socket
+    import sys
+
+    from rn50kit.launch import supervision
+    from rn50kit.launch.launchers import horovodrun
+    from rn50kit.reliability import faults
+    for name in ("_record", "_path"):  # install sets them: put back as they were after the test
+        monkeypatch.setattr(faults, name, None)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    # as Horovod's elastic driver starts workers (gloo_run.create_slot_env_vars): rank 1 now, slot 0 of localhost
+    faults.install(1, {faults.FAULTS_ENV: str(tmp_path), "HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": "1",
+                       "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0"})
+    faults.renumber(0, 1)  # an elastic reset made it rank 0 of 1
+    (tmp_path / "rank-1.json").write_text(json.dumps(dict(rank=1, host="hostA", pid=9, local_rank=0)))  # another host
+    ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.replace("255", "137").format(rank="localhost[0]")),
+                                  supervision.StopRelay())
+    assert ended.slot == ("localhost", 0) and ended.first_failed is None
+    line = supervision.failure_summary(ended, str(tmp_path), None)
+    assert line.startswith(f"rank 0 (host {socket.gethostname()}, pid {os.getpid()}) was killed by SIGKILL (exit "
+                           "status 137)"), line
+    assert line.endswith(faults.RESTART)  # no checkpoint prefix given: nothing to resume from
+    # a slot no record holds: the launcher's own line, as before
+    ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.format(rank="hostB[3]")), supervision.StopRelay())
+    assert supervision.failure_summary(ended, str(tmp_path), None) is None
+
+
+@pytest.mark.parametrize("shell_line", ["Killed", "bash: line 1:  4242 Killed                  python train.py"])
+def test_a_peer_whose_plain_exit_horovod_timed_first_does_not_hide_the_killed_rank(shell_line, tmp_path):
+    """Rank 1 SIGKILLed; rank 0's collectives fail at once and it exits 1, which Horovod may time first (seen in
+    tests/e2e/test_fault_recovery.py on a quiet machine: `rank 0 ... exited with status 1`). The shell rank 1 ran
+    in said "Killed" (dash's line, or bash's over SSH): rank 1 and SIGKILL are named."""
+    from rn50kit.launch import supervision
+    from rn50kit.launch.launchers import horovodrun
+    from rn50kit.reliability import faults
+    (tmp_path / "rank-0.json").write_text(json.dumps(dict(rank=0, host="vm", pid=6, kind="teardown", failed=2.0,
+                                                          failure="MXNetError: Horovod has been shut down")))
+    (tmp_path / "rank-1.json").write_text(json.dumps(dict(rank=1, host="vm", pid=7, alive=1.0)))
+    watch = forwarded_by_horovod(["Epoch[2/2] Batch[2/6]", shell_line], 1)
+    ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.replace("255", "1").format(rank=0)),
+                                  supervision.StopRelay(), watch.seen)
+    line = faults.summarize(str(tmp_path), ended.first_failed, ended.known)
+    assert line.startswith("rank 1 (host vm, pid 7) was killed by SIGKILL (exit status 137)"), line
+    # without the shell's word, Horovod's order stands
+    ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.replace("255", "1").format(rank=0)),
+                                  supervision.StopRelay(), forwarded_by_horovod(["Epoch[2/2] Batch[2/6]"], 1).seen)
+    assert ended.first_failed == (0, 1)

@@ -19,6 +19,7 @@ from rn50kit.config.cli import UsageError
 from rn50kit.launch import horovod_build, supervision
 from rn50kit.launch.launchers import elastic
 from rn50kit.launch.launchers.base import Launcher
+from rn50kit.reliability import faults
 
 
 class Horovodrun(Launcher):
@@ -132,20 +133,26 @@ class DriverLogs:
 CRASH_LINES = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Floating point exception": "SIGFPE",
                "Aborted": "SIGABRT", "Illegal instruction": "SIGILL"}
 CRASH_LINE = re.compile(r"\[(\d+)\]<stderr>:Fatal Python error: (" + "|".join(CRASH_LINES) + ")")
+# The shell a worker runs in (Horovod runs each through /bin/sh, over SSH the login shell) says "Killed" when a
+# SIGKILL ended it: dash's line, or bash's "bash: line 1: 1234 Killed    python ...".
+KILLED_LINE = re.compile(r"\[(\d+)\]<stderr>:(?:\S+: line \d+: +\d+ +)?Killed\b")
 
 
 class CrashWatch:
     """sys.stderr while horovodrun forwards the workers' lines ("[rank]<stderr>:..."): passes each on and keeps
-    which rank's faulthandler reported a native crash (``seen``: rank -> signal name). Over SSH a worker's status
-    is ssh's 255 whatever ended it; its own last words tell a crash from a lost connection."""
+    which rank's faulthandler reported a native crash, or its shell a SIGKILL (``seen``: rank -> signal name).
+    Over SSH a worker's status is ssh's 255 whatever ended it; the last words of the worker or its shell tell a
+    crash or a kill from a lost connection."""
 
     def __init__(self, stream):
         self.stream, self.seen = stream, {}
 
     def write(self, text):
-        found = CRASH_LINE.search(text)
+        found, killed = CRASH_LINE.search(text), KILLED_LINE.search(text)
         if found:
             self.seen.setdefault(int(found.group(1)), CRASH_LINES[found.group(2)])
+        elif killed:
+            self.seen.setdefault(int(killed.group(1)), "SIGKILL")
         return self.stream.write(text)
 
     def __getattr__(self, name):
@@ -153,18 +160,25 @@ class CrashWatch:
 
 
 def failed_run(error, stop, crashes=None):
-    """horovodrun's RuntimeError as a supervision.Ended: the first worker to fail and its status (``crashes``,
-    CrashWatch.seen: its crash, where its output told one), or horovodrun's refusal before it started any (its
-    reason per host is printed above)."""
+    """horovodrun's RuntimeError as a supervision.Ended: the first worker to fail (its rank, or under the elastic
+    driver its host[slot]) and its status (``crashes``, CrashWatch.seen: its crash or kill, where its output or
+    its shell told one), or horovodrun's refusal before it started any (its reason per host is printed above)."""
     codes = re.findall(r"Exit code: (-?\d+)", str(error))
     if not codes:
         return supervision.Ended(1, f"horovodrun: {horovodrun_refusal(error)}")
     workers = re.findall(r"Process name: (\S+)", str(error))
     first = (int(workers[0]), int(codes[0])) if workers and workers[0].isdigit() else None  # rank, status
+    if first and faults.signal_name(first[1]) is None and first[0] not in (crashes or {}) and crashes:
+        # Horovod names the first worker whose end it timed: a peer's plain exit (its collectives failed) may come
+        # before the end of a worker killed or crashed, which its output told: that one is the cause
+        rank = min(crashes)
+        first = (rank, 128 + signal.Signals[crashes[rank]].value)  # as its shell reports it
+    slot = re.fullmatch(r"(.+)\[(\d+)\]", workers[0]) if workers else None  # the elastic driver's host[slot]
     crash = (crashes or {}).get(first[0]) if first else None
     return supervision.Ended(int(codes[0]), f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
                                             f"{stop.note()}; its message is above", first,
-                             known={"rank": first[0], "crash": crash} if crash else None)
+                             known={"rank": first[0], "crash": crash} if crash else None,
+                             slot=(slot.group(1), int(slot.group(2))) if slot else None)
 
 
 def horovodrun_refusal(error):
