@@ -8,7 +8,6 @@ import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,16 +36,15 @@ def supervise(launcher, args, command, workspace, checkpoint_prefix):
     """Run ``command`` through ``launcher`` (a launchers.Launcher) to its end, the workers' records kept in a
     folder of their own and none of them left running: runner's exit status. ``checkpoint_prefix``
     (check_train_flags'): where a failed run may resume from."""
-    started = time.time()
     outcome = tempfile.NamedTemporaryFile(prefix="rn50-outcome-", suffix=".json", delete=False)
     outcome.close()
     os.environ[run_lock.OUTCOME_ENV] = outcome.name
     os.environ[faults.FAULTS_ENV] = fault_dir = tempfile.mkdtemp(prefix="rn50-faults-")  # faults: records
-    reaper = Reaper()  # faults: no worker outlives runner
+    reaper = Reaper(fault_dir)  # faults: no worker outlives runner
     try:
         ended = launcher.start(args, command)
         reaper.finish()
-        wait_for_workspace(workspace, started)
+        wait_for_workspace(workspace, fault_dir)
         account = run_lock.read_outcome(outcome.name)
         return conclude(ended.status, ended.failure, account,
                         failure_summary(ended, fault_dir, checkpoint_prefix, finished=account == "done"))
@@ -109,18 +107,15 @@ def conclude(status, failure, outcome, summary=None):
     return status if status > 0 else 1
 
 
-def wait_for_workspace(workspace, since, patience_s=60.0):
+def wait_for_workspace(workspace, fault_dir, patience_s=60.0):
     """Workers on other hosts are out of the Reaper's reach: wait (bounded) until the one holding the workspace
-    lock has ended, so that the same command can be rerun at once. One of this run's (it took the lock ``since``
-    runner started) on this machine and stopped (SIGSTOP, a debugger) would never end: it is ended at once."""
+    lock has ended, so that the same command can be rerun at once. A worker of this run on this machine that is
+    stopped (SIGSTOP, a debugger) would never end: it is ended at once (end_stopped_workers)."""
+    end_stopped_workers(fault_dir)
     if not workspace:
         return
     deadline = time.monotonic() + patience_s
     holder = run_lock.holder(workspace)
-    stopped = stopped_worker(holder, since) if holder is not None else None
-    if stopped is not None:
-        end_stopped(stopped, holder, workspace)
-        holder = run_lock.holder(workspace)
     if holder is not None:
         print(f"runner: note: waiting for {run_lock.describe(holder)} to end and free {workspace}", file=sys.stderr)
     while holder is not None and time.monotonic() < deadline:
@@ -131,31 +126,28 @@ def wait_for_workspace(workspace, since, patience_s=60.0):
               "fail or --stall-timeout passes, or stop it by hand", file=sys.stderr)
 
 
-def stopped_worker(record, since):
-    """The process of the workspace lock's ``record`` if it is a worker of this run (it took the lock ``since``
-    runner started, and was created before that) on this machine, stopped; else None."""
+def end_stopped_workers(fault_dir):
+    """End (SIGKILL) every worker of this run on this machine that is stopped (SIGSTOP, a debugger), each with a
+    note: it would never end, and would hold the workspace or, in an elastic run, keep Horovod's driver waiting for
+    its state. This run's workers are those whose environment names its records' folder (RN50_FAULTS), those
+    reached over SSH to a name of this machine included. Returns their pids."""
     import psutil  # a dependency of Horovod's launcher
-    started = record.get("started")
-    if record.get("host") != socket.gethostname() or not isinstance(started, (int, float)) or started < since:
-        return None
-    try:
-        process = psutil.Process(record["pid"])
-        ours = since - 1 <= process.create_time() <= started + 1  # not a later process given the same pid
-        stopped = process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return None
-    return process if ours and stopped else None
-
-
-def end_stopped(process, record, workspace):
-    import psutil
-    try:
-        process.kill()
-        process.wait(timeout=10)
-    except psutil.Error:
-        pass
-    print(f"runner: note: ended {run_lock.describe(record)}, a worker of this run that was stopped (SIGSTOP or a "
-          f"debugger) and held {workspace}", file=sys.stderr)
+    ended = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if process.info["status"] not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) or \
+                    process.environ().get(faults.FAULTS_ENV) != fault_dir:
+                continue
+            process.kill()
+            process.wait(timeout=10)
+        except (psutil.Error, OSError):
+            continue  # gone, or not ours to read
+        ended.append(process.pid)
+        record = next((r for r in faults.read_all(fault_dir).values() if r.get("pid") == process.pid), None)
+        who = faults.who(record) if record else f"pid {process.pid}"
+        print(f"runner: note: ended {who}, a worker of this run that was stopped (SIGSTOP or a debugger)",
+              file=sys.stderr)
+    return ended
 
 
 def worker_processes(mark="HOROVOD_RANK"):
@@ -214,10 +206,12 @@ class Reaper:
     """Keeps track of the run's workers on this machine (a thread looks every half second) and, once the launcher
     is done, ends any it left behind (a worker stopped by SIGSTOP, or stuck in the kernel, outlives horovodrun's
     teardown) and waits until they are gone: their workspace lock goes with them, so the same command can be
-    rerun at once."""
+    rerun at once. Meanwhile, once a worker has found another stalled (a "stall" record in ``fault_dir``), it ends
+    the stopped ones (end_stopped_workers): Horovod's elastic driver would wait for them for ever."""
 
-    def __init__(self):
+    def __init__(self, fault_dir=None):
         self.seen = {}
+        self.fault_dir = fault_dir
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
@@ -227,6 +221,8 @@ class Reaper:
             for mark in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
                 for worker in worker_processes(mark):
                     self.seen.setdefault(worker.pid, worker)
+            if self.fault_dir and any(r.get("kind") == "stall" for r in faults.read_all(self.fault_dir).values()):
+                end_stopped_workers(self.fault_dir)
             self.done.wait(0.5)
 
     def finish(self, patience_s=10.0):

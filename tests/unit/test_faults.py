@@ -2,6 +2,7 @@
 import json
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -140,41 +141,80 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("case", ["stopped", "running", "stopped, not of this run"])
-def test_a_stopped_worker_of_the_run_that_holds_the_workspace_is_ended_at_once(case, tmp_path, capsys):
+@pytest.mark.parametrize("case", ["stopped", "running", "stopped, not of this run", "stopped, not holding it"])
+def test_a_stopped_worker_of_the_run_is_ended_at_once(case, tmp_path, capsys):
     """A worker reached over SSH (to a name of this machine) is outside the Reaper's reach; stopped (SIGSTOP), it
-    would hold the workspace for ever: runner ends it at once when it is this run's, and waits for any other."""
+    would never end (holding the workspace, or left behind: the fault campaign, seeds 100015 and 100074): runner
+    ends it at once when it is this run's (its environment names the run's records' folder), and waits for any
+    other holder."""
     import signal
     import subprocess
     import sys
-    import time
 
     import psutil
 
     from rn50kit.launch import supervision
-    from rn50kit.reliability import run_lock
+    from rn50kit.reliability import faults, run_lock
     from support.processes import ROOT, wait_until
-    since = time.time()
-    holder = subprocess.Popen([sys.executable, "-c", HOLDS_THE_WORKSPACE, ROOT, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)
+    fault_dir, workspace = tmp_path / "faults", tmp_path / "ws"
+    fault_dir.mkdir()
+    workspace.mkdir()
+    held = str(workspace if case != "stopped, not holding it" else tmp_path / "elsewhere")
+    os.makedirs(held, exist_ok=True)
+    ours = str(fault_dir) if case != "stopped, not of this run" else str(tmp_path / "another run's")
+    worker = subprocess.Popen([sys.executable, "-c", HOLDS_THE_WORKSPACE, ROOT, held], stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, **{faults.FAULTS_ENV: ours}))
+    (fault_dir / "rank-1.json").write_text(json.dumps(dict(rank=1, host="hostB", pid=worker.pid)))
     try:
-        assert holder.stdout.readline() == "held\n"
+        assert worker.stdout.readline() == "held\n"
         if case != "running":
-            os.kill(holder.pid, signal.SIGSTOP)  # delivered when the kernel next runs it (later on a busy machine)
-            wait_until(lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, "the holder stopped")
-        supervision.wait_for_workspace(str(tmp_path), since if case != "stopped, not of this run" else time.time(),
-                                       patience_s=1.0)
+            os.kill(worker.pid, signal.SIGSTOP)  # delivered when the kernel next runs it (later on a busy machine)
+            wait_until(lambda: psutil.Process(worker.pid).status() == psutil.STATUS_STOPPED, "the worker stopped")
+        supervision.wait_for_workspace(str(workspace), str(fault_dir), patience_s=1.0)
         err = capsys.readouterr().err
-        if case == "stopped":
-            assert run_lock.holder(str(tmp_path)) is None  # runner waited for it to end (its child here: reaped)
-            assert f"runner: note: ended pid {holder.pid} on host " in err and "that was stopped (SIGSTOP" in err
+        if case.startswith("stopped") and case != "stopped, not of this run":
+            assert worker.poll() is not None and run_lock.holder(str(workspace)) is None
+            assert f"runner: note: ended rank 1 (host hostB, pid {worker.pid}), a worker of this run that was " \
+                   "stopped (SIGSTOP" in err
             assert "waiting for" not in err
         else:
-            assert holder.poll() is None and run_lock.holder(str(tmp_path))["pid"] == holder.pid
-            assert f"runner: note: pid {holder.pid} on host " in err and "still holds" in err and "ended" not in err
+            assert worker.poll() is None and run_lock.holder(str(workspace))["pid"] == worker.pid
+            assert f"runner: note: pid {worker.pid} on host " in err and "still holds" in err and "ended" not in err
     finally:
-        holder.kill()
-        holder.wait()
+        worker.kill()
+        worker.wait()
+
+
+def test_the_reaper_ends_a_stopped_worker_once_another_found_it_stalled(tmp_path, capsys):
+    """An elastic run whose worker is stopped: the other's watchdog names it and ends itself, and Horovod's elastic
+    driver would wait for the stopped one's state for ever (the fault campaign, seeds 100024, 100026): once a
+    "stall" record is written, runner ends the stopped worker, and the driver counts it failed."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from rn50kit.launch import supervision
+    from rn50kit.reliability import faults
+    from support.processes import wait_until
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              env=dict(os.environ, **{faults.FAULTS_ENV: str(tmp_path)}))
+    reaper = supervision.Reaper(str(tmp_path))
+    try:
+        os.kill(worker.pid, signal.SIGSTOP)
+        wait_until(lambda: psutil.Process(worker.pid).status() == psutil.STATUS_STOPPED, "the worker stopped")
+        time.sleep(1.5)  # three of the Reaper's looks: a stopped worker alone is left (a debugger's, a Ctrl-Z)
+        assert worker.poll() is None
+        (tmp_path / "rank-0.json").write_text(json.dumps(dict(rank=0, host="vm", pid=1, kind="stall", failed=1.0,
+                                                              failure="rank 1 stalled")))
+        wait_until(lambda: worker.poll() is not None, "the stopped worker ended")
+        assert f"runner: note: ended pid {worker.pid}, a worker of this run that was stopped" in \
+            capsys.readouterr().err
+    finally:
+        reaper.finish(patience_s=1.0)
+        worker.kill()
+        worker.wait()
 
 
 # --- under srun: the step's shared folder, one report -----------------------------------------------------------
