@@ -212,13 +212,11 @@ def save_failure(prefix, tag, error):
 
 
 def write_failure(error):
-    """One line for a full disk met writing a log or the report (a checkpoint's is save_failure's), or None for
-    another error."""
-    if not isinstance(error, OSError) or error.errno not in DISK_FULL:
-        return None
-    where = f"cannot write {error.filename}" if error.filename else "cannot write the run's logs or report"
-    return (f"the disk is full: {where} ({error.strerror}); the checkpoints saved are intact; free space there (or "
-            "give another --workspace) and rerun the same command to resume")
+    """One line for a full disk met writing a log or the report (a checkpoint's: save_failure), or None."""
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+        return (f"the disk is full: cannot write {error.filename or 'the logs'} ({error.strerror}); the checkpoints "
+                "saved are intact; free space there (or give another --workspace) and rerun the same command to resume")
+    return None
 
 
 def inspect(path, verify=False):
@@ -428,10 +426,8 @@ def read_params(params_path):
 def to_score(load, workspace, model_prefix, warn=None):
     """The parameters --mode val/pred score: --load, else the latest complete checkpoint of the workspace whose
     files are whole (``warn`` hears of damaged ones skipped); None when there is none."""
-    if load:
-        return load
-    latest = find_latest(workspace_path(workspace, model_prefix), warn)
-    return latest and latest["paths"]["params"]
+    latest = None if load else find_latest(workspace_path(workspace, model_prefix), warn)
+    return load or (latest and latest["paths"]["params"])
 
 
 def files_of(state):
