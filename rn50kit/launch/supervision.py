@@ -30,6 +30,7 @@ class Ended:
     known: dict = None  # what it knows of that worker (its host), beyond the worker's own record
     driver_ended: bool = False  # the elastic driver ended the run: ``failure`` says why, no worker's record does
     slot: tuple = None  # (host, local rank) of that worker where the launcher names it so (Horovod's elastic driver)
+    crashes: dict = None  # rank -> the signal its output or its shell told of (horovodrun.CrashWatch.seen)
 
 
 def supervise(launcher, args, command, workspace, checkpoint_prefix):
@@ -62,7 +63,9 @@ def failure_summary(ended, fault_dir, checkpoint_prefix, finished=False):
         return None
     if ended.first_failed is None and ended.slot is not None:  # its rank from the records of who is in that slot
         rank = faults.rank_in_slot(fault_dir, *ended.slot)
-        ended = dataclasses.replace(ended, first_failed=None if rank is None else (rank, ended.status))
+        crash = (ended.crashes or {}).get(rank)
+        ended = dataclasses.replace(ended, first_failed=None if rank is None else (rank, ended.status),
+                                    known={"rank": rank, "crash": crash} if rank is not None and crash else None)
     if finished:
         line = faults.summarize(fault_dir, ended.first_failed, ended.known, advice=FINISHED_ALL_THE_SAME)
         return line or f"{ended.failure}; {FINISHED_ALL_THE_SAME}"

@@ -308,6 +308,11 @@ def test_the_elastic_drivers_host_and_slot_name_the_rank_by_its_record(tmp_path,
     assert line.startswith(f"rank 0 (host {socket.gethostname()}, pid {os.getpid()}) was killed by SIGKILL (exit "
                            "status 137)"), line
     assert line.endswith(faults.RESTART)  # no checkpoint prefix given: nothing to resume from
+    # over SSH: ssh's 255, and the worker's shell said "Killed" (seed 100047)
+    ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.format(rank="localhost[0]")), supervision.StopRelay(),
+                                  forwarded_by_horovod(["Killed"], 0).seen)
+    assert supervision.failure_summary(ended, str(tmp_path), None).startswith(
+        f"rank 0 (host {socket.gethostname()}, pid {os.getpid()}) was killed by SIGKILL (exit status 255)")
     # a slot no record holds: the launcher's own line, as before
     ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.format(rank="hostB[3]")), supervision.StopRelay())
     assert supervision.failure_summary(ended, str(tmp_path), None) is None

@@ -178,7 +178,7 @@ def failed_run(error, stop, crashes=None):
     return supervision.Ended(int(codes[0]), f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
                                             f"{stop.note()}; its message is above", first,
                              known={"rank": first[0], "crash": crash} if crash else None,
-                             slot=(slot.group(1), int(slot.group(2))) if slot else None)
+                             slot=(slot.group(1), int(slot.group(2))) if slot else None, crashes=dict(crashes or {}))
 
 
 def horovodrun_refusal(error):

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from rn50kit.config.cli import UsageError
@@ -82,15 +83,19 @@ def run_srun_task(command, workspace):
     # Slurm signals every process of a task, the worker too: a Ctrl-C on srun must not reach it twice (a second
     # one stops at once, unsaved). A SIGTERM/SIGUSR1 sent to this task's process alone goes on to the worker.
     signal.signal(signal.SIGINT, lambda signum, frame: None)
-    worker = subprocess.Popen(command)
+    worker = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    said = []  # the worker's own error line, should its record be unwritable (a full disk where the records are)
+    relay = threading.Thread(target=relay_stderr, args=(worker.stderr, said), daemon=True)
+    relay.start()
     restore = supervision.forward_stop_signals(lambda signum: worker.send_signal(signum))
     status = worker.wait()
+    relay.join(timeout=2.0)
     # srun ends the step's tasks as soon as one worker fails: its SIGTERM waits until the line is out and the
     # records removed (Slurm's KillWait, 30 s by default, before SIGKILL), then ends this task as before.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     restore()
     if status != 0 and folder is not None:
-        report_step_failure(folder, rank, status, worker.pid)
+        report_step_failure(folder, rank, status, worker.pid, said[-1] if said else None)
     elif folder is not None:
         faults.leave_step(folder, rank)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
@@ -115,19 +120,31 @@ def step_records(workspace, rank):
     return folder
 
 
-def report_step_failure(folder, rank, status, pid):
+def relay_stderr(stream, said):
+    """Copy the worker's stderr to ours line by line, keeping in ``said`` its own one-line errors (cli.fail's)."""
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if line.startswith("train.py: error: "):
+            said.append(line[len("train.py: error: "):].strip())
+
+
+def report_step_failure(folder, rank, status, pid, said=None):
     """The step's one line on a failure, printed by the first task to see one: the task of the worker that died
-    (a signal) or recorded the cause (its error, or the stall its watchdog saw); a task whose worker only saw the
-    collectives fail waits a little for that one's line first."""
+    (a signal) or recorded the cause (its error, or the stall its watchdog saw; ``said``: its error line, where
+    its record could not be written); a task whose worker only saw the collectives fail waits a little for that
+    one's line first."""
     own = faults.read_all(folder).get(rank, {})
+    known = {"rank": rank, "host": socket.gethostname(), "pid": pid}
+    if said and own.get("kind") not in ("error", "stall"):  # srun may end this task at once: no record to wait for
+        own = known = dict(known, kind="error", failure=said, failed=time.time())
     if status > 0 and own.get("kind") not in ("error", "stall"):
         deadline = time.monotonic() + TEARDOWN_GRACE_S
         while not faults.reported(folder) and time.monotonic() < deadline:
             time.sleep(0.1)
     if not faults.claim_report(folder):
         return
-    summary = faults.summarize(folder, (rank, status if status > 0 else 128 - status),
-                               known={"rank": rank, "host": socket.gethostname(), "pid": pid},
+    summary = faults.summarize(folder, (rank, status if status > 0 else 128 - status), known=known,
                                ended="srun ends the step's other tasks")
     print(f"runner: error: {summary}", file=sys.stderr, flush=True)
     faults.remove_step(folder)
