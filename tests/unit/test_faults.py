@@ -338,3 +338,26 @@ def test_a_peer_whose_plain_exit_horovod_timed_first_does_not_hide_the_killed_ra
     ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.replace("255", "1").format(rank=0)),
                                   supervision.StopRelay(), forwarded_by_horovod(["Epoch[2/2] Batch[2/6]"], 1).seen)
     assert ended.first_failed == (0, 1)
+
+
+def test_an_srun_task_names_its_workers_error_line_when_the_record_could_not_be_written(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """A full disk at the final report under srun (the fault campaign, seeds 100054 and 100081): the worker's record
+    could not be written either, and srun ended the task while it waited for another's line. The task keeps its
+    worker's own error line (relayed from its stderr) and reports at once."""
+    import io
+
+    from rn50kit.launch.launchers import srun
+    said = []
+    lines = ["17:19:32 INFO Saved checkpoint ws/model-0002.params\n",
+             "train.py: error: the disk is full: cannot write ws/report.json (File too large); rerun\n"]
+    srun.relay_stderr(io.StringIO("".join(lines)), said)
+    assert capsys.readouterr().err == "".join(lines)  # passed on as it came
+    assert said == ["the disk is full: cannot write ws/report.json (File too large); rerun"]
+    def no_wait(seconds):
+        raise AssertionError("the task waited for another task's line")
+    monkeypatch.setattr(srun.time, "sleep", no_wait)
+    srun.report_step_failure(str(tmp_path), 0, 2, 4242, said[-1])
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("runner: error: rank 0 (host ") and ", pid 4242) failed: the disk is full: cannot " \
+        "write ws/report.json" in line, line
