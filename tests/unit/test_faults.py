@@ -361,3 +361,18 @@ def test_an_srun_task_names_its_workers_error_line_when_the_record_could_not_be_
     line = capsys.readouterr().err.strip()
     assert line.startswith("runner: error: rank 0 (host ") and ", pid 4242) failed: the disk is full: cannot " \
         "write ws/report.json" in line, line
+
+
+def test_horovodrun_names_a_workers_error_line_when_its_record_could_not_be_written(tmp_path):
+    """The fault campaign, seed 100089: a full disk at the final report under horovodrun; the worker's record could
+    not be written, so runner said only `rank 0 ... exited with status 2`. Its forwarded error line names the cause."""
+    from rn50kit.launch import supervision
+    from rn50kit.launch.launchers import horovodrun
+    from rn50kit.reliability import faults
+    (tmp_path / "rank-0.json").write_text(json.dumps(dict(rank=0, host="vm", pid=6, alive=1.0)))
+    watch = forwarded_by_horovod(["train.py: error: the disk is full: cannot write ws/report.json (File too large)"], 0)
+    ended = horovodrun.failed_run(RuntimeError(HOROVOD_FAILED.replace("255", "2").format(rank=0)),
+                                  supervision.StopRelay(), watch.seen, watch.said)
+    line = faults.summarize(str(tmp_path), ended.first_failed, ended.known)
+    assert line.startswith("rank 0 (host vm, pid 6) failed: the disk is full: cannot write ws/report.json (File "
+                           "too large) (its message is above)"), line

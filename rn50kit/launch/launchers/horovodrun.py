@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from rn50kit.config.cli import UsageError
@@ -79,7 +80,7 @@ def run_horovodrun(arguments):
     except RuntimeError as error:  # "Horovod detected that one or more processes exited with non-zero status"
         if logs.driver.ended:
             return supervision.Ended(1, logs.driver.ended, driver_ended=True)
-        return failed_run(error, stop, crashes.seen)
+        return failed_run(error, stop, crashes.seen, crashes.said)
     except TimeoutException as error:  # the elastic driver's wait for the first slots (gloo_run.py)
         for driver in drivers:  # its discovery thread would go on running the script while runner ends
             driver.stop(str(error))
@@ -136,6 +137,8 @@ CRASH_LINE = re.compile(r"\[(\d+)\]<stderr>:Fatal Python error: (" + "|".join(CR
 # The shell a worker runs in (Horovod runs each through /bin/sh, over SSH the login shell) says "Killed" when a
 # SIGKILL ended it: dash's line, or bash's "bash: line 1: 1234 Killed    python ...".
 KILLED_LINE = re.compile(r"\[(\d+)\]<stderr>:(?:\S+: line \d+: +\d+ +)?Killed\b")
+# train.py's own one-line error (cli.fail's), kept for a worker whose record could not be written (a full disk)
+ERROR_LINE = re.compile(r"\[(\d+)\]<stderr>:train\.py: error: (.*)")
 
 
 class CrashWatch:
@@ -145,24 +148,27 @@ class CrashWatch:
     crash or a kill from a lost connection."""
 
     def __init__(self, stream):
-        self.stream, self.seen = stream, {}
+        self.stream, self.seen, self.said = stream, {}, {}  # said: rank -> its train.py error line
 
     def write(self, text):
-        found, killed = CRASH_LINE.search(text), KILLED_LINE.search(text)
+        found, killed, said = CRASH_LINE.search(text), KILLED_LINE.search(text), ERROR_LINE.search(text)
         if found:
             self.seen.setdefault(int(found.group(1)), CRASH_LINES[found.group(2)])
         elif killed:
             self.seen.setdefault(int(killed.group(1)), "SIGKILL")
+        elif said:
+            self.said.setdefault(int(said.group(1)), said.group(2).strip())
         return self.stream.write(text)
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
 
-def failed_run(error, stop, crashes=None):
+def failed_run(error, stop, crashes=None, said=None):
     """horovodrun's RuntimeError as a supervision.Ended: the first worker to fail (its rank, or under the elastic
     driver its host[slot]) and its status (``crashes``, CrashWatch.seen: its crash or kill, where its output or
-    its shell told one), or horovodrun's refusal before it started any (its reason per host is printed above)."""
+    its shell told one; ``said``, CrashWatch.said: its error line, for a worker whose record could not be written),
+    or horovodrun's refusal before it started any (its reason per host is printed above)."""
     codes = re.findall(r"Exit code: (-?\d+)", str(error))
     if not codes:
         return supervision.Ended(1, f"horovodrun: {horovodrun_refusal(error)}")
@@ -175,9 +181,11 @@ def failed_run(error, stop, crashes=None):
         first = (rank, 128 + signal.Signals[crashes[rank]].value)  # as its shell reports it
     slot = re.fullmatch(r"(.+)\[(\d+)\]", workers[0]) if workers else None  # the elastic driver's host[slot]
     crash = (crashes or {}).get(first[0]) if first else None
+    line = (said or {}).get(first[0]) if first else None
+    known = {"rank": first[0], "crash": crash} if crash else \
+        {"rank": first[0], "kind": "error", "failure": line, "failed": time.time()} if line else None
     return supervision.Ended(int(codes[0]), f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
-                                            f"{stop.note()}; its message is above", first,
-                             known={"rank": first[0], "crash": crash} if crash else None,
+                                            f"{stop.note()}; its message is above", first, known=known,
                              slot=(slot.group(1), int(slot.group(2))) if slot else None, crashes=dict(crashes or {}))
 
 
