@@ -15,7 +15,7 @@ import threading
 import time
 
 import rn50kit
-from rn50kit.reliability import faults, run_lock
+from rn50kit.reliability import faults, run_lock, world
 
 INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
 FINISHED_ALL_THE_SAME = "rank 0 had finished the run all the same (every epoch trained, its report written)"
@@ -132,15 +132,17 @@ def wait_for_workspace(workspace, fault_dir, patience_s=60.0):
 def end_stopped_workers(fault_dir):
     """End (SIGKILL) every worker of this run on this machine that is stopped (SIGSTOP, a debugger), each with a
     note: it would never end, and would hold the workspace or, in an elastic run, keep Horovod's driver waiting for
-    its state. This run's workers are those whose environment names its records' folder (RN50_FAULTS), those
-    reached over SSH to a name of this machine included. Returns their pids."""
+    its state. This run's workers are those whose environment names its records' folder (RN50_FAULTS) and a
+    launcher's rank, those reached over SSH to a name of this machine included. Returns their pids."""
     import psutil  # a dependency of Horovod's launcher
     ended = []
     for process in psutil.process_iter(["status"]):
         try:
-            if process.info["status"] not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) or \
-                    process.environ().get(faults.FAULTS_ENV) != fault_dir:
+            if process.info["status"] not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
                 continue
+            environ = process.environ()
+            if environ.get(faults.FAULTS_ENV) != fault_dir or world.launched_world(environ) is None:
+                continue  # not this run's, or not a worker (runner's other children have the folder too)
             process.kill()
             process.wait(timeout=10)
         except (psutil.Error, OSError):
@@ -175,15 +177,19 @@ def forward_stop_signals(forward):
     return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
 
+REMOTE_RELAY_EVERY = 5  # seconds between the stop requests sent over SSH, while the run has not ended
+
+
 class StopRelay:
     """Passes a stop request on to the workers as SIGTERM: those running now, and any that start later (a
     request during start-up would otherwise be lost). Signal handlers only set flags; a thread does the rest."""
 
-    def __init__(self):
+    def __init__(self, remote=None):
         self.requested = threading.Event()
         self.done = threading.Event()
         self.signalled = set()
         self.interrupted = False  # a Ctrl-C (SIGINT) asked for the stop: runner ends with status 130
+        self.remote = remote  # passes the request on to the workers on other hosts (horovodrun over SSH)
 
     def request(self):
         if not self.requested.is_set():
@@ -191,6 +197,7 @@ class StopRelay:
             threading.Thread(target=self._relay, daemon=True).start()
 
     def _relay(self):
+        tick = 0
         while not self.done.is_set():
             for worker in worker_processes():
                 if worker.pid not in self.signalled:
@@ -199,6 +206,9 @@ class StopRelay:
                         self.signalled.add(worker.pid)
                     except Exception:  # gone meanwhile
                         pass
+            if self.remote is not None and tick % REMOTE_RELAY_EVERY == 0:  # again for those starting meanwhile
+                self.remote()
+            tick += 1
             self.done.wait(1.0)
 
     def note(self):

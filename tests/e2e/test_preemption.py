@@ -11,6 +11,7 @@ import sys
 import psutil
 import pytest
 
+from support.cluster import need_ssh_hosts
 from support.processes import HANG_S, ROOT, catches_signal, pid_gone, run, run_processes, start, wait_until
 from support.runs import digits_runner, metrics, steps_logged
 from support.runs import steps_logged as steps_done
@@ -30,8 +31,8 @@ STEPS = EXAMPLES // 64  # steps per epoch: 2 workers x 32
 COMPARED = ("train.loss", "train.top1", "train.top5", "val.top1", "val.top5", "val.loss")
 
 
-def runner_command(digits, workspace):
-    return digits_runner(digits, workspace, 2, 32, EPOCHS, EXAMPLES, "--warmup-epochs", "1", "--min-random-area",
+def runner_command(digits, workspace, examples=EXAMPLES):
+    return digits_runner(digits, workspace, 2, 32, EPOCHS, examples, "--warmup-epochs", "1", "--min-random-area",
                          "0.5")
 
 
@@ -76,19 +77,26 @@ def reference(digits_data, tmp_path_factory):
     return metrics(workspace)
 
 
-@pytest.mark.parametrize("target", ["every process", "runner alone", "every process under mpirun"])
+@pytest.mark.parametrize("target", ["every process", "runner alone", "every process under mpirun",
+                                    "runner alone, workers over SSH"])
 def test_sigterm_mid_epoch_exits_0_and_rerun_reports_the_same(target, reference, digits_data, tmp_path):
     """Under mpirun, mpirun signalled itself kills the workers after Open MPI's grace: runner sets one long enough
-    for the save (the fault campaign, seed 100032: with Open MPI's 1 s the save was lost)."""
+    for the save (the fault campaign, seed 100032: with Open MPI's 1 s the save was lost). With every worker on
+    another host (horovodrun over SSH, which passes no signal on), runner sends the stop over SSH: before, the run
+    went on to its end."""
     workspace = tmp_path / "ws"
-    command = runner_command(digits_data, workspace)
+    steps = STEPS * (4 if target.endswith("over SSH") else 1)  # the stop goes over SSH: room for its way there
+    command = runner_command(digits_data, workspace, steps * 64)
     if target.endswith("mpirun"):
         if shutil.which("mpirun") is None:
             pytest.skip("needs Open MPI's mpirun (tools/ci_services.sh installs it)")
         command += ["--launcher", "mpi"]
+    if target.endswith("over SSH"):
+        need_ssh_hosts()
+        command += ["-H", "hostA:1,hostB:1"]
     process = start(command, tmp_path / "stopped")
     try:
-        wait_for_steps(process, workspace, STEPS + 2)  # inside the second epoch
+        wait_for_steps(process, workspace, steps + 2)  # inside the second epoch
         if target.startswith("every process"):  # Slurm's scancel, a preemption, a time limit
             signal_every_process(process, signal.SIGTERM)
         else:  # a user's kill: runner passes it on to the workers
@@ -104,7 +112,7 @@ def test_sigterm_mid_epoch_exits_0_and_rerun_reports_the_same(target, reference,
     states = sorted(workspace.glob("model-0001-step*.state.json"))
     assert len(states) == 1, sorted(os.listdir(workspace))
     state = json.loads(states[0].read_text())
-    assert 2 <= state["step"] < STEPS
+    assert 2 <= state["step"] < steps
     assert len(state["partial_ranks"]) == 2 and state["partial_ranks"][0] != state["partial_ranks"][1]
     assert json.loads((workspace / "run.lock").read_text())["state"] == "stopped"
     if target != "every process":

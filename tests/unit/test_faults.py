@@ -132,6 +132,7 @@ def test_a_run_that_rank_0_finished_after_its_launcher_failed_ends_well_with_a_n
     assert capsys.readouterr().err.startswith("runner: error: rank 0 (host hostA, pid 7) exited with status 255")
 
 
+WORKER_ENV = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}  # as horovodrun starts a worker (world.launched_world)
 HOLDS_THE_WORKSPACE = """import sys, time
 sys.path.insert(0, sys.argv[1])
 from rn50kit.reliability import run_lock
@@ -163,7 +164,7 @@ def test_a_stopped_worker_of_the_run_is_ended_at_once(case, tmp_path, capsys):
     os.makedirs(held, exist_ok=True)
     ours = str(fault_dir) if case != "stopped, not of this run" else str(tmp_path / "another run's")
     worker = subprocess.Popen([sys.executable, "-c", HOLDS_THE_WORKSPACE, ROOT, held], stdout=subprocess.PIPE,
-                              text=True, env=dict(os.environ, **{faults.FAULTS_ENV: ours}))
+                              text=True, env=dict(os.environ, **WORKER_ENV, **{faults.FAULTS_ENV: ours}))
     (fault_dir / "rank-1.json").write_text(json.dumps(dict(rank=1, host="hostB", pid=worker.pid)))
     try:
         assert worker.stdout.readline() == "held\n"
@@ -199,7 +200,7 @@ def test_the_reaper_ends_a_stopped_worker_once_another_found_it_stalled(tmp_path
     from rn50kit.reliability import faults
     from support.processes import wait_until
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                              env=dict(os.environ, **{faults.FAULTS_ENV: str(tmp_path)}))
+                              env=dict(os.environ, **WORKER_ENV, **{faults.FAULTS_ENV: str(tmp_path)}))
     reaper = supervision.Reaper(str(tmp_path))
     try:
         os.kill(worker.pid, signal.SIGSTOP)

@@ -9,8 +9,10 @@ take longer, so it is kept for SIGINT (Ctrl-C) only."""
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -68,7 +70,7 @@ def run_horovodrun(arguments):
     build = horovod_build.horovod_build()
     if build is not None:  # horovodrun's own check of --gloo, answered without importing MXNet
         horovod_launch.gloo_built = lambda verbose=False: build["gloo"]
-    stop = supervision.StopRelay()
+    stop = supervision.StopRelay(remote=lambda: stop_remote_workers(remote_hosts(arguments)))
     gloo_run.register_shutdown_event = shutdown_on_second_interrupt(stop)
     drivers = elastic.record_elastic_drivers(gloo_run)
     restore = supervision.forward_stop_signals(lambda signum: stop.request())
@@ -93,6 +95,42 @@ def run_horovodrun(arguments):
         restore()
         logs.remove()
     return supervision.Ended(supervision.INTERRUPTED, "interrupted") if stop.interrupted else supervision.Ended(0)
+
+
+def remote_hosts(arguments):
+    """The hosts of horovodrun's -H/--hostfile that it reaches over SSH: those whose address is not this machine's,
+    as Horovod decides it (gloo_run's _exec_command_fn); none for an elastic run (its hosts are discovered)."""
+    from horovod.runner.common.util import hosts
+    from horovod.runner.util import network
+    if "-H" in arguments:
+        spec = arguments[arguments.index("-H") + 1]
+    elif "--hostfile" in arguments:
+        spec = hosts.parse_host_files(arguments[arguments.index("--hostfile") + 1])
+    else:
+        return []
+    local = network.get_local_host_addresses()
+    return [h.hostname for h in hosts.parse_hosts(spec) if network.resolve_host_address(h.hostname) not in local]
+
+
+# On a host reached over SSH: SIGTERM to this run's workers there, found by their environment (the run's records'
+# folder and a Horovod rank: not the ssh clients or shells, which have no rank).
+REMOTE_STOP = ("for e in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $e 2>/dev/null | grep -qxF {mark} || continue; "
+               "tr '\\0' '\\n' < $e | grep -q ^HOROVOD_RANK= || continue; p=${{e#/proc/}}; kill -TERM ${{p%/environ}}; "
+               "done 2>/dev/null; true")
+
+
+def stop_remote_workers(hosts_over_ssh):
+    """A stop request for workers that runner's signals cannot reach (horovodrun's workers on other hosts; ssh
+    passes no signal on): SIGTERM sent to them over SSH, as horovodrun reaches them, one host at a time. Any one
+    rank's stop is every rank's (the loop agrees on it), so a host that cannot be reached only costs its wait."""
+    mark = f"{faults.FAULTS_ENV}={os.environ.get(faults.FAULTS_ENV, '')}"
+    for host in hosts_over_ssh:
+        try:
+            subprocess.run(["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no", "-o",
+                            "ConnectTimeout=10", host, REMOTE_STOP.format(mark=shlex.quote(mark))],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 def shutdown_on_second_interrupt(stop):
