@@ -377,3 +377,40 @@ def test_horovodrun_names_a_workers_error_line_when_its_record_could_not_be_writ
     line = faults.summarize(str(tmp_path), ended.first_failed, ended.known)
     assert line.startswith("rank 0 (host vm, pid 6) failed: the disk is full: cannot write ws/report.json (File "
                            "too large) (its message is above)"), line
+
+
+# Open MPI 4.1.4's own lines when a worker exits with a non-zero status (rank 0 here, after its one-line error)
+MPIRUN_EXITED = """train.py: error: the disk is full: cannot write ws/report.json (File too large); rerun
+--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[13296,1],0]
+  Exit code:    2
+--------------------------------------------------------------------------
+"""
+
+
+def test_mpirun_names_the_first_rank_to_exit_and_its_error_line(tmp_path, capsys):
+    """The fault campaign, seed 200033: a full disk at the final report under mpirun; the worker's record could not
+    be written, and runner said only `mpirun exited with status 2`. mpirun names the first rank to exit non-zero,
+    and that worker's own line says why."""
+    import io
+
+    from rn50kit.launch.launchers import mpirun
+    from rn50kit.reliability import faults
+    found, seen = [], {}
+    mpirun.relay_stderr(io.StringIO(MPIRUN_EXITED), found, seen)
+    assert capsys.readouterr().err == MPIRUN_EXITED and found == []
+    ended = mpirun.exited_run(2, "mpirun exited with status 2", seen)
+    assert ended.first_failed == (0, 2)
+    (tmp_path / "rank-0.json").write_text(json.dumps(dict(rank=0, host="vm", pid=6, alive=1.0)))
+    line = faults.summarize(str(tmp_path), ended.first_failed, ended.known)
+    assert line.startswith("rank 0 (host vm, pid 6) failed: the disk is full: cannot write ws/report.json"), line
+    # two workers' error lines: whose is whose is not told, so neither is taken for the first's
+    mpirun.relay_stderr(io.StringIO("train.py: error: another\n"), found, seen)
+    assert mpirun.exited_run(2, "mpirun exited with status 2", seen).known is None

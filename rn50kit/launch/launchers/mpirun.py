@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from rn50kit.config.cli import UsageError
 from rn50kit.launch import supervision
@@ -29,6 +30,10 @@ MPIRUN_EXPORT_PREFIXES = ("HOROVOD_", "NCCL_", "MXNET_", "OMP_", "DALI_", "CUDA_
 # Open MPI's own diagnosis of the first worker to die of a signal (its stderr, before it ends the others), naming
 # its host as -H does (the worker's own host name may differ: a short name, an alias)
 MPIRUN_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+# ... and of the first worker to exit with a non-zero status ("Process name: [[13296,1],0]", then "Exit code:    2")
+MPIRUN_EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
+MPIRUN_EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)")
+TRAIN_ERROR = "train.py: error: "  # a worker's own one-line error (cli.fail's)
 
 
 class Mpirun(base.Launcher):
@@ -69,23 +74,31 @@ def mpirun_exports(env, environ):
     return list(dict.fromkeys(names))
 
 
-def relay_stderr(stream, found):
+def relay_stderr(stream, found, seen=None):
     """Copy mpirun's stderr to ours line by line, noting in ``found`` (a list) the (rank, 128 + signal, host) of
-    the first worker it says died of a signal."""
+    the first worker it says died of a signal, and in ``seen`` (a dict) the first worker it says exited non-zero
+    ("rank", "status") and the workers' own error lines ("said")."""
+    seen = {} if seen is None else seen
     for line in stream:
         sys.stderr.write(line)
         sys.stderr.flush()
-        match = MPIRUN_SIGNALLED.search(line)
+        match, exited, code = MPIRUN_SIGNALLED.search(line), MPIRUN_EXITED.search(line), MPIRUN_EXIT_CODE.match(line)
         if match and not found:
             found.append((int(match[1]), 128 + int(match[3]), match[2]))
+        elif exited and "rank" not in seen:
+            seen["rank"] = int(exited[1])
+        elif code and "rank" in seen and "status" not in seen:
+            seen["status"] = int(code[1])
+        elif line.startswith(TRAIN_ERROR):
+            seen.setdefault("said", []).append(line[len(TRAIN_ERROR):].strip())
 
 
 def run_mpirun(command):
     """mpirun as a child, to its end: a supervision.Ended naming the first worker that died of a signal, and its
     host, when mpirun says."""
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
-    found = []
-    relay = threading.Thread(target=relay_stderr, args=(process.stderr, found), daemon=True)
+    found, seen = [], {}
+    relay = threading.Thread(target=relay_stderr, args=(process.stderr, found, seen), daemon=True)
     relay.start()
     restore = supervision.forward_stop_signals(lambda signum: process.send_signal(signal.SIGUSR1))
     try:
@@ -99,10 +112,21 @@ def run_mpirun(command):
         # Reaper ends it, so the relay goes on as a daemon after this wait
         relay.join(timeout=5)
     failure = f"mpirun exited with status {status}; the workers' messages are above"
-    if not found:
+    if found:
+        rank, signalled, host = found[0]
+        return supervision.Ended(status, failure, (rank, signalled), {"rank": rank, "host": host})
+    return exited_run(status, failure, seen)
+
+
+def exited_run(status, failure, seen):
+    """mpirun's run whose first failed worker exited (no signal): that rank and status, and its own error line
+    where it was the one such line (its record may be unwritable: a full disk; the fault campaign, seed 200033)."""
+    if "rank" not in seen or "status" not in seen:
         return supervision.Ended(status, failure)
-    rank, signalled, host = found[0]
-    return supervision.Ended(status, failure, (rank, signalled), {"rank": rank, "host": host})
+    said = seen.get("said", [])
+    known = {"rank": seen["rank"], "kind": "error", "failure": said[0], "failed": time.time()} \
+        if len(said) == 1 else None
+    return supervision.Ended(status, failure, (seen["rank"], seen["status"]), known)
 
 
 MPIRUN = Mpirun()
