@@ -53,7 +53,7 @@ def newest_checkpoint_problem(workspace):
     import mxnet as mx
 
     from rn50kit.training import checkpoint
-    if not any(name.endswith(checkpoint.STATE_SUFFIX) for name in os.listdir(workspace)):
+    if not campaign_trial.had_checkpoint(workspace):
         return None
     problems = []
     latest = checkpoint.find_latest(os.path.join(workspace, "model"), problems=problems)

@@ -180,7 +180,10 @@ def noticed_after(launcher, run, workspace):
 
 
 def had_checkpoint(workspace):
-    return any(name.endswith(".state.json") for name in os.listdir(workspace)) if os.path.isdir(workspace) else False
+    """Whether a save got as far as a state file under its final name (a save cut short leaves ".tmp-<prefix>
+    .state.json", which is no checkpoint: the fault campaign, seeds 200088 and 200094)."""
+    return os.path.isdir(workspace) and any(n.endswith(".state.json") and not n.startswith(".tmp-")
+                                            for n in os.listdir(workspace))
 
 
 def run_trial(setup, trial, folder):
