@@ -263,8 +263,10 @@ def summarize(directory, first_failed=None, known=None, ended="every worker has 
     configuration); ``advice``: instead of that advice (a run that ended well all the same)."""
     advice = advice or (RESUME if resumable else RESTART)
     records = read_all(directory)
-    if known is not None:
-        records[known["rank"]] = dict(records.get(known["rank"], {}), **known)
+    if known is not None:  # a failure the launcher saw (its error line) only for want of the worker's own record
+        record = records.get(known["rank"], {})
+        told = {k: v for k, v in known.items() if "kind" not in record or k not in ("kind", "failure", "failed")}
+        records[known["rank"]] = dict(record, **told)
     faults = sorted((r for r in records.values() if r.get("kind") in ("error", "stall")), key=lambda r: r["failed"])
     if faults:
         fault = faults[0]

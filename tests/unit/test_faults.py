@@ -414,3 +414,20 @@ def test_mpirun_names_the_first_rank_to_exit_and_its_error_line(tmp_path, capsys
     # two workers' error lines: whose is whose is not told, so neither is taken for the first's
     mpirun.relay_stderr(io.StringIO("train.py: error: another\n"), found, seen)
     assert mpirun.exited_run(2, "mpirun exited with status 2", seen).known is None
+
+
+def test_a_launchers_error_line_never_replaces_the_workers_own_record(tmp_path, capsys):
+    """Under mpirun a watchdog's stall line is a `train.py: error:` line too: the worker's own record (kind
+    "stall", naming the stalled rank) stays what runner says, not "rank 0 failed: rank 1 stalled"."""
+    import io
+
+    from rn50kit.launch.launchers import mpirun
+    stall = "rank 1 (host vm, pid 7) stalled: no sign of life for 17 s"
+    (tmp_path / "rank-0.json").write_text(json.dumps(dict(rank=0, host="vm", pid=6, kind="stall", failed=5.0,
+                                                          failure=stall)))
+    found, seen = [], {}
+    mpirun.relay_stderr(io.StringIO(MPIRUN_EXITED.replace("the disk is full: cannot write ws/report.json (File too "
+                                                          "large); rerun", stall)), found, seen)
+    ended = mpirun.exited_run(124, "mpirun exited with status 124", seen)
+    from rn50kit.reliability import faults
+    assert faults.summarize(str(tmp_path), ended.first_failed, ended.known).startswith(stall + "; ")
