@@ -128,6 +128,20 @@ def fail(prog, message, status=2, configuration=False):
     end(status)
 
 
+WORKER_ERROR = "train.py: error: "  # how a worker's own one-line error begins (announce's line, prog train.py)
+
+
+def worker_error(line):
+    """The message of a worker's own one-line error ``line`` (its stderr, as a launcher relays it), or None."""
+    return line[len(WORKER_ERROR):].strip() if line.startswith(WORKER_ERROR) else None
+
+
+def told_failure(rank, message):
+    """What a launcher knows of ``rank`` from its error line, for summarize's ``known``: the failure its record
+    would hold, used only where the record has none (it could not be written: a full disk)."""
+    return {"rank": rank, "kind": "error", "failure": message, "failed": time.time()}
+
+
 def announce(prog, message, configuration=False):
     """``prog: error: message`` (cli.fail's line) on stderr, and recorded for runner; ``configuration``: a refusal
     of the run's configuration at start-up (the same command would fail again, so runner advises no rerun)."""

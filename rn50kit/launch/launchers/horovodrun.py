@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from rn50kit.config.cli import UsageError
@@ -175,8 +174,8 @@ CRASH_LINE = re.compile(r"\[(\d+)\]<stderr>:Fatal Python error: (" + "|".join(CR
 # The shell a worker runs in (Horovod runs each through /bin/sh, over SSH the login shell) says "Killed" when a
 # SIGKILL ended it: dash's line, or bash's "bash: line 1: 1234 Killed    python ...".
 KILLED_LINE = re.compile(r"\[(\d+)\]<stderr>:(?:\S+: line \d+: +\d+ +)?Killed\b")
-# train.py's own one-line error (cli.fail's), kept for a worker whose record could not be written (a full disk)
-ERROR_LINE = re.compile(r"\[(\d+)\]<stderr>:train\.py: error: (.*)")
+# A worker's own one-line error (faults.WORKER_ERROR), kept for one whose record could not be written (a full disk)
+ERROR_LINE = re.compile(r"\[(\d+)\]<stderr>:(" + re.escape(faults.WORKER_ERROR) + ".*)")
 
 
 class CrashWatch:
@@ -195,7 +194,7 @@ class CrashWatch:
         elif killed:
             self.seen.setdefault(int(killed.group(1)), "SIGKILL")
         elif said:
-            self.said.setdefault(int(said.group(1)), said.group(2).strip())
+            self.said.setdefault(int(said.group(1)), faults.worker_error(said.group(2)))
         return self.stream.write(text)
 
     def __getattr__(self, name):
@@ -220,8 +219,7 @@ def failed_run(error, stop, crashes=None, said=None):
     slot = re.fullmatch(r"(.+)\[(\d+)\]", workers[0]) if workers else None  # the elastic driver's host[slot]
     crash = (crashes or {}).get(first[0]) if first else None
     line = (said or {}).get(first[0]) if first else None
-    known = {"rank": first[0], "crash": crash} if crash else \
-        {"rank": first[0], "kind": "error", "failure": line, "failed": time.time()} if line else None
+    known = {"rank": first[0], "crash": crash} if crash else faults.told_failure(first[0], line) if line else None
     return supervision.Ended(int(codes[0]), f"worker {workers[0] if workers else '?'} exited with status {codes[0]}"
                                             f"{stop.note()}; its message is above", first, known=known,
                              slot=(slot.group(1), int(slot.group(2))) if slot else None, crashes=dict(crashes or {}))

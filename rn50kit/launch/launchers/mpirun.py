@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from rn50kit.config.cli import UsageError
 from rn50kit.launch import supervision
@@ -33,7 +32,6 @@ MPIRUN_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) ex
 # ... and of the first worker to exit with a non-zero status ("Process name: [[13296,1],0]", then "Exit code:    2")
 MPIRUN_EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
 MPIRUN_EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)")
-TRAIN_ERROR = "train.py: error: "  # a worker's own one-line error (cli.fail's)
 
 
 class Mpirun(base.Launcher):
@@ -74,11 +72,10 @@ def mpirun_exports(env, environ):
     return list(dict.fromkeys(names))
 
 
-def relay_stderr(stream, found, seen=None):
+def relay_stderr(stream, found, seen):
     """Copy mpirun's stderr to ours line by line, noting in ``found`` (a list) the (rank, 128 + signal, host) of
     the first worker it says died of a signal, and in ``seen`` (a dict) the first worker it says exited non-zero
     ("rank", "status") and the workers' own error lines ("said")."""
-    seen = {} if seen is None else seen
     for line in stream:
         sys.stderr.write(line)
         sys.stderr.flush()
@@ -89,8 +86,8 @@ def relay_stderr(stream, found, seen=None):
             seen["rank"] = int(exited[1])
         elif code and "rank" in seen and "status" not in seen:
             seen["status"] = int(code[1])
-        elif line.startswith(TRAIN_ERROR):
-            seen.setdefault("said", []).append(line[len(TRAIN_ERROR):].strip())
+        elif faults.worker_error(line) is not None:
+            seen.setdefault("said", []).append(faults.worker_error(line))
 
 
 def run_mpirun(command):
@@ -124,8 +121,7 @@ def exited_run(status, failure, seen):
     if "rank" not in seen or "status" not in seen:
         return supervision.Ended(status, failure)
     said = seen.get("said", [])
-    known = {"rank": seen["rank"], "kind": "error", "failure": said[0], "failed": time.time()} \
-        if len(said) == 1 else None
+    known = faults.told_failure(seen["rank"], said[0]) if len(said) == 1 else None
     return supervision.Ended(status, failure, (seen["rank"], seen["status"]), known)
 
 

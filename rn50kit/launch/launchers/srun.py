@@ -121,12 +121,12 @@ def step_records(workspace, rank):
 
 
 def relay_stderr(stream, said):
-    """Copy the worker's stderr to ours line by line, keeping in ``said`` its own one-line errors (cli.fail's)."""
+    """Copy the worker's stderr to ours line by line, keeping in ``said`` its own one-line errors."""
     for line in stream:
         sys.stderr.write(line)
         sys.stderr.flush()
-        if line.startswith("train.py: error: "):
-            said.append(line[len("train.py: error: "):].strip())
+        if faults.worker_error(line) is not None:
+            said.append(faults.worker_error(line))
 
 
 def report_step_failure(folder, rank, status, pid, said=None):
@@ -137,7 +137,7 @@ def report_step_failure(folder, rank, status, pid, said=None):
     own = faults.read_all(folder).get(rank, {})
     known = {"rank": rank, "host": socket.gethostname(), "pid": pid}
     if said and own.get("kind") not in ("error", "stall"):  # srun may end this task at once: no record to wait for
-        own = known = dict(known, kind="error", failure=said, failed=time.time())
+        own = known = dict(known, **faults.told_failure(rank, said))
     if status > 0 and own.get("kind") not in ("error", "stall"):
         deadline = time.monotonic() + TEARDOWN_GRACE_S
         while not faults.reported(folder) and time.monotonic() < deadline:
