@@ -13,7 +13,8 @@ from pathlib import Path
 from rn50kit.benchmarking.results import WARMUP_ITERS
 from rn50kit.common import backends
 from rn50kit.config import cli
-from rn50kit.launch import arguments, checks, devices
+from rn50kit.hardware import devices
+from rn50kit.launch import arguments, checks
 
 KIT_DIR = Path(__file__).resolve().parents[2]
 
@@ -113,8 +114,8 @@ def scored_shape(found, typed):
     """The image shape the runs use: --image-shape where typed, else a --load checkpoint's own (train.py takes
     it from the checkpoint's state), else train.py's default."""
     if found.load and "image_shape" not in typed:
-        from rn50kit.config import settings  # imports MXNet: only for benchmarks of a checkpoint
-        state = settings.trained_settings(found.load) or {}
+        from rn50kit.weights import checkpoint  # only for benchmarks of a checkpoint
+        state = checkpoint.trained_settings(found.load) or {}
         saved = (state.get("args") or {}).get("image_shape")
         if saved:
             return ",".join(str(v) for v in saved)

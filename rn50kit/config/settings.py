@@ -1,20 +1,14 @@
-"""What a run takes when the user does not say, filled in before anything is built.
+"""What a run takes when the user does not say, MXNet-free: the data backend, precision and batch of this machine
+(machine_defaults), the data files of a data root (those its backend's row names) and their indexes, the workspace
+runs/<model>/, the settings a scored checkpoint was trained with applied over the defaults (a contradicting flag is
+refused, not silently overridden), where a score is written, and whether a checkpoint can be resumed by this run.
 
-The same defaults whether train.py is started by runner or alone: the data backend and precision of this
-machine, the data files of a data root (those its backend's row names) and their indexes, the workspace
-runs/<model>/, and for --mode val/pred the settings the scored checkpoint was trained with (model, classes, image
-shape, resize, normalisation), which a contradicting flag cannot silently override.
-
-MXNet-free at import: what reads a checkpoint (rn50kit.training.checkpoint) or this machine's MXNet build
-(rn50kit.launch.devices' float16 defaults) is imported by the functions that need it, when they run.
+train.py fills them in with rn50kit.training.configure.complete, which also asks this machine's devices and reads
+the scored checkpoint; runner checks a command's flags with these alone.
 """
 import argparse
-import glob
 import hashlib
 import os
-import re
-import shutil
-import time
 
 from rn50kit.common import backends, rules
 from rn50kit.config import cli
@@ -84,20 +78,6 @@ def fill_data_files(args):
 def default_workspace(model_name):
     return os.path.join(RUNS_DIR, model_name)
 
-
-def trained_settings(params_path):
-    """The state (with its "args") saved with a checkpoint's parameters: beside <prefix>-NNNN[-stepS][-ema].params,
-    or, for <prefix>-best.params, the latest of the same run. None for a file without one (another kit's)."""
-    from rn50kit.training import checkpoint
-    name = os.path.basename(params_path)
-    directory = os.path.dirname(params_path)
-    tagged = re.match(r"^(.*-\d{4}(?:-step\d{6})?)(?:-ema)?\.params$", name)
-    if tagged:
-        return checkpoint.read_state(os.path.join(directory, tagged.group(1) + checkpoint.STATE_SUFFIX))
-    best = re.match(r"^(.*)-best\.params$", name)
-    if best:
-        return checkpoint.find_latest(os.path.join(directory, best.group(1)))
-    return None
 
 
 def _differs(dest, given_value, saved_value):
@@ -169,112 +149,6 @@ def score_report_beside(params_path, tag):
     return f"{os.path.splitext(params_path)[0]}.{tag}.score.json"
 
 
-def complete(args, given, num_gpus):
-    """Fill every default that depends on the machine, the data root, the model or the scored checkpoint.
-    Returns the checkpoint path scored or predicted with (or None). Raises ValueError for bad input."""
-    from rn50kit.launch import devices
-    from rn50kit.training import checkpoint
-    machine_defaults(args, num_gpus, given)
-    fill_data_files(args)
-    workspace_given = args.workspace is not None
-    if not workspace_given:
-        args.workspace = default_workspace(model_name_from_args(args))
-    devices.apply_float16_gpu_defaults(args, given, num_gpus)  # NHWC, 4 channels: not flags the user typed
-    if args.mode not in ("val", "pred"):
-        return None
-    if args.num_epochs is None:
-        args.num_epochs = 1  # passes over the validation set, not the recipe's training epochs
-    path = checkpoint.to_score(args.load, args.workspace, args.model_prefix)
-    if path is None:
-        return None
-    if not os.path.isfile(path):
-        raise ValueError(f"--load {path} does not exist")
-    try:  # a damaged file is refused before its state's settings (or the defaults) are taken for it
-        checkpoint.check_loadable(path)
-    except checkpoint.CheckpointError as error:
-        raise ValueError(str(error))
-    state = trained_settings(path)
-    if state is not None:
-        apply_trained_settings(args, state, given, path)
-        devices.apply_float16_gpu_defaults(args, given, num_gpus)  # the 4th channel over the checkpoint's shape
-    args.load = path
-    if args.mode == "pred" and not workspace_given:  # the default predictions.csv goes beside the checkpoint, not
-        args.workspace = os.path.dirname(os.path.abspath(path))  # into the default model's runs/resnet50_v1.5
-    if args.report is None and args.mode == "val":
-        args.report = os.path.abspath(score_report_beside(path, score_tag(args.dtype, args.calib_mode,
-                                                                          args.calib_batches) +
-                                                          score_variant(args.val_tta, args.data_val, state)))
-    return path
-
-
-def class_count_problem(data_train, data_val, num_classes, record_labels=()):
-    """(error, warning) about --num-classes against the labels of the data: ``record_labels`` (read from the
-    record headers by the start-up index check, every backend that reads records) and those of the .lst files
-    beside the record files (im2rec's lists; many record files have none)."""
-    labels = {int(label) for label in record_labels}
-    for rec in (data_train, data_val):
-        lst = os.path.splitext(rec)[0] + ".lst" if rec else ""
-        if lst and os.path.isfile(lst):
-            from rn50kit.data.records import lst_classes  # im2rec: index \t label \t path, read once per process
-            labels.update(lst_classes(lst))
-    if not labels:
-        return None, None
-    if min(labels) < 0:
-        return (f"the data has a negative label ({min(labels)}); labels must be classes 0 to N-1: check the "
-                "records with tools/check_dataset.py"), None
-    classes = max(labels) + 1
-    if classes > num_classes:
-        return (f"the data has labels up to {classes - 1} but --num-classes is {num_classes}; "
-                f"use --num-classes {classes}"), None
-    if classes < num_classes:
-        return None, (f"--num-classes {num_classes}, but the data has {classes} classes (labels 0 to "
-                      f"{classes - 1}); use --num-classes {classes} unless the other classes are meant")
-    return None, None
-
-
-def set_aside(workspace, names, copies=()):
-    """Move files of an earlier run into <workspace>/previous-<time>/ so no later resume picks them up, and
-    copy ``copies`` (files still in use here) beside them; returns that folder (None if nothing moved)."""
-    paths = [os.path.join(workspace, n) for n in names if os.path.exists(os.path.join(workspace, n))]
-    if not paths:
-        return None
-    target = os.path.join(workspace, time.strftime("previous-%Y%m%d-%H%M%S"))
-    suffix = 1
-    while os.path.exists(target):
-        suffix += 1
-        target = os.path.join(workspace, time.strftime("previous-%Y%m%d-%H%M%S") + f"-{suffix}")
-    os.makedirs(target)
-    for path in paths:
-        os.replace(path, os.path.join(target, os.path.basename(path)))
-    for name in copies:
-        if os.path.isfile(os.path.join(workspace, name)):
-            shutil.copy2(os.path.join(workspace, name), os.path.join(target, name))
-    return target
-
-
-def previous_run_files(workspace, prefix, extra_names):
-    """Names of everything a run with ``prefix`` leaves in ``workspace``: checkpoints, best, scores, and the
-    report and JSON log named in ``extra_names``."""
-    names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(workspace), glob.escape(prefix) + "-*"))]
-    names += [n for n in extra_names if n and not os.path.isabs(n)]
-    return sorted(set(names))
-
-
-def set_aside_superseded(workspace, prefix_name, state, other_files=()):
-    """Before a run that does not continue the latest checkpoint: with ``state`` None (--resume none) the whole
-    earlier run (checkpoints, best, scores, ``other_files`` such as its report and log), else (--resume PATH)
-    the checkpoints later than ``state``. Moved aside, not deleted, so that a later --resume auto cannot
-    continue the abandoned run. Returns the folder they went to, or None."""
-    from rn50kit.training import checkpoint
-    if state is None:
-        names = previous_run_files(workspace, prefix_name, other_files)
-    else:
-        later = [s for s in checkpoint.list_complete(os.path.join(workspace, prefix_name))
-                 if (s["epoch"], s["step"]) > (state["epoch"], state["step"])]
-        names = [os.path.basename(path) for s in later for path in checkpoint.files_of(s)]
-        # The symbol file is shared with the checkpoints kept: a copy keeps the moved ones complete.
-        return set_aside(workspace, names, copies=[f"{prefix_name}-symbol.json"])
-    return set_aside(workspace, names)
 
 
 def bfloat16_unsupported(cpuinfo="/proc/cpuinfo"):

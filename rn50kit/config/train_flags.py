@@ -2,13 +2,12 @@
 --config's file over --recipe's defaults over the parser's own, timm's order for its config files), the defaults
 that follow from other flags, and the checks of the hyper-parameters.
 
-train.py calls these; runner checks a command's train.py flags with check() in its own process, before choosing
-or importing anything heavy. Nothing here imports MXNet (tests/unit/test_train_flags.py parses a full command
-line with MXNet blocked).
+train.py calls these (then rn50kit.training.configure); runner checks a command's train.py flags with check() in
+its own process, before choosing or importing anything heavy. Nothing here imports MXNet
+(tests/unit/test_train_flags.py parses a full command line with MXNet blocked).
 """
 import argparse
 import dataclasses
-import logging
 import os
 import sys
 
@@ -152,25 +151,6 @@ def check_config(cfg):
     except ValueError as error:
         raise UsageError(str(error))
 
-
-def configure(args, given, num_gpus):
-    """The RunConfig of parsed flags: the defaults that depend on the machine, the data, a checkpoint and the
-    recipe filled in, then every value checked (a UsageError). The Namespace stops here."""
-    from rn50kit.common import rules
-    try:
-        settings.complete(args, given, num_gpus)
-    except ValueError as error:
-        raise UsageError(str(error))
-    problem = rules.bfloat16_problem(args.dtype)  # this worker's CPU
-    if problem:
-        raise UsageError(problem)
-    notes = fill_hyper_parameters(args, given)
-    cfg = train_config.from_args(args)
-    check_config(cfg)  # a refusal is the only line
-    for note in notes:
-        if args.mode in ("train", "train_val") and not args.test_io:  # --test-io trains nothing
-            logging.info("%s", note)  # rank 0 only logs at INFO
-    return cfg
 
 
 def problem(argv, elastic=False):

@@ -11,7 +11,7 @@ trailing samples that are padding. Bad data raises DataError with one line (nami
 import dataclasses
 import typing
 
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 
 
 class DataError(Exception):

@@ -116,3 +116,27 @@ def first_undecodable(records, candidates):
         if not decodes(records.image(i)):
             return i
     return None
+
+
+def class_count_problem(data_train, data_val, num_classes, record_labels=()):
+    """(error, warning) about --num-classes against the labels of the data: ``record_labels`` (read from the
+    record headers by the start-up index check, every backend that reads records) and those of the .lst files
+    beside the record files (im2rec's lists; many record files have none)."""
+    labels = {int(label) for label in record_labels}
+    for rec in (data_train, data_val):
+        lst = os.path.splitext(rec)[0] + ".lst" if rec else ""
+        if lst and os.path.isfile(lst):
+            labels.update(records.lst_classes(lst))  # im2rec: index \t label \t path, read once per process
+    if not labels:
+        return None, None
+    if min(labels) < 0:
+        return (f"the data has a negative label ({min(labels)}); labels must be classes 0 to N-1: check the "
+                "records with tools/check_dataset.py"), None
+    classes = max(labels) + 1
+    if classes > num_classes:
+        return (f"the data has labels up to {classes - 1} but --num-classes is {num_classes}; "
+                f"use --num-classes {classes}"), None
+    if classes < num_classes:
+        return None, (f"--num-classes {num_classes}, but the data has {classes} classes (labels 0 to "
+                      f"{classes - 1}); use --num-classes {classes} unless the other classes are meant")
+    return None, None

@@ -4,7 +4,8 @@ import os
 import sys
 
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import arguments, devices, hosts
+from rn50kit.hardware import devices
+from rn50kit.launch import arguments, hosts
 from rn50kit.launch.launchers import elastic
 
 # Variables of the original runner, each checked against the sources of upstream MXNet 1.9.1 and Horovod 0.28.1:

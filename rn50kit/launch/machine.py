@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 
 
 class Machine:

@@ -117,7 +117,7 @@ def install(plan, patch_on_import):
     if not moments.pending:
         return
     patch_on_import("fit", lambda fit: patch_fit(fit, moments))
-    patch_on_import("rn50kit.training.checkpoint", lambda checkpoint: patch_checkpoint(checkpoint, moments))
+    patch_on_import("rn50kit.weights.checkpoint", lambda checkpoint: patch_checkpoint(checkpoint, moments))
     patch_on_import("rn50kit.reporting.outputs", lambda outputs: patch_outputs(outputs, moments))
     patch_on_import("rn50kit.training.elastic", lambda elastic: patch_elastic(elastic, moments))
 

@@ -8,6 +8,7 @@ import numpy as np
 from rn50kit.config import cli
 from rn50kit.config.scoring_flags import LIST_SUFFIXES, check_pred_args, is_glob  # noqa: F401  (read as predict.*)
 from rn50kit.data.loaders import out_dtype
+from rn50kit.weights import checkpoint
 
 log = logging.getLogger("rn50")
 
@@ -83,8 +84,7 @@ def checkpoint_class_names(params_path):
     None."""
     if not params_path:
         return None
-    from rn50kit.config import settings
-    state = settings.trained_settings(params_path)
+    state = checkpoint.trained_settings(params_path)
     names = state and state.get("class_names")
     return list(names) if names else None
 

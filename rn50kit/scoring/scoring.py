@@ -16,8 +16,8 @@ from rn50kit.data.loaders import out_dtype
 from rn50kit.graph.inference import optimize_for_inference, to_bfloat16
 from rn50kit.reporting.report import Report
 from rn50kit.scoring import predict, predict_many, quantize
-from rn50kit.training import checkpoint
-from rn50kit.training.checkpoint import workspace_path
+from rn50kit.weights import checkpoint
+from rn50kit.weights.checkpoint import workspace_path
 
 log = logging.getLogger("rn50")
 
@@ -206,7 +206,7 @@ def load_weights(net, fit_cfg, data_backend, ctxs, dist):
         return None
     if not os.path.isfile(path):
         raise ScoringError(f"--load {path} does not exist")
-    # a damaged file was refused in one line by settings.complete, before its settings were taken
+    # a damaged file was refused in one line by configure.complete, before its settings were taken
     checkpoint.load_params(net, path, ctxs)  # on every device the network was initialised on
     if dist.is_primary:
         log.info("Loaded %s", path)

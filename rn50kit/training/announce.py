@@ -4,12 +4,11 @@ import logging
 import os
 
 from rn50kit.common import backends
-from rn50kit.config import settings
 from rn50kit.config.cli import UsageError
-from rn50kit.data import loaders
+from rn50kit.data import loaders, record_files
 from rn50kit.scoring import scoring
-from rn50kit.training import checkpoint
 from rn50kit.training.prelaunch import TRAINING_MODES
+from rn50kit.weights import checkpoint
 
 
 def announce_run(cfg, info, dist):
@@ -78,7 +77,7 @@ def labels_warning(cfg):
         raise UsageError(str(bad))
     if error:
         raise UsageError(error)
-    error, warning = settings.class_count_problem(cfg.data.data_train, cfg.data.data_val, cfg.model.num_classes,
+    error, warning = record_files.class_count_problem(cfg.data.data_train, cfg.data.data_val, cfg.model.num_classes,
                                                   labels)
     if error:
         raise UsageError(error)

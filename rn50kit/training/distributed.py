@@ -6,6 +6,8 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
+from rn50kit.weights import checkpoint
+
 
 class Distributed:
     """Rank information and the few collectives the loop needs (Horovod; one process works too)."""
@@ -125,3 +127,30 @@ def average_over_devices(params):
         copies = param.list_data()
         if len(copies) > 1:
             param.set_data(mx.nd.add_n(*[c.as_in_context(copies[0].context) for c in copies]) / len(copies))
+
+
+def chosen_by_rank_0(choose, dist, warn=None):
+    """``choose(warn)``'s checkpoint state (or None) on every rank, its files read once: rank 0 chooses (verifying
+    each file's SHA-256; ``warn`` hears of the damaged ones) and tells the others which, or the one-line error;
+    they read that state file, checking only sizes (every rank hashing every file was 64 reads of the checkpoint
+    with 64 ranks). Alone, or in an elastic run (no collective before its first sync, which sends rank 0's
+    state), each rank chooses for itself."""
+    if dist.size == 1 or dist.elastic:
+        return choose(warn if dist.is_primary else None)
+    if dist.is_primary:
+        try:
+            state = choose(warn)
+        except Exception as error:
+            dist.gather_json({"error": str(error)}, "resume.choice")
+            raise
+        dist.gather_json({"path": state and state["state_path"]}, "resume.choice")
+        return state
+    told = dist.gather_json(None, "resume.choice")[0]
+    if "error" in told:
+        raise checkpoint.CheckpointError(told["error"])
+    if told["path"] is None:
+        return None
+    state, why = checkpoint.inspect(told["path"])
+    if state is None:
+        raise checkpoint.CheckpointError(f"rank {dist.rank}: {why}")
+    return state

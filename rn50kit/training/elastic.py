@@ -31,7 +31,7 @@ from horovod.common.elastic import State, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from rn50kit.reliability import faults, run_lock
-from rn50kit.training import optimizer_state
+from rn50kit.weights import optimizer_state
 
 log = logging.getLogger("rn50")
 DEFAULT_COMMIT_EVERY = 50  # optimizer steps: a copy of the weights and optimizer state to host memory each time

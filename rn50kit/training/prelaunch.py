@@ -11,8 +11,8 @@ import tempfile
 
 from rn50kit.config import settings
 from rn50kit.data.protocol import DataError
-from rn50kit.data.record_files import label_problem, record_labels
-from rn50kit.training import checkpoint
+from rn50kit.data.record_files import class_count_problem, label_problem, record_labels
+from rn50kit.weights import checkpoint
 
 TRAINING_MODES = ("train", "train_val")
 
@@ -38,7 +38,7 @@ def labels_problem(cfg):
         bad = label_problem(cfg.data, cfg.model.num_classes)
     except DataError as error:
         return str(error)
-    return bad or settings.class_count_problem(cfg.data.data_train, cfg.data.data_val, cfg.model.num_classes,
+    return bad or class_count_problem(cfg.data.data_train, cfg.data.data_val, cfg.model.num_classes,
                                                labels)[0]
 
 

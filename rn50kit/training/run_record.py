@@ -8,8 +8,9 @@ import rn50kit
 from rn50kit.config import config_files, recipe, resolved_config, settings, train_config
 from rn50kit.data import identity
 from rn50kit.scoring import predict, scoring
-from rn50kit.training import checkpoint, state
+from rn50kit.training import state
 from rn50kit.training.prelaunch import TRAINING_MODES
+from rn50kit.weights import checkpoint
 
 
 def json_values(namespace):

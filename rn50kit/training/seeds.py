@@ -2,8 +2,8 @@
 replaying the run replays its draws); and the generators it seeds."""
 import random
 
-from rn50kit.training import checkpoint
 from rn50kit.training.prelaunch import TRAINING_MODES
+from rn50kit.weights import checkpoint
 
 
 def drawn_seed(cfg, dist):

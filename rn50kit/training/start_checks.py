@@ -1,7 +1,7 @@
 """What refuses a run before it starts, in one line each (a UsageError): runner's rules against this machine, the
 flags against the devices the batch splits over, the data, the workspace and the checkpoint (prelaunch.py),
 and the memory of the batch. runner runs check_launch in its own process before launching, without MXNet (what
-only MXNet tells comes from launch/mxnet_answers.py); every worker's start runs check_before_start again, then
+only MXNet tells comes from hardware/mxnet_answers.py); every worker's start runs check_before_start again, then
 check_memory with the network built."""
 import logging
 import os
@@ -10,9 +10,11 @@ from rn50kit.common import backends, rules
 from rn50kit.config import cli, config_files, train_flags
 from rn50kit.config.cli import UsageError
 from rn50kit.config.data_flags import check_augmentation, check_data_files, check_train_size, input_shape
-from rn50kit.launch import devices, memory, mxnet_answers
+from rn50kit.hardware import devices, memory, mxnet_answers
 from rn50kit.reliability import faults
-from rn50kit.training import checkpoint, prelaunch
+from rn50kit.training import prelaunch
+from rn50kit.training.configure import configure
+from rn50kit.weights import checkpoint
 
 
 def check_launch(argv, launch):
@@ -27,7 +29,7 @@ def check_launch(argv, launch):
         except checkpoint.CheckpointError as error:
             cli.fail("train.py", str(error))
     try:
-        cfg = train_flags.configure(args, train_flags.given_flags(argv), launch["gpus"])
+        cfg = configure(args, train_flags.given_flags(argv), launch["gpus"])
         contexts = cfg.fit.cpu_contexts if cfg.fit.kv_store != "horovod" and not launch["gpus"] else 1
         sizes = (lambda: mxnet_answers.network_sizes(cfg, argv)) if launch["memory"] else None
         check_before_start(cfg, launch["workers"] * contexts, launch["workers_here"], True, sizes)
@@ -140,7 +142,7 @@ def check_memory(cfg, net, ctxs, dist):
         raise UsageError(problem)
     if not dist.elastic and dist.sum([1.0 if refused else 0.0], "memory.check")[0]:
         refuse_together(dist, problem or "another worker's machine has too little memory for this batch (its "
-                        "estimate: see rn50kit/launch/memory.py); lower --batch-size, or --memory-check warn to "
+                        "estimate: see rn50kit/hardware/memory.py); lower --batch-size, or --memory-check warn to "
                         "try anyway")
     if problem and dist.is_primary:
         logging.warning("%s", problem.replace(" (--memory-check warn to try anyway)", ""))

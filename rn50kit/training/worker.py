@@ -4,7 +4,7 @@ import os
 import sys
 
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 from rn50kit.reliability import faults, watchdog, world
 from rn50kit.training.distributed import Distributed
 

@@ -1,14 +1,18 @@
 """The folders a run writes into, made before it starts, and the workspace a training run holds: rank 0 locks it
 for this run, so a second run there is refused at once; from then on a stop signal means: save and stop."""
+import glob
 import logging
 import os
+import shutil
+import time
 
 from rn50kit.config.cli import UsageError
 from rn50kit.reliability import run_lock
-from rn50kit.training import checkpoint, stop_signals
+from rn50kit.training import stop_signals
 from rn50kit.training.prelaunch import trains
 from rn50kit.training.run_record import absolute_report_path
 from rn50kit.training.start_checks import refuse_together
+from rn50kit.weights import checkpoint
 
 
 def prepare_workspace(cfg, info, dist):
@@ -46,3 +50,47 @@ def hold_workspace(workspace, writes, dist):
         refuse_together(dist, busy)
     stop_signals.catch_stop_signals()  # from here on a SIGTERM/SIGUSR1 means: save at the next step boundary
     return lock
+
+
+def set_aside(workspace, names, copies=()):
+    """Move files of an earlier run into <workspace>/previous-<time>/ so no later resume picks them up, and
+    copy ``copies`` (files still in use here) beside them; returns that folder (None if nothing moved)."""
+    paths = [os.path.join(workspace, n) for n in names if os.path.exists(os.path.join(workspace, n))]
+    if not paths:
+        return None
+    target = os.path.join(workspace, time.strftime("previous-%Y%m%d-%H%M%S"))
+    suffix = 1
+    while os.path.exists(target):
+        suffix += 1
+        target = os.path.join(workspace, time.strftime("previous-%Y%m%d-%H%M%S") + f"-{suffix}")
+    os.makedirs(target)
+    for path in paths:
+        os.replace(path, os.path.join(target, os.path.basename(path)))
+    for name in copies:
+        if os.path.isfile(os.path.join(workspace, name)):
+            shutil.copy2(os.path.join(workspace, name), os.path.join(target, name))
+    return target
+
+
+def previous_run_files(workspace, prefix, extra_names):
+    """Names of everything a run with ``prefix`` leaves in ``workspace``: checkpoints, best, scores, and the
+    report and JSON log named in ``extra_names``."""
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(workspace), glob.escape(prefix) + "-*"))]
+    names += [n for n in extra_names if n and not os.path.isabs(n)]
+    return sorted(set(names))
+
+
+def set_aside_superseded(workspace, prefix_name, state, other_files=()):
+    """Before a run that does not continue the latest checkpoint: with ``state`` None (--resume none) the whole
+    earlier run (checkpoints, best, scores, ``other_files`` such as its report and log), else (--resume PATH)
+    the checkpoints later than ``state``. Moved aside, not deleted, so that a later --resume auto cannot
+    continue the abandoned run. Returns the folder they went to, or None."""
+    if state is None:
+        names = previous_run_files(workspace, prefix_name, other_files)
+    else:
+        later = [s for s in checkpoint.list_complete(os.path.join(workspace, prefix_name))
+                 if (s["epoch"], s["step"]) > (state["epoch"], state["step"])]
+        names = [os.path.basename(path) for s in later for path in checkpoint.files_of(s)]
+        # The symbol file is shared with the checkpoints kept: a copy keeps the moved ones complete.
+        return set_aside(workspace, names, copies=[f"{prefix_name}-symbol.json"])
+    return set_aside(workspace, names)

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from rn50kit.weights import checkpoint
 from rn50kit.weights.architecture import from_shapes
 from rn50kit.weights.readers import read_weights
 from rn50kit.weights.sources import identify
@@ -96,9 +97,8 @@ def trained_version(params_path):
     """The stride placement of a checkpoint's model as its saved state names it (``resnet50_v1`` -> "1"), or
     None."""
     import models
-    from rn50kit.config import settings
     try:
-        state = settings.trained_settings(params_path) or {}
+        state = checkpoint.trained_settings(params_path) or {}
     except (OSError, ValueError):
         return None
     name = (state.get("args") or {}).get("model") or state.get("model")

@@ -20,7 +20,7 @@ def make_old(state_path, trainer):
     plain values, the recorded size, SHA-256 and checksum as that version wrote them."""
     import json
 
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     state = json.loads(open(state_path).read())
     states = os.path.join(os.path.dirname(state_path), state["files"]["states"])
     trainer.save_states(states)
@@ -32,7 +32,7 @@ def make_old(state_path, trainer):
 
 
 def test_an_old_pickle_checkpoint_is_refused_naming_the_command_that_converts_it(tmp_path):
-    from rn50kit.training import checkpoint, optimizer_state
+    from rn50kit.weights import checkpoint, optimizer_state
     net, trainer = save_tiny(tmp_path / "model", [])
     with mx.autograd.record():
         loss = net(mx.nd.ones((2, 256))).sum()

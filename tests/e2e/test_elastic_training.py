@@ -209,7 +209,7 @@ def test_below_min_np_for_too_long_ends_in_one_line_and_the_same_command_resumes
                              "--elastic-timeout", "10", *ELASTIC, epochs=3, examples=SHORT)
     process = start(command, tmp_path / "run")
     try:
-        from rn50kit.training import checkpoint
+        from rn50kit.weights import checkpoint
         # the checkpoint itself (the epoch's record is written before it is saved)
         wait_until(lambda: checkpoint.find_latest(str(workspace / "model")), "epoch 1's checkpoint", HANG_S, process)
         victim = wait_until(lambda: worker_on("hostA", workspace), "hostA's worker", HANG_S, process)

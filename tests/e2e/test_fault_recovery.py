@@ -119,7 +119,7 @@ def assert_ended_cleanly(process, members, workspace):
 
 def assert_intact(workspace, tag):
     """The newest complete checkpoint is ``tag``, its files whole, and nothing half-written lies about."""
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     problems = []
     latest = checkpoint.find_latest(str(workspace / "model"), problems=problems)
     assert latest is not None and latest["state_path"] == str(workspace / f"model-{tag}.state.json"), latest
@@ -372,7 +372,7 @@ def test_a_lost_host_under_ssh_ends_the_run(how, launcher, digits_data, tmp_path
     assert "rerun the same command to resume" in line
     wait_until(lambda: not run_members(workspace), "no process of the run left on either host")
     from rn50kit.reliability import run_lock
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     assert run_lock.holder(str(workspace)) is None
     latest = checkpoint.find_latest(str(workspace / "model"))
     print(f"{how} under {launcher}: the run ended {ended:.1f} s after; last checkpoint {latest['state_path']}")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from rn50kit.training import checkpoint
+from rn50kit.weights import checkpoint
 from support.processes import ROOT, run, venv_env
 from support.runs import TINY_RUN
 

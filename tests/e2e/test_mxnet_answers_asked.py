@@ -1,4 +1,4 @@
-"""What runner's launch check asks of MXNet, answered by a Python that imports train (launch/mxnet_answers.py): the
+"""What runner's launch check asks of MXNet, answered by a Python that imports train (hardware/mxnet_answers.py): the
 network's sizes of a CPU run's memory estimate, NVIDIA's fused BatchNorm; the check loads no MXNet once they are
 known."""
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rn50kit.launch import mxnet_answers
+from rn50kit.hardware import mxnet_answers
 from support.processes import ROOT, venv_env
 from support.runs import TINY_RUN, configured
 
@@ -25,7 +25,7 @@ def test_the_measured_sizes_are_those_of_the_network_built_here(measured_cache):
     network train.py builds from the same flags."""
     import mxnet as mx
 
-    from rn50kit.launch import memory
+    from rn50kit.hardware import memory
     from rn50kit.training import network
     net = network.build_network(configured(TINY_RUN), [mx.cpu()], amp_graph=False)
     assert measured_cache[1] == (memory.parameter_count(net), memory.activation_elements(net, (1, 3, 32, 32)))
@@ -53,7 +53,7 @@ def test_runner_s_launch_check_loads_no_mxnet_once_the_network_is_known(measured
 def test_the_fused_batchnorm_answer_is_this_mxnet_s(tmp_path):
     """Asked by a float16 run on GPUs (its defaults), as in a dry run of `./runner -n 8 -b 208 --dtype float16`
     planned for 8 GPUs: this MXNet's own answer, and runner's check then loads no MXNet."""
-    from rn50kit.launch import devices
+    from rn50kit.hardware import devices
     path = tmp_path / "rn50-kit" / "mxnet-answers.json"
     assert mxnet_answers.nvidia_fused_batchnorm(str(path)) is (devices.nvidia_bn_relu() and
                                                                devices.nvidia_bn_add_relu())

@@ -151,7 +151,7 @@ def test_train_py_alone_gives_mxnet_a_thread_per_core():
     """MXNet 1.9 without OMP_NUM_THREADS takes half of the logical CPUs on x86 (it assumes hyper-threads);
     train.py started alone on a CPU machine (`python train.py --mode val ...`) sets one thread per physical core.
     Under a launcher it leaves MXNet's choice (runner sets each worker's share; see above)."""
-    from rn50kit.launch import devices
+    from rn50kit.hardware import devices
     cores, logical = physical_cores(), len(os.sched_getaffinity(0))
     if logical < 2 or cores < 2:
         pytest.skip("one core: half of the cores is the same core")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rn50kit.training import checkpoint
+from rn50kit.weights import checkpoint
 from support.processes import HANG_S, ROOT, run, venv_env
 from support.runs import digits_run
 

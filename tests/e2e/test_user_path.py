@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
+from rn50kit.data.record_files import class_count_problem
 from rn50kit.training import announce
+from rn50kit.training.workspace import set_aside_superseded
 from support.datasets import labelled_records
 from support.processes import ROOT, run, venv_env
 from support.runs import record_config, value_after
@@ -240,7 +242,7 @@ def test_runner_on_a_terminal_shows_rank_0s_live_bar_without_prefixes(tmp_path):
 def save_checkpoints(prefix, tags):
     import mxnet as mx
 
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(3, in_units=2))
     net.initialize()
@@ -252,7 +254,7 @@ def save_checkpoints(prefix, tags):
 
 
 def test_prune_removes_superseded_step_checkpoints_and_old_epochs(tmp_path):
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     prefix = tmp_path / "model"
     save_checkpoints(prefix, [(1, 0), (1, 7), (2, 0)])
     checkpoint.prune(str(prefix), keep_last=3)
@@ -269,26 +271,24 @@ def test_prune_removes_superseded_step_checkpoints_and_old_epochs(tmp_path):
 def test_num_classes_checked_against_the_lst(tmp_path):
     import argparse
 
-    from rn50kit.config import settings
     rec = tmp_path / "train.rec"
     (tmp_path / "train.lst").write_text("".join(f"{i}\t{i % 3}\tc{i % 3}/{i}.jpg\n" for i in range(9)))
     args = argparse.Namespace(data_train=str(rec), data_val=None, num_classes=1000)
-    error, warning = settings.class_count_problem(args.data_train, args.data_val, args.num_classes)
+    error, warning = class_count_problem(args.data_train, args.data_val, args.num_classes)
     assert error is None and "3 classes" in warning and "--num-classes 3" in warning
     args.num_classes = 2
-    error, warning = settings.class_count_problem(args.data_train, args.data_val, args.num_classes)
+    error, warning = class_count_problem(args.data_train, args.data_val, args.num_classes)
     assert "labels up to 2" in error and warning is None
     args.num_classes = 3
-    assert settings.class_count_problem(args.data_train, args.data_val, args.num_classes) == (None, None)
+    assert class_count_problem(args.data_train, args.data_val, args.num_classes) == (None, None)
 
 
 def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
-    from rn50kit.config import settings
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     prefix = tmp_path / "model"
     save_checkpoints(prefix, [(1, 0), (2, 0), (3, 0), (3, 4)])
     older = checkpoint.read_state(str(tmp_path / "model-0002.state.json"))
-    aside = settings.set_aside_superseded(str(tmp_path), "model", older)
+    aside = set_aside_superseded(str(tmp_path), "model", older)
     assert [(s["epoch"], s["step"]) for s in checkpoint.list_complete(str(prefix))] == [(1, 0), (2, 0)]
     assert [(s["epoch"], s["step"]) for s in checkpoint.list_complete(os.path.join(aside, "model"))] == \
         [(3, 0), (3, 4)]

@@ -124,7 +124,7 @@ def kill_in_save(checkpoint):
     checkpoint.os = Overridden(os, replace=operation("rename", os.replace, lambda tmp, final: final))
     checkpoint.json = Overridden(json, dump=operation("write", json.dump, lambda state, f, **kw: f.name))
     checkpoint.shutil = Overridden(shutil, copyfile=operation("write", shutil.copyfile, lambda src, dst: dst))
-    from rn50kit.training import optimizer_state  # checkpoint.save imports it where it saves
+    from rn50kit.weights import optimizer_state  # checkpoint.save imports it where it saves
     optimizer_state.save = operation("write", optimizer_state.save, lambda trainer, path: path)
 
 
@@ -143,4 +143,4 @@ if _WORKER and os.environ.get("RN50_INJECT_KIND") == "slow-start":
     patch_on_import("fit", lambda fit: setattr(fit, "train_step", slow_start(
         fit.train_step, int(os.environ.get("RN50_INJECT_STEP", "25")))))
 if _WORKER and os.environ.get("RN50_INJECT_KIND") == "kill-in-save":
-    patch_on_import("rn50kit.training.checkpoint", kill_in_save)
+    patch_on_import("rn50kit.weights.checkpoint", kill_in_save)

@@ -14,7 +14,7 @@ def save_tiny(prefix, epochs):
     (net, trainer)."""
     import mxnet as mx
 
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(64, in_units=256))
     net.initialize()
@@ -29,7 +29,7 @@ def save_tiny(prefix, epochs):
 def fake_checkpoint(workspace, epoch, step=0, **args):
     """The files of a complete checkpoint (contents do not matter here) and its state, as checkpoint.save names
     them."""
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     tag = checkpoint.tag_for(epoch, step)
     files = {"symbol": "model-symbol.json", "params": f"model-{tag}.params", "states": f"model-{tag}.states"}
     for name in files.values():

@@ -4,7 +4,7 @@ has neither. The stand-ins compute what those ops compute from upstream's own op
 give the plain network's numbers; ``wrong=True`` leaves the ReLU out, for a comparison that must fail."""
 import mxnet as mx
 
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 
 
 def _module(x):

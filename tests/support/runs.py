@@ -9,6 +9,7 @@ import pytest
 
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
+from rn50kit.training.configure import configure
 
 from .processes import ROOT
 
@@ -47,7 +48,7 @@ def value_after(command, flag):
 def configured(argv):
     """The RunConfig train.py builds from ``argv`` (a CPU run), in this process and without MXNet."""
     from rn50kit.config import train_flags
-    return train_flags.configure(train_flags.parse_args(argv), train_flags.given_flags(argv), 0)
+    return configure(train_flags.parse_args(argv), train_flags.given_flags(argv), 0)
 
 
 def parse_train(*argv):

@@ -15,7 +15,7 @@ from support.checkpoints import fake_checkpoint, save_tiny
 
 
 def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     prefix = tmp_path / "model"
     save_tiny(prefix, [1, 2])
     assert checkpoint.find_latest(str(prefix))["epoch"] == 2
@@ -36,7 +36,7 @@ def test_every_kind_of_damage_is_named_and_all_damaged_is_refused(tmp_path):
 
 
 def test_a_save_on_a_full_disk_removes_its_part_and_says_so(tmp_path):
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     prefix = tmp_path / "model"
     net, trainer = save_tiny(prefix, [1])
     before = sorted(os.listdir(tmp_path))
@@ -90,7 +90,7 @@ def test_resume_settings_that_do_not_shape_the_state_are_not_refused():
 
 def test_a_bad_resume_says_which_case_what_exists_and_what_is_accepted(tmp_path):
     """Found by the second newcomer walk (issue 26)."""
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     from support.checkpoints import touch
     fake_checkpoint(tmp_path, 2)
     touch(tmp_path / "model-best.params")
@@ -131,7 +131,7 @@ def test_arrays_are_written_from_the_host_and_loaded_onto_each_device(tmp_path):
     """A checkpoint's optimizer state and EMA are written as host copies (MXNet records each array's device and
     loads it back there: every rank on GPU 0), and the state comes back onto each of the trainer's own devices.
     On CPU, devices that leave out cpu(0) stand for a rank's GPUs."""
-    from rn50kit.training import checkpoint, optimizer_state
+    from rn50kit.weights import checkpoint, optimizer_state
     devices = [mx.cpu(1), mx.cpu(2)]
 
     def build():
@@ -170,7 +170,7 @@ def test_arrays_are_written_from_the_host_and_loaded_onto_each_device(tmp_path):
 
 def test_load_of_a_checkpoints_other_files_or_an_export_says_what_it_is(tmp_path):
     """Issue 58: a .states file (NDArrays) loaded and was blamed on another architecture; an export was "damaged"."""
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     states = tmp_path / "model-0003.states"
     mx.nd.save(str(states), {"0": mx.nd.zeros((2,))})  # loads as NDArrays, as a real one does
     with pytest.raises(checkpoint.CheckpointError, match=r"model-0003.states is a checkpoint's optimizer state, "
@@ -187,7 +187,7 @@ def test_a_full_disk_at_the_report_is_one_line_naming_the_file(tmp_path):
     """The fault campaign, seeds 100054 and 100081: a disk full when rank 0 wrote the final report ended the run with
     an OSError's traceback; train.py tells it in one line (checkpoint.write_failure)."""
     from rn50kit.reporting import report
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (10, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
     try:

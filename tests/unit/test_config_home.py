@@ -106,7 +106,7 @@ def test_a_malformed_default_recipe_refuses_every_run_in_one_line(recipes_with_a
                                   ["--no-such-flag"], ["--ema-decay", "1.5", "--lr", "0.1"], ["--dtype", "float8"]])
 def test_the_in_process_check_refuses_as_train_py_does(argv, capsys):
     """runner's first check of the flags alone (train_flags.check) against its check of the launch, which completes
-    the RunConfig as each worker's train.py does (start_checks.check_launch, through train_flags.configure): the
+    the RunConfig as each worker's train.py does (start_checks.check_launch, through training.configure): the
     same line, the same status."""
     from rn50kit.training import start_checks
     launch = {"gpus": 0, "workers": 1, "workers_here": 1, "memory": False}

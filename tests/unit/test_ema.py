@@ -4,7 +4,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from rn50kit.launch import memory
+from rn50kit.hardware import memory
 from rn50kit.training.ema import EMA, MULTI_SGD_MAX_ARRAYS
 
 # Two devices without cpu(0), as a network on [gpu(0), gpu(1)] has none: Parameter.data() without a context asks

@@ -10,7 +10,8 @@ import models
 import train
 from rn50kit.config import fit_flags, train_config
 from rn50kit.scoring import scoring
-from rn50kit.training import checkpoint, optimizers, precision
+from rn50kit.training import optimizers, precision
+from rn50kit.weights import checkpoint
 from support import loop as loop_harness
 from support.loop import (
     ACCUM,

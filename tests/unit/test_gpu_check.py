@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from selfcheck import collectives, environment, pipelines, speed
 
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 from support.runs import CPU_CHECKS, EIGHT_GPU_MACHINE, GPU_CHECKS, planned_train_argv
 
 

@@ -11,8 +11,7 @@ from rn50kit.config import recipe as recipes
 from rn50kit.data import records
 from rn50kit.reliability import run_lock
 from rn50kit.scoring import predict
-from rn50kit.training import checkpoint
-from rn50kit.weights import pretrained
+from rn50kit.weights import checkpoint, pretrained
 
 DEEP = "[" * 100000 + "]" * 100000  # past Python's recursion limit
 

@@ -12,9 +12,11 @@ import train
 from rn50kit.common import rules
 from rn50kit.config import settings, train_config
 from rn50kit.config.cli import UsageError
-from rn50kit.launch import devices, environment
+from rn50kit.hardware import devices
+from rn50kit.launch import environment
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
+from rn50kit.training.configure import complete
 from support.checkpoints import fake_checkpoint
 from support.processes import ROOT
 from support.runs import planned_train_argv
@@ -49,7 +51,7 @@ def test_runner_float16_scoring_takes_a_32_pixel_checkpoints_shape(data_folder, 
     given = settings.given_flags(train.get_args_parser(), argv)
     assert not given & {"image_shape", "input_layout", "conv_layout"}  # runner typed none of them
     args = train.parse_args(argv)
-    settings.complete(args, given, num_gpus=8)
+    complete(args, given, num_gpus=8)
     assert args.image_shape == [4, 32, 32] and args.data_val_resize == 32 and args.num_classes == 10
     assert (args.input_layout, args.conv_layout, args.batchnorm_layout, args.pooling_layout) == ("NHWC",) * 4
 

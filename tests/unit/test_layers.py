@@ -10,7 +10,7 @@ import pytest
 
 from support.processes import HANG_S, ROOT, venv_env
 
-MXNET_FREE = ["benchmarking", "common", "config", "launch", "reliability", "reporting"]
+MXNET_FREE = ["benchmarking", "common", "config", "hardware", "launch", "reliability", "reporting"]
 
 
 def modules_of(folder):

@@ -137,6 +137,57 @@ def test_no_module_of_the_kit_over_500_lines():
     assert len(kit) > 100 and not long, f"split these by job: {long}"
 
 
+# --- no cycle between the package's folders: each folder is a layer, importing only the ones below it ------------
+def folder_imports(package_dir):
+    """{folder: {folders it imports}} of a package's folders (package_dir/<folder>/...py), from every import
+    statement, inside functions too (a lazy import is a dependency all the same)."""
+    package = os.path.basename(package_dir)
+    imports = {}
+    for folder in sorted(os.listdir(package_dir)):
+        for dirpath, _, files in os.walk(os.path.join(package_dir, folder)):
+            for name in (f for f in files if f.endswith(".py")):
+                path = os.path.join(dirpath, name)
+                for node in syntax_nodes(open(path).read(), path):
+                    modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                        [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                    imports.setdefault(folder, set()).update(
+                        parts[1] for parts in (m.split(".") for m in modules)
+                        if len(parts) > 1 and parts[0] == package and parts[1] != folder
+                        and os.path.isdir(os.path.join(package_dir, parts[1])))
+    return imports
+
+
+def folder_cycle(imports):
+    """A list of folders that import each other in a ring (the first repeated last), or None."""
+    def visit(folder, path):
+        for other in sorted(imports.get(folder, ())):
+            if other in path:
+                return path[path.index(other):] + [other]
+            found = visit(other, path + [other])
+            if found:
+                return found
+        return None
+    return next((cycle for folder in sorted(imports) for cycle in [visit(folder, [folder])] if cycle), None)
+
+
+def test_no_cycle_between_the_packages_folders():
+    """Issue 54: rn50kit's folders are layers (common, config, hardware, data, weights, scoring, training, launch,
+    benchmarking, ...): a folder that imports another never is imported by it, directly or around a ring."""
+    imports = folder_imports(os.path.join(ROOT, "rn50kit"))
+    assert {"config", "training", "launch", "weights"} <= set(imports)
+    assert folder_cycle(imports) is None, f"these folders import each other: {' -> '.join(folder_cycle(imports))}"
+
+
+def test_the_cycle_rule_sees_a_ring_and_a_lazy_import(tmp_path):
+    for folder, source in {"low": "import os\n", "mid": "from pkg.low import a\n",
+                           "top": "def f():\n    from pkg.mid import b\n"}.items():
+        (tmp_path / "pkg" / folder).mkdir(parents=True)
+        (tmp_path / "pkg" / folder / "m.py").write_text(source)
+    assert folder_cycle(folder_imports(str(tmp_path / "pkg"))) is None
+    (tmp_path / "pkg" / "low" / "m.py").write_text("def g():\n    import pkg.top.m\n")
+    assert folder_cycle(folder_imports(str(tmp_path / "pkg"))) == ["low", "top", "mid", "low"]
+
+
 # --- no Horovod broadcast: in 0.28.1 it can read a freed name and crash the worker (Distributed.broadcast_) ---------
 HOROVOD_BROADCASTS = {"broadcast", "broadcast_", "broadcast_parameters", "broadcast_object",
                       "broadcast_optimizer_state", "broadcast_variables", "broadcast_global_variables",

@@ -4,7 +4,7 @@ from support.networks import built
 
 def test_memory_estimate_refuses_a_batch_that_cannot_fit_and_names_one_that_does():
     """Found by the second newcomer walk (issue 26)."""
-    from rn50kit.launch import memory
+    from rn50kit.hardware import memory
     net = built(50, 224)
     gib = 2 ** 30
     # The issue's run: ResNet-50, 224 px, batch 192 on a 24 GB machine (it grew to 21 GB resident).

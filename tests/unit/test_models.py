@@ -127,7 +127,7 @@ def blocks_of(net, kind):
 
 def test_nvidias_fused_ops_are_read_from_mxnets_operator_registry(monkeypatch):
     """Upstream MXNet 1.9.1 (this machine's) has neither of NVIDIA's ops; a build that registers them is seen."""
-    from rn50kit.launch import devices
+    from rn50kit.hardware import devices
     from support import fused_standins
     assert not devices.nvidia_bn_relu() and not devices.nvidia_bn_add_relu() and not devices.nvidia_fused_batchnorm()
     assert not models.fused_bn_add_relu_available()

@@ -1,10 +1,10 @@
-"""What runner's launch check needs of MXNet without loading it (launch/mxnet_answers.py): answers read from the
+"""What runner's launch check needs of MXNet without loading it (hardware/mxnet_answers.py): answers read from the
 cache, asked again whenever it cannot be trusted (the asking Python itself: tests/e2e/test_mxnet_answers_asked.py)."""
 import json
 
 import pytest
 
-from rn50kit.launch import mxnet_answers
+from rn50kit.hardware import mxnet_answers
 from support.runs import TINY_RUN, configured
 
 
@@ -76,7 +76,7 @@ def test_runner_s_check_of_a_load_file_asks_once_per_version_of_the_file(tmp_pat
     that imports train, once for the check of the flags and the scoring settings' check, again once it changes."""
     import sys
 
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     path = tmp_path / "model-best.params"
     path.write_bytes(b"not a parameter file")
     asked = []

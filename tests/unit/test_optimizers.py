@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from rn50kit.training import distributed, optimizer_state, optimizers
+from rn50kit.training import distributed, optimizers
+from rn50kit.weights import optimizer_state
 
 
 def small_net():

@@ -95,7 +95,7 @@ def test_train_refuses_in_one_line_a_batch_the_machine_cannot_hold(monkeypatch):
     """Found by the second newcomer walk (issue 26)."""
     import mxnet as mx
 
-    from rn50kit.launch import memory
+    from rn50kit.hardware import memory
     from rn50kit.training import distributed
     monkeypatch.setattr(memory, "cpu_budget", lambda processes: 1 * 2 ** 30)
     cfg = train_config.RunConfig().replace(fit__batch_size=4096, fit__mode="train", data__image_shape=(3, 32, 32))

@@ -182,7 +182,7 @@ def same_setting(parsed, written):
 
 
 def read_state(path, data, base):
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     state, why = checkpoint.inspect(path, verify=True)
     if state is None:
         return "refused", why
@@ -219,7 +219,7 @@ def read_safetensors(path, data, base):
 
 
 def read_params(path, data, base):
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     try:
         checkpoint.check_loadable(path)
     except checkpoint.CheckpointError as error:

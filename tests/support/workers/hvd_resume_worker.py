@@ -1,5 +1,5 @@
 """Run by tests/e2e/test_horovod_training.py under horovodrun with 2 ranks: each rank resumes (--resume auto, as
-fit.start does: checkpoint.chosen_by_rank_0) from each workspace the test prepared in <out>, counting the files it
+fit.start does: distributed.chosen_by_rank_0) from each workspace the test prepared in <out>, counting the files it
 hashed; writes <out>/rank<r>.json: per workspace, the checkpoint chosen (or the error) and the files hashed."""
 import json
 import os
@@ -9,7 +9,8 @@ TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # the kit's modules, and tests/support
 import horovod.mxnet as hvd  # noqa: E402
 
-from rn50kit.training import checkpoint, distributed  # noqa: E402
+from rn50kit.training import distributed  # noqa: E402
+from rn50kit.weights import checkpoint  # noqa: E402
 
 
 def main():
@@ -23,7 +24,7 @@ def main():
         hashed.clear()
         prefix = os.path.join(out, case, "model")
         try:
-            state = checkpoint.chosen_by_rank_0(
+            state = distributed.chosen_by_rank_0(
                 lambda warn, prefix=prefix: checkpoint.resume_state("auto", prefix, warn), dist)
             results[case] = {"chosen": state and os.path.basename(state["state_path"])}
         except checkpoint.CheckpointError as error:

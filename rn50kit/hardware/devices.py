@@ -79,7 +79,7 @@ def nvidia_fused_batchnorm():
     """Both of NVIDIA's fused BatchNorm ops are here: the original kit's float16 GPU runs use them. Where MXNet is
     not loaded (runner's launch check), this MXNet's answer, kept by mxnet_answers."""
     if "mxnet" not in sys.modules:
-        from rn50kit.launch import mxnet_answers
+        from rn50kit.hardware import mxnet_answers
         return mxnet_answers.nvidia_fused_batchnorm()
     return nvidia_bn_relu() and nvidia_bn_add_relu()
 

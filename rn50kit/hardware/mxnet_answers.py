@@ -139,15 +139,15 @@ def nvidia_fused_batchnorm(path=None):
     return bool(answer and answer["fused"])
 
 
-def read_params(path):
-    """checkpoint.read_params of ``path`` in a Python that imports train: the file's problem raised here, as the
-    CheckpointError it is; a file MXNet reads, or an answer that cannot be had, passes (each worker reads it).
-    Asked once per version of the file in this process (a scoring launch checks its --load twice)."""
+def params_problem(path):
+    """checkpoint.read_params of ``path`` in a Python that imports train: the file's problem (one line), or None
+    for a file MXNet reads or an answer that cannot be had (each worker reads it). Asked once per version of the
+    file in this process (a scoring launch checks its --load twice)."""
     stat = os.stat(path)
     version = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
     if version not in _PARAMS_READ:
         _PARAMS_READ[version] = ask("params_problem", [path])
     answer = _PARAMS_READ[version]
     if isinstance(answer, dict) and isinstance(answer.get("problem"), str):
-        from rn50kit.training.checkpoint import CheckpointError
-        raise CheckpointError(answer["problem"])
+        return answer["problem"]
+    return None

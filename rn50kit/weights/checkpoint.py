@@ -147,7 +147,7 @@ def save(prefix, net, trainer, state, ema=None, best=False):
     save wrote is removed first, so no part of it is taken for a checkpoint later."""
     import mxnet as mx
 
-    from rn50kit.training import optimizer_state
+    from rn50kit.weights import optimizer_state
     directory, name = os.path.split(prefix)
     tag = tag_for(state["epoch"], state["step"])
     tmp_prefix = os.path.join(directory, f".tmp-{name}")
@@ -336,32 +336,6 @@ def resume_state(resume, prefix, warn=None):
     return state
 
 
-def chosen_by_rank_0(choose, dist, warn=None):
-    """``choose(warn)``'s checkpoint state (or None) on every rank, its files read once: rank 0 chooses (verifying
-    each file's SHA-256; ``warn`` hears of the damaged ones) and tells the others which, or the one-line error;
-    they read that state file, checking only sizes (every rank hashing every file was 64 reads of the checkpoint
-    with 64 ranks). Alone, or in an elastic run (no collective before its first sync, which sends rank 0's
-    state), each rank chooses for itself."""
-    if dist.size == 1 or dist.elastic:
-        return choose(warn if dist.is_primary else None)
-    if dist.is_primary:
-        try:
-            state = choose(warn)
-        except Exception as error:
-            dist.gather_json({"error": str(error)}, "resume.choice")
-            raise
-        dist.gather_json({"path": state and state["state_path"]}, "resume.choice")
-        return state
-    told = dist.gather_json(None, "resume.choice")[0]
-    if "error" in told:
-        raise CheckpointError(told["error"])
-    if told["path"] is None:
-        return None
-    state, why = inspect(told["path"])
-    if state is None:
-        raise CheckpointError(f"rank {dist.rank}: {why}")
-    return state
-
 
 def named(path):
     """(state, None) for the checkpoint a user names by its .params or state file, its files verified; else
@@ -409,8 +383,10 @@ def check_loadable(params_path):
     if "mxnet" in sys.modules:
         read_params(params_path)
     else:
-        from rn50kit.launch import mxnet_answers
-        mxnet_answers.read_params(params_path)
+        from rn50kit.hardware import mxnet_answers
+        problem = mxnet_answers.params_problem(params_path)
+        if problem:
+            raise CheckpointError(problem)
 
 
 def read_params(params_path):
@@ -457,10 +433,17 @@ def prune(prefix, keep_last):
     return [s["paths"]["params"] for s in doomed]
 
 
-def state_for_params(params_path):
-    """The state beside a named ``<prefix>-<tag>.params`` file, or None (e.g. a -best or foreign file)."""
-    if params_path.endswith(".params"):
-        return read_state(params_path[:-len(".params")] + STATE_SUFFIX)
+def trained_settings(params_path):
+    """The state (with its "args") saved with a checkpoint's parameters: beside <prefix>-NNNN[-stepS][-ema].params,
+    or, for <prefix>-best.params, the latest of the same run. None for a file without one (another kit's)."""
+    name = os.path.basename(params_path)
+    directory = os.path.dirname(params_path)
+    tagged = re.match(r"^(.*-\d{4}(?:-step\d{6})?)(?:-ema)?\.params$", name)
+    if tagged:
+        return read_state(os.path.join(directory, tagged.group(1) + STATE_SUFFIX))
+    best = re.match(r"^(.*)-best\.params$", name)
+    if best:
+        return find_latest(os.path.join(directory, best.group(1)))
     return None
 
 
