@@ -23,8 +23,7 @@ from rn50kit.reporting.progress import format_seconds
 from rn50kit.reporting.report import Report
 from rn50kit.reporting.summary_csv import SUMMARY_CSV
 from rn50kit.scoring.scoring import evaluate, split, topk_counts, valid_counts, with_tta
-from rn50kit.training import checkpoint, optimizer_state, optimizers
-from rn50kit.training.checkpoint import workspace_path
+from rn50kit.training import distributed, optimizers
 from rn50kit.training.distributed import Distributed, average_over_devices
 from rn50kit.training.ema import EMA
 from rn50kit.training.optimizers import accumulate_gradients, zero_accumulated
@@ -40,6 +39,9 @@ from rn50kit.training.state import (
 )
 from rn50kit.training.stop_signals import StopFlag
 from rn50kit.training.targets import make_loss, make_targets, mean_loss
+from rn50kit.training.workspace import set_aside_superseded
+from rn50kit.weights import checkpoint, optimizer_state
+from rn50kit.weights.checkpoint import workspace_path
 from rn50kit.weights.pretrained import backbone_lr_mult, set_backbone_lr_mult
 
 log = logging.getLogger("rn50")
@@ -390,14 +392,13 @@ def start(cfg, run, net, ctxs, dist, prefix, broadcast=True):
     """A prepared state, resumed as --resume says (the files of a run not continued set aside); returns it and
     the checkpoint state resumed, or None."""
     state = prepare(cfg, run, net, ctxs, dist, broadcast)
-    resumed = checkpoint.chosen_by_rank_0(lambda warn: checkpoint.resume_state(cfg.resume, prefix, warn), dist,
-                                          log.warning)
+    resumed = distributed.chosen_by_rank_0(lambda warn: checkpoint.resume_state(cfg.resume, prefix, warn), dist,
+                                           log.warning)
     if resumed is not None:
         resume(state, resumed, run, net, ctxs, dist)
     if cfg.resume != "auto" and dist.is_primary:
-        moved = settings.set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed,
-                                              [run.report_path, cfg.json_log, SUMMARY_CSV, cfg.mllog,
-                                               cfg.tensorboard])
+        moved = set_aside_superseded(cfg.workspace, cfg.model_prefix, resumed,
+                                     [run.report_path, cfg.json_log, SUMMARY_CSV, cfg.mllog, cfg.tensorboard])
         if moved:
             log.info("--resume %s: moved the files of the run not continued to %s", cfg.resume, moved)
     return state, resumed

@@ -42,7 +42,7 @@ from rn50kit.config.model_flags import (  # noqa: F401
 from rn50kit.graph.inference import optimize_for_inference, to_bfloat16  # noqa: F401 -- see above
 from rn50kit.graph.parameters import load_parameters, running_stats  # noqa: F401 -- see above
 from rn50kit.graph.symbol_files import export, load_checkpoint, without_amp_casts  # noqa: F401 -- see above
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 
 log = logging.getLogger("rn50")
 

@@ -37,7 +37,7 @@ def set_mxnet_environment(argv, environ):
     if "int8" in argv:
         environ.setdefault("MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM", "1")  # quantize.INT8_ENV
     if "OMP_NUM_THREADS" not in environ:
-        from rn50kit.launch import devices
+        from rn50kit.hardware import devices
         from rn50kit.reliability import world
         if world.launched_world(environ) is None and not devices.nvidia_gpu_present():
             # Started alone on a CPU machine: without OMP_NUM_THREADS MXNet 1.9 takes half of the logical CPUs on
@@ -52,6 +52,7 @@ if __name__ == "__main__":
 # After bootstrap: as a script, MXNet's environment is set before it loads. Imported (the Python that answers
 # runner's mxnet_answers, tests), MXNet loads here, without scikit-learn and SciPy too (a second of each start).
 from rn50kit.common.supported import import_mxnet  # noqa: E402
+from rn50kit.training.configure import configure
 
 mxnet = import_mxnet()
 
@@ -60,12 +61,11 @@ from rn50kit.config import config_files, train_flags
 from rn50kit.config.cli import UsageError
 from rn50kit.config.data_flags import input_shape
 from rn50kit.data import loaders
-from rn50kit.launch import devices, memory
+from rn50kit.hardware import devices, memory
 from rn50kit.reliability import faults
 from rn50kit.scoring import predict, scoring
 from rn50kit.training import (
     announce,
-    checkpoint,
     elastic_setup,
     epoch_data,
     network,
@@ -77,12 +77,12 @@ from rn50kit.training import (
     worker,
     workspace,
 )
-from rn50kit.weights import pretrained
+from rn50kit.weights import checkpoint, pretrained
 
 # train.py's command line lives in the configuration home (MXNet-free: runner checks it in its own process)
 get_args_parser, parse_args, given_flags = train_flags.get_args_parser, train_flags.parse_args, train_flags.given_flags
 read_settings, fill_hyper_parameters = train_flags.read_settings, train_flags.fill_hyper_parameters
-check_config, configure = train_flags.check_config, train_flags.configure
+check_config = train_flags.check_config
 
 
 def setup_logging(rank):
@@ -116,7 +116,7 @@ ANSWERS = {"network_sizes": network_sizes, "params_problem": params_problem,
 
 
 def print_answer(question, argv):
-    """What runner's launch check asks of MXNet (launch/mxnet_answers.py), answered as JSON on stdout."""
+    """What runner's launch check asks of MXNet (hardware/mxnet_answers.py), answered as JSON on stdout."""
     print(json.dumps(ANSWERS[question](argv)))
 
 

@@ -65,7 +65,7 @@ def worker_env(**extra):
     cores idle; PyTorch takes one thread per physical core."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
-    from rn50kit.launch import devices
+    from rn50kit.hardware import devices
     threads = os.environ.get("OMP_NUM_THREADS") or str(devices.openmp_threads())
     return dict(os.environ, OMP_NUM_THREADS=threads, **extra)
 

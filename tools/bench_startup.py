@@ -138,7 +138,7 @@ def first_batch(record_file, backend):
 
 def probe(rec, backend):
     """In this (fresh) process: seconds of each start-up step that reads the data set; prints a JSON line."""
-    from rn50kit.config import settings
+    from rn50kit.data.record_files import class_count_problem
     from rn50kit.scoring import predict
     idx = os.path.splitext(rec)[0] + ".idx"
     times, start, cpu = {}, time.perf_counter(), time.process_time()
@@ -151,7 +151,7 @@ def probe(rec, backend):
     record_file = records.RecordFile(rec, idx)
     lap("index_check_s")
     labels = record_file.labels[np.isfinite(record_file.labels)]
-    settings.class_count_problem(rec, None, CLASSES, np.unique(labels).astype(int).tolist())
+    class_count_problem(rec, None, CLASSES, np.unique(labels).astype(int).tolist())
     lap("class_count_s")
     predict.dataset_class_names(rec)
     lap("class_names_s")

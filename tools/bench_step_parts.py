@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from rn50kit.launch import devices  # noqa: E402  (MXNet-free)
+from rn50kit.hardware import devices  # noqa: E402  (MXNet-free)
 
 if __name__ == "__main__":  # before MXNet loads (MXNet alone takes half the logical CPUs on x86)
     os.environ.setdefault("OMP_NUM_THREADS", str(devices.openmp_threads()))

@@ -53,7 +53,7 @@ def mxnet_facts():
         import mxnet as mx
     except Exception as error:  # noqa: BLE001  (any failure to load is the fact to report)
         return {"error": f"MXNet does not import: {error}"}
-    from rn50kit.launch import devices
+    from rn50kit.hardware import devices
     features = mx.runtime.Features()
     return {
         "version": mx.__version__,

@@ -57,7 +57,7 @@ def state_files(paths):
 
 
 def _write_json(path, state):
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(state, f, indent=1)
@@ -69,7 +69,7 @@ def convert_file(states_path, optimizer_name="sgd"):
     plain values (optimizer_state.as_plain). ``optimizer_name``: the optimizer when the pickle holds none."""
     import mxnet as mx
 
-    from rn50kit.training import checkpoint, optimizer_state
+    from rn50kit.weights import checkpoint, optimizer_state
     try:
         with open(states_path, "rb") as f:
             loaded = TrustedUnpickler(f).load()  # the trusted file's pickle: see the module's doc
@@ -88,7 +88,7 @@ def convert_file(states_path, optimizer_name="sgd"):
 
 def convert(state_path):
     """Convert one checkpoint; returns what was done, one line. ValueError when it cannot be."""
-    from rn50kit.training import checkpoint, optimizer_state
+    from rn50kit.weights import checkpoint, optimizer_state
     checked, why = checkpoint.inspect(state_path, verify=True)
     if checked is None:
         raise ValueError(why)

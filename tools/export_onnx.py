@@ -102,8 +102,8 @@ def trained_args(prefix, epoch):
     import json
     try:
         if tag(epoch) == "best":  # its state is the run's latest
-            from rn50kit.config import settings
-            state = settings.trained_settings(f"{prefix}-best.params") or {}
+            from rn50kit.weights import checkpoint
+            state = checkpoint.trained_settings(f"{prefix}-best.params") or {}
         else:
             with open(f"{prefix}-{tag(epoch)}.state.json") as f:
                 state = json.load(f)

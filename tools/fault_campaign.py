@@ -52,7 +52,7 @@ def newest_checkpoint_problem(workspace):
     parameters read by MXNet; a problem line, or None (none saved yet is fine: the rerun starts again)."""
     import mxnet as mx
 
-    from rn50kit.training import checkpoint
+    from rn50kit.weights import checkpoint
     if not campaign_trial.had_checkpoint(workspace):
         return None
     problems = []

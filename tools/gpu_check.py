@@ -42,7 +42,7 @@ from selfcheck.pipelines import PIXEL_TOLERANCE, check_data_cpu, check_data_gpu 
 from selfcheck.speed import check_layout_speed, check_memory, step_worker  # noqa: E402
 from selfcheck.training import check_training_cpu, check_training_gpu  # noqa: E402
 
-from rn50kit.launch import devices  # noqa: E402  (no MXNet import: runner's variables are set before it)
+from rn50kit.hardware import devices  # noqa: E402  (no MXNet import: runner's variables are set before it)
 
 
 class Check:

@@ -8,13 +8,11 @@ import dataclasses
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-import rn50kit
 from rn50kit.reliability import faults, run_lock, world
 
 INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
@@ -75,19 +73,16 @@ def failure_summary(ended, fault_dir, checkpoint_prefix, finished=False):
     return faults.summarize(fault_dir, ended.first_failed, ended.known, resumable=resumable)
 
 
-# checkpoint.find_latest reads a checkpoint as training does (MXNet's import): asked in a short process, so that
-# runner stays MXNet-free and rn50kit/launch imports nothing of training/.
-RESUMABLE_PROBE = ("import sys; sys.path.insert(0, sys.argv[1]); from rn50kit.training import checkpoint; "
-                   "sys.exit(checkpoint.find_latest(sys.argv[2]) is None)")
-
-
 def has_checkpoint(prefix):
     """Whether a complete checkpoint of ``prefix`` (check_train_flags') exists to resume from (asked only once a
-    run has failed)."""
+    run has failed): checkpoint.find_latest, as a resume reads it (its files' sizes and checksums, no MXNet)."""
     if not prefix:
         return False
-    probe = subprocess.run([sys.executable, "-c", RESUMABLE_PROBE, rn50kit.KIT_DIR, prefix], capture_output=True)
-    return probe.returncode == 0
+    from rn50kit.weights import checkpoint  # numpy's import, which runner's start does without
+    try:
+        return checkpoint.find_latest(prefix) is not None
+    except (OSError, ValueError):  # a workspace that cannot be read has nothing to resume from
+        return False
 
 
 def conclude(status, failure, outcome, summary=None):

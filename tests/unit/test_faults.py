@@ -431,3 +431,16 @@ def test_a_launchers_error_line_never_replaces_the_workers_own_record(tmp_path, 
     ended = mpirun.exited_run(124, "mpirun exited with status 124", seen)
     from rn50kit.reliability import faults
     assert faults.summarize(str(tmp_path), ended.first_failed, ended.known).startswith(stall + "; ")
+
+
+def test_runner_sees_a_checkpoint_to_resume_only_when_a_whole_one_is_there(tmp_path):
+    """The failed run's advice ("rerun the same command: it resumes from ...") rests on has_checkpoint: checked in
+    runner's own process as a resume reads the workspace (complete, its files' sizes), with no MXNet."""
+    from rn50kit.launch import supervision
+    from support.checkpoints import fake_checkpoint
+    prefix = str(tmp_path / "model")
+    assert not supervision.has_checkpoint(prefix) and not supervision.has_checkpoint(None)
+    params = fake_checkpoint(tmp_path, 2)
+    assert supervision.has_checkpoint(prefix)
+    params.unlink()  # a state file naming a lost file is no checkpoint
+    assert not supervision.has_checkpoint(prefix)

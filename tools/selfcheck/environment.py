@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 
 DALI_MIN_DRIVER = (525, 60)  # nvidia-dali-cuda120: CUDA 12 needs driver r525 or newer (NVIDIA's compatibility table)
 

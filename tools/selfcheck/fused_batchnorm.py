@@ -3,7 +3,7 @@ logits, every gradient, and the time of a forward and backward pass."""
 import os
 import time
 
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 from selfcheck import NOT_APPLICABLE
 from selfcheck.numerics import as_input, forward_backward, relative_error
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from rn50kit.launch import devices
+from rn50kit.hardware import devices
 from selfcheck import GPU_CHECK
 
 # What the memory check holds back on the GPU for the parts of a training run its step leaves out: the dali-gpu
