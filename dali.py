@@ -5,7 +5,7 @@ a CPU pipeline's batch for the CPU as it is (an NDArray on DALI's memory, no cop
 straight into the NDArray's device memory, a CPU pipeline's for a GPU into pinned host memory, then to the GPU (by
 default as uint8 crops, normalized there by DeviceNormalize).
 Imports nothing of the kit:
-data.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
+rn50kit/data/backend_dali.py imports this module only when a DALI backend is chosen, and builds the iterators from it.
 """
 import atexit
 import concurrent.futures
@@ -81,8 +81,9 @@ atexit.register(_shut_down_at_exit)  # runs before DALI's handler, registered at
 
 # DALI's decoder (nvImageCodec) writes its own messages to stderr in ANSI colours, warnings included, which in a
 # log file are escape codes around lines about images it decodes anyway. The kit keeps its errors only (1, the
-# lowest DALI allows); a failing image is then named in one line by data.py. DALI_NVIMGCODEC_LOG_LEVEL=2..5 by
-# hand brings the rest back. Read when a decoder is built, so setting it here, before any pipeline, is in time.
+# lowest DALI allows); a failing image is then named in one line by the kit (rn50kit/data/record_files.py).
+# DALI_NVIMGCODEC_LOG_LEVEL=2..5 by hand brings the rest back. Read when a decoder is built, so setting it here,
+# before any pipeline, is in time.
 os.environ.setdefault("DALI_NVIMGCODEC_LOG_LEVEL", "1")
 
 

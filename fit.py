@@ -2,8 +2,8 @@
 
 Its helpers live in modules named for them: in rn50kit/training, state.py (the run's state, the partial sums of an
 interrupted epoch), optimizers.py (the optimizer and trainer), targets.py (soft targets, mixup, CutMix, the loss),
-ema.py, stop_signals.py, distributed.py (collectives), precision.py (loss scaling and the finite checks),
-checkpoint.py (files); config/fit_flags.py (FitConfig, the flags) and config/lr_schedules.py; scoring/scoring.py
+ema.py, stop_signals.py, distributed.py (collectives), precision.py (loss scaling and the finite checks);
+weights/checkpoint.py (files); config/fit_flags.py (FitConfig, the flags) and config/lr_schedules.py; scoring/scoring.py
 (evaluation); reporting/output_table.py (the outputs the loop tells: console, JSON-lines log, report, MLPerf log)."""
 import dataclasses
 import logging

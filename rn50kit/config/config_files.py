@@ -1,8 +1,8 @@
 """Configuration as files: TOML recipes and `--config FILE.toml`, read and checked against a parser's flags, and a
 run's resolved configuration written back as TOML.
 
-It lives in rn50kit/common, not rn50kit/config, because runner reads these files before it may import MXNet
-(rn50kit/config/settings.py imports models, hence MXNet), and common is checked MXNet-free (test_layers.py).
+Runner reads these files before it may import MXNet: like all of rn50kit/config, this module imports no MXNet
+(tests/unit/test_layers.py).
 
 A file's keys are the flags' long names (``num_layers`` or ``num-layers``), at the top level or under a table named
 for the flag's argument group (``[optimizer]``, ``[lr_schedule]``) or its config (``[fit]``, ``[data]``: the tables

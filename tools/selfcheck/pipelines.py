@@ -21,8 +21,8 @@ MEAN, STD = (123.68, 116.779, 103.939), (58.393, 57.12, 57.375)
 
 def dali_batch(rec, idx, device, ctx, dtype="float32", layout="NCHW", channels=3, batch=8, normalize="auto"):
     """The first batch of the validation pipeline on ``device`` ("cpu"/"gpu"), through DaliBatches to ``ctx``
-    (normalized where --dali-normalize ``normalize`` puts it, as data.py builds it), as float32 NCHW 3-channel
-    numpy, with its labels."""
+    (normalized where --dali-normalize ``normalize`` puts it, as rn50kit/data/backend_dali.py builds it), as
+    float32 NCHW 3-channel numpy, with its labels."""
     import dali
     on_device = dali.normalizes_on_device(normalize, device, ctx)
     shape = (channels, 224, 224)
