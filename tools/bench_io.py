@@ -49,6 +49,7 @@ sys.path.insert(0, ROOT)
 
 from rn50kit.benchmarking.photos import make_photo_rec  # noqa: E402
 from rn50kit.benchmarking.pipeline_rates import ceiling_summary, devices_summary  # noqa: E402
+from rn50kit.common.backends import names_with  # noqa: E402
 
 # The rows that time the DALI CPU training pipeline as it feeds a GPU (uint8 crops, normalized on the GPU).
 FOR_GPU = "dali-cpu for a GPU"
@@ -330,7 +331,7 @@ def backend_rows(args, policies):
     """A DALI training pipeline once per policy, everything else once."""
     return [(backend if policy == "none" else f"{backend}+{policy}", backend, policy, args.threads, 1)
             for backend in args.backends.split(",")
-            for policy in (policies if backend.startswith("dali") and args.mode == "train" else ["none"])]
+            for policy in (policies if backend in names_with("auto_augment") and args.mode == "train" else ["none"])]
 
 
 def ceiling_rows(threads):
@@ -400,7 +401,7 @@ def reference_row(rows, backends, policies):
     MXNet's), or, for the cost of automatic augmentation, the plain DALI pipeline."""
     reference = backends[-1]
     if len(policies) > 1:
-        reference = next((name for name, backend, policy, *_ in rows if backend.startswith("dali")
+        reference = next((name for name, backend, policy, *_ in rows if backend in names_with("auto_augment")
                           and policy == "none"), reference)
     return reference
 
