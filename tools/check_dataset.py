@@ -21,7 +21,6 @@ import collections
 import math
 import multiprocessing
 import os
-import struct
 import sys
 import time
 
@@ -51,6 +50,7 @@ from rn50kit.data.records import (  # noqa
     read_index,
     read_index_arrays,
     read_record,
+    read_record_at,
 )
 from rn50kit.data.records import RecordFileError as RecordError
 
@@ -177,28 +177,8 @@ class RecordReader:
         return os.pread(self.fd, end - start, start)
 
     def record(self, offset):
-        """(payload, end) of the record at ``offset``: records.read_record's reading of a record, part by part,
-        with its errors, each part read with one positioned read."""
-        size, parts, pos, first = self.size, [], offset, True
-        while True:
-            if pos + 8 > size:
-                raise RecordError(f"record header at byte {pos} is cut off by the end of the file ({size} bytes)")
-            magic, lrec = struct.unpack("<II", os.pread(self.fd, 8, pos))
-            if magic != MAGIC:
-                raise RecordError(f"no record starts at byte {pos} (bad magic number)")
-            cflag, length = lrec >> 29, lrec & LENGTH_MASK
-            if first and cflag not in (0, 1):
-                raise RecordError(f"byte {pos} is the middle of a multi-part record, not its start")
-            start, end = pos + 8, pos + 8 + length
-            if end > size:
-                raise RecordError(f"record truncated: it needs {end - offset} bytes from byte {offset}, "
-                                  f"the file ends after {size - offset}")
-            parts.append(os.pread(self.fd, length, start))
-            pos = start + ((length + 3) & ~3)
-            if cflag in (0, 3):
-                return b"".join(parts), pos
-            parts.append(MAGIC_BYTES)
-            first = False
+        """(payload, end) of the record at ``offset``: records.read_record_at, each part one positioned read."""
+        return read_record_at(lambda start, count: os.pread(self.fd, count, start), self.size, offset)
 
 
 _worker = {}

@@ -35,14 +35,19 @@ def fix_hint(rec_path):
 # reading
 
 def read_record(buffer, offset):
-    """Return (payload, end) of the record starting at ``offset``; records whose payload contains the magic
-    word are stored in parts (cflag 1 = first, 2 = middle, 3 = last) joined by that word."""
-    size = len(buffer)
+    """Return (payload, end) of the record starting at ``offset`` of ``buffer`` (a file's bytes, or its map)."""
+    return read_record_at(lambda start, count: bytes(buffer[start:start + count]), len(buffer), offset)
+
+
+def read_record_at(read, size, offset):
+    """(payload, end) of the record at ``offset`` of a file of ``size`` bytes, ``read(start, count)`` giving its
+    bytes; records whose payload contains the magic word are stored in parts (cflag 1 = first, 2 = middle, 3 =
+    last) joined by that word. A RecordFileError says what is wrong where."""
     parts, pos, first = [], offset, True
     while True:
         if pos + 8 > size:
             raise RecordFileError(f"record header at byte {pos} is cut off by the end of the file ({size} bytes)")
-        magic, lrec = struct.unpack_from("<II", buffer, pos)
+        magic, lrec = struct.unpack("<II", read(pos, 8))
         if magic != MAGIC:
             raise RecordFileError(f"no record starts at byte {pos} (bad magic number)")
         cflag, length = lrec >> 29, lrec & LENGTH_MASK
@@ -52,7 +57,7 @@ def read_record(buffer, offset):
         if end > size:
             raise RecordFileError(f"record truncated: it needs {end - offset} bytes from byte {offset}, "
                                   f"the file ends after {size - offset}")
-        parts.append(bytes(buffer[start:end]))
+        parts.append(read(start, length))
         pos = start + ((length + 3) & ~3)
         if cflag in (0, 3):
             return b"".join(parts), pos
