@@ -60,7 +60,7 @@ import fit
 from rn50kit.config import config_files, train_flags
 from rn50kit.config.cli import UsageError
 from rn50kit.config.data_flags import input_shape
-from rn50kit.data import loaders
+from rn50kit.data import protocol
 from rn50kit.hardware import devices, memory
 from rn50kit.reliability import faults
 from rn50kit.scoring import predict, scoring
@@ -124,7 +124,7 @@ class RunFailed(UsageError):
     """A refusal once the run has passed its start-up checks: not the configuration's (runner's advice differs)."""
 
 
-KIT_ERRORS = (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, loaders.DataError,
+KIT_ERRORS = (fit.TrainingError, scoring.ScoringError, checkpoint.CheckpointError, protocol.DataError,
               predict.PredictionError, pretrained.PretrainedError)  # each one line for the user, as a UsageError
 
 

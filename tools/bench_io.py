@@ -91,9 +91,9 @@ def dali_decode_only(rec, idx, batch_size):
     from nvidia.dali import fn, pipeline_def
 
     import dali
-    from rn50kit.data import loaders
+    from rn50kit.config import data_flags
     batches = [payloads[i:i + batch_size] for i in range(0, len(payloads), batch_size)]
-    defaults = loaders.DataConfig()
+    defaults = data_flags.DataConfig()
 
     @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None)
     def decode():
@@ -116,14 +116,15 @@ def step_thread_ms(rec, idx, batch_size, ahead, use_mmap, cold, steps, step_ms):
     of compute (a sleep: the GIL released, as in MXNet's engine) after each; DALI's prefetch fill is skipped."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from rn50kit.data import loaders, records
+    from rn50kit.config import data_flags
+    from rn50kit.data import record_source, records
     if cold:
         subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as caches:  # PermissionError unless root
             caches.write("1")
-    source = loaders.ShuffledShardSource(records.RecordFile(rec, idx, use_mmap=use_mmap), 0, 1, batch_size, seed=1,
-                                      ahead=ahead)
-    prefetch = loaders.DataConfig.dali_prefetch_queue  # train.py's default
+    source = record_source.ShuffledShardSource(records.RecordFile(rec, idx, use_mmap=use_mmap), 0, 1, batch_size,
+                                               seed=1, ahead=ahead)
+    prefetch = data_flags.DataConfig.dali_prefetch_queue  # train.py's default
 
     @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=prefetch)
     def source_only():
@@ -156,8 +157,8 @@ def step_thread(args, rec, idx):
     """--step-thread: the records read in the call against read ahead, alternating within each round."""
     if args.cold and os.geteuid() != 0:
         raise SystemExit("bench_io.py: error: --cold empties the page cache, which needs root; run without it")
-    from rn50kit.data import loaders  # the step-thread timings run in this process
-    read_ahead = loaders.DataConfig.dali_read_ahead if args.read_ahead is None else args.read_ahead
+    from rn50kit.config import data_flags
+    read_ahead = data_flags.DataConfig.dali_read_ahead if args.read_ahead is None else args.read_ahead
     rows = {"read in the call": 0, f"read ahead {read_ahead}": read_ahead}
     print(f"ms per batch of {args.batch_size} on the training step's thread, records "
           f"{'read' if args.dont_use_mmap else 'mapped'} from a {'cold' if args.cold else 'warm'} page cache, "
@@ -178,9 +179,10 @@ def handover_ms(rec, idx, batch_size, image_shape, threads, share, normalized, s
     import mxnet as mx
 
     import dali
-    from rn50kit.data import loaders, records
-    defaults = loaders.DataConfig()
-    source = loaders.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=1,
+    from rn50kit.config import data_flags
+    from rn50kit.data import record_source, records
+    defaults = data_flags.DataConfig()
+    source = record_source.ShuffledShardSource(records.RecordFile(rec, idx), 0, 1, batch_size, seed=1,
                                       ahead=defaults.dali_read_ahead)
     pipe = dali.train_pipeline(source=source, image_shape=image_shape, mean=defaults.rgb_mean, std=defaults.rgb_std,
                                batch_size=batch_size, num_threads=threads, device_id=None, seed=1,
@@ -214,13 +216,13 @@ def handover(args, rec, idx):
 
 
 def run_one(argv, for_gpu=False):
-    """In a child process: build one backend's iterators and time them (train.py's parser, loaders.test_io).
+    """In a child process: build one backend's iterators and time them (train.py's parser, io_timing.test_io).
     ``for_gpu``: time the CPU's part of feeding a GPU, the DALI pipeline's uint8 crops copied into reused host
     arrays (as DaliBatches copies them into pinned memory); their copy to the GPU and normalization there, GPU work,
     are left out (no GPU here)."""
     import train
     from rn50kit.config import train_config
-    from rn50kit.data import loaders
+    from rn50kit.data import io_timing, loaders
     from rn50kit.training import worker
     args = train.parse_args(argv + ["--dali-normalize", "device"] if for_gpu else argv)
     cfg = train_config.from_args(args)
@@ -230,7 +232,7 @@ def run_one(argv, for_gpu=False):
         for iterator in (train_iter, val_iter):
             for part in getattr(iterator, "iterators", [iterator]) if iterator is not None else []:
                 part.batches.normalize, part.batches.share = None, False
-    result = loaders.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
+    result = io_timing.test_io(cfg, train_iter, val_iter, epochs=args.num_epochs, out=lambda line: None)
     print(json.dumps(dict(result, backend=args.data_backend, auto_augment=args.auto_augment)))
 
 

@@ -8,17 +8,8 @@ do not need it installed.
 import dataclasses
 
 from rn50kit.common import backends
-from rn50kit.config import cli
 from rn50kit.data.iterators import PerDeviceIterator
-# What train.py, the scoring and the tools reach the data layer by (each defined in its own module; the flags in
-# the configuration home)
-from rn50kit.data.backend_synthetic import SyntheticIterator  # noqa: F401
-from rn50kit.data.io_timing import save_image_grid, test_io  # noqa: F401
-from rn50kit.data.protocol import DataError, Feed, out_dtype  # noqa: F401
-from rn50kit.data.record_files import label_problem, open_record_files, record_labels  # noqa: F401
-from rn50kit.data.record_source import ShuffledShardSource  # noqa: F401
-from rn50kit.config.data_flags import (  # noqa: F401
-    DataConfig, check_augmentation, check_data_files, check_train_size, color_jitter3)
+from rn50kit.data.protocol import Feed
 
 
 def epoch_train_size(cfg, epoch):

@@ -10,7 +10,6 @@ from rn50kit.common import backends
 from rn50kit.data import records
 from rn50kit.data.protocol import DataError
 
-
 _opened = {}  # (path, index, mmap, sizes, mtimes) -> RecordFile: train.py rebuilds the training pipeline per epoch
 
 

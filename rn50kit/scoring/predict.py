@@ -7,7 +7,7 @@ import numpy as np
 
 from rn50kit.config import cli
 from rn50kit.config.scoring_flags import LIST_SUFFIXES, check_pred_args, is_glob  # noqa: F401  (read as predict.*)
-from rn50kit.data.loaders import out_dtype
+from rn50kit.data.protocol import out_dtype
 from rn50kit.weights import checkpoint
 
 log = logging.getLogger("rn50")

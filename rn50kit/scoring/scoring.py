@@ -12,7 +12,7 @@ from mxnet import gluon
 
 from rn50kit.common import backends
 from rn50kit.config.data_flags import input_shape
-from rn50kit.data.loaders import out_dtype
+from rn50kit.data.protocol import out_dtype
 from rn50kit.graph.inference import optimize_for_inference, to_bfloat16
 from rn50kit.reporting.report import Report
 from rn50kit.scoring import predict, predict_many, quantize

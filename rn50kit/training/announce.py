@@ -5,7 +5,7 @@ import os
 
 from rn50kit.common import backends
 from rn50kit.config.cli import UsageError
-from rn50kit.data import loaders, record_files
+from rn50kit.data import protocol, record_files
 from rn50kit.scoring import scoring
 from rn50kit.training.prelaunch import TRAINING_MODES
 from rn50kit.weights import checkpoint
@@ -57,7 +57,7 @@ def warn_about(cfg, primary):
     fit_cfg = cfg.fit
     trains = fit_cfg.mode in TRAINING_MODES
     if trains and backends.reads_records(cfg.data.data_backend) and cfg.data.data_train:
-        records = len(loaders.open_record_files(cfg.data)["train"])
+        records = len(record_files.open_record_files(cfg.data)["train"])
         if fit_cfg.batch_size > records:
             logging.warning("--batch-size %d (global) is larger than the %d training records: every step repeats "
                             "records to fill the batch; use --batch-size %d or less", fit_cfg.batch_size, records,
@@ -71,9 +71,9 @@ def labels_warning(cfg):
     """A UsageError for labels the network cannot have (the file and record named), else the warning about the
     class count, or None."""
     try:
-        labels = loaders.record_labels(cfg.data)  # the index check reads every record header, label included
-        error = loaders.label_problem(cfg.data, cfg.model.num_classes)  # names the file and record
-    except loaders.DataError as bad:
+        labels = record_files.record_labels(cfg.data)  # the index check reads every record header, label included
+        error = record_files.label_problem(cfg.data, cfg.model.num_classes)  # names the file and record
+    except protocol.DataError as bad:
         raise UsageError(str(bad))
     if error:
         raise UsageError(error)

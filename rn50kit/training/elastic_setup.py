@@ -3,7 +3,7 @@ cannot do refused in one line, before the network or any collective; the iterato
 training records from the first one not read yet); and its trainer, made again after each reset."""
 from rn50kit.common import backends
 from rn50kit.config.cli import UsageError
-from rn50kit.data import loaders
+from rn50kit.data import loaders, record_files
 from rn50kit.training import optimizers
 from rn50kit.training.epoch_data import epoch_reader
 
@@ -34,7 +34,7 @@ def elastic_training(cfg, net, ctxs, dist, lock):
 
     def make_trainer():
         return optimizers.trainer_for(net, dist, fit_cfg)
-    samples = cfg.data.num_examples or len(loaders.open_record_files(cfg.data)["train"])
+    samples = cfg.data.num_examples or len(record_files.open_record_files(cfg.data)["train"])
     return elastic.ElasticTraining(dist.hvd, dist, net, fit_cfg.batch_size * fit_cfg.grad_accum_steps,
                                    max(1, fit_cfg.batch_size // dist.size), samples, make_iterators, make_trainer,
                                    fit_cfg.commit_every, fit_cfg.elastic_batch == "keep", fit_cfg.grad_accum_steps,

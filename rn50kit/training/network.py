@@ -8,7 +8,7 @@ import mxnet as mx
 import models
 from rn50kit.config.cli import UsageError
 from rn50kit.config.data_flags import input_shape
-from rn50kit.data import loaders
+from rn50kit.data import protocol
 from rn50kit.weights import pretrained
 
 TRAINING_MODES = ("train", "train_val")
@@ -34,7 +34,7 @@ def build_network(cfg, ctxs, amp_graph):
     # Finish deferred shapes (so checkpoints load into every parameter) by shape inference, not a forward
     # pass: an inference-mode forward lets oneDNN reorder the weights into its own layout, which Horovod's
     # broadcast and allreduce cannot read on CPU.
-    net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=loaders.out_dtype(cfg.fit.dtype)))
+    net.infer_shape(mx.nd.zeros(shape, ctx=ctxs[0], dtype=protocol.out_dtype(cfg.fit.dtype)))
     for param in net.collect_params().values():
         param._finish_deferred_init()
     return net

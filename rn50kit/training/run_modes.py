@@ -6,7 +6,7 @@ import logging
 
 from rn50kit.common import backends
 from rn50kit.config.cli import UsageError
-from rn50kit.data import loaders
+from rn50kit.data import io_timing, loaders
 from rn50kit.scoring import scoring
 from rn50kit.training import run_record
 
@@ -26,7 +26,7 @@ def time_data_pipeline(cfg, ctxs, dist):
     """--test-io: the data pipeline alone, no network."""
     train_iter, val_iter = loaders.get_data_iterators_per_device(cfg, dist.rank, dist.size, dist.local_rank,
                                                               dist.local_size, ctxs)
-    return Outcome(io=loaders.test_io(cfg, train_iter, val_iter, dist))
+    return Outcome(io=io_timing.test_io(cfg, train_iter, val_iter, dist))
 
 
 def predict_images(cfg, info, net, ctxs, dist):

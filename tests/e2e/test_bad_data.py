@@ -13,7 +13,7 @@ from mxnet import recordio
 
 import train
 from rn50kit.config import train_config
-from rn50kit.data import loaders, records
+from rn50kit.data import loaders, protocol, records
 from support.datasets import run_tool, write_record_file
 from support.processes import HANG_S, ROOT, venv_env
 
@@ -76,7 +76,7 @@ def test_index_checked_against_the_file_before_any_pipeline(kind, backend, tmp_p
         args = train.parse_args(
             ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
              "--image-shape", "3,32,32"])
-        with pytest.raises(loaders.DataError) as error:
+        with pytest.raises(protocol.DataError) as error:
             loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
         message = str(error.value)
         assert words in message and "tools/check_dataset.py" in message and "--fix" in message, message
@@ -156,7 +156,7 @@ def test_iterators_name_the_record_that_does_not_decode(tmp_path, backend, split
     args = train.parse_args(
         ["--data-backend", backend, f"--data-{split}", rec, f"--data-{split}-idx", idx, "--batch-size", "8",
          "--image-shape", "3,32,32", "--data-val-resize", "32", "--dali-threads", "1", "--data-mxnet-threads", "1"])
-    with pytest.raises(loaders.DataError) as error:  # ImageRecordIter decodes its first batch when it is made
+    with pytest.raises(protocol.DataError) as error:  # ImageRecordIter decodes its first batch when it is made
         iterators = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
         iterator = iterators[0 if split == "train" else 1]
         for _ in iterator:
@@ -224,7 +224,7 @@ def test_a_pipeline_error_without_a_named_record_is_still_one_telling_line(tmp_p
                                                idx, "--batch-size", "8", "--image-shape", "3,32,32"])
     iterator = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())[0]
     iterator.failing_record = None
-    with pytest.raises(loaders.DataError) as error:
+    with pytest.raises(protocol.DataError) as error:
         for _ in iterator:
             pass
     message = str(error.value)

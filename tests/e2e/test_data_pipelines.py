@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import train
-from rn50kit.config import settings, train_config
-from rn50kit.data import backend_dali, loaders, records
+from rn50kit.config import data_flags, settings, train_config
+from rn50kit.data import backend_dali, io_timing, loaders, protocol, records
 from rn50kit.training import epoch_data
 from support.datasets import write_record_file
 from support.processes import HANG_S, ROOT, venv_env
@@ -42,10 +42,11 @@ def square_rec(tmp_path_factory):
 
 def batches(rec, seed=3, n=2, layout="NCHW", **augment):
     rec_path, idx = rec
-    cfg = loaders.DataConfig(data_backend="dali-cpu", data_train=rec_path, data_train_idx=idx, image_shape=(3, 32, 32),
-                          input_layout=layout, dali_threads=1, dali_prefetch_queue=2, min_random_area=1.0,
-                          min_random_aspect_ratio=1.0, max_random_aspect_ratio=1.0, random_mirror=0, **augment)
-    train_iter, _ = backend_dali.get_iterators(cfg, loaders.Feed(batch_size=8, seed=seed), 0, 1, 0, 1, mx.cpu())
+    cfg = data_flags.DataConfig(data_backend="dali-cpu", data_train=rec_path, data_train_idx=idx,
+                                image_shape=(3, 32, 32), input_layout=layout, dali_threads=1, dali_prefetch_queue=2,
+                                min_random_area=1.0, min_random_aspect_ratio=1.0, max_random_aspect_ratio=1.0,
+                                random_mirror=0, **augment)
+    train_iter, _ = backend_dali.get_iterators(cfg, protocol.Feed(batch_size=8, seed=seed), 0, 1, 0, 1, mx.cpu())
     out = []
     for batch in train_iter:
         out.append((batch.data[0].asnumpy().copy(), batch.label[0].asnumpy().copy()))
@@ -158,7 +159,7 @@ def test_test_io_counts_every_image(digits_data):
                  "--test-io", "--test-io-mode", "val", "--disp-batches", "2")
     train_iter, val_iter = loaders.get_data_iterators(train_config.from_args(args), 0, 1, 0, 1, mx.cpu())
     lines = []
-    result = loaders.test_io(train_config.from_args(args), train_iter, val_iter, epochs=2, out=lines.append)
+    result = io_timing.test_io(train_config.from_args(args), train_iter, val_iter, epochs=2, out=lines.append)
     assert result["images"] == 2 * 359 - 32  # the first batch is start-up, not timed
     assert result["images_per_sec"] > 0
     assert "images/s" in lines[-1] and any("ETA" in line for line in lines[:-1])
@@ -211,7 +212,7 @@ def test_mxnet_backend_refuses_a_label_ordered_file_with_several_workers(tmp_pat
     images = [cv2.imdecode(digits.image(i), cv2.IMREAD_COLOR) for i in order]
     rec, idx = write_record_file(str(tmp_path / "sorted"), images, digits.labels[order])
     args = parse_ordered(rec, idx, "--data-backend", "mxnet", "--data-mxnet-threads", "1", "--image-shape", "3,32,32")
-    with pytest.raises(loaders.DataError) as error:
+    with pytest.raises(protocol.DataError) as error:
         loaders.get_data_iterators(train_config.from_args(args), 0, 2, 0, 1, mx.cpu())
     message = str(error.value)
     assert "label order" in message and "check_dataset.py" in message and "\n" not in message

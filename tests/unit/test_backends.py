@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from rn50kit.common import backends
-from rn50kit.config import cli, settings
-from rn50kit.data import loaders
+from rn50kit.config import cli, data_flags, settings
 from rn50kit.launch import arguments, checks, plan
 
 MODES = ["train_val", "train", "val", "pred"]
@@ -61,11 +60,11 @@ def train_py_data(root, backend, mode, test_io_mode=None):
         settings.fill_data_files(args)
     except ValueError as error:
         return str(error), args
-    cfg = loaders.DataConfig(data_backend=backend, data_root=str(root), data_train=args.data_train,
+    cfg = data_flags.DataConfig(data_backend=backend, data_root=str(root), data_train=args.data_train,
                              data_train_idx=args.data_train_idx, data_val=args.data_val,
                              data_val_idx=args.data_val_idx, test_io=test_io_mode is not None,
                              test_io_mode=test_io_mode or "train")
-    return loaders.check_data_files(cfg), args
+    return data_flags.check_data_files(cfg), args
 
 
 def refused_without(tmp_path, refuses):

@@ -11,8 +11,8 @@ import pytest
 
 import train
 from rn50kit.common import rules
-from rn50kit.config import cli, train_config
-from rn50kit.data import backend_mxnet, backend_synthetic, loaders, protocol, record_source, records
+from rn50kit.config import cli, data_flags, train_config
+from rn50kit.data import backend_mxnet, backend_synthetic, io_timing, loaders, protocol, record_source, records
 from rn50kit.scoring import scoring
 from rn50kit.training import distributed
 from support.runs import TINY_RUN, parse_train
@@ -35,10 +35,10 @@ def test_other_backends_refuse_in_one_line():
 
 def test_bad_augmentation_values_name_the_flag():
     with pytest.raises(ValueError, match="--color-jitter"):
-        loaders.check_augmentation(loaders.DataConfig(color_jitter=(0.1, 0.2)))
+        data_flags.check_augmentation(data_flags.DataConfig(color_jitter=(0.1, 0.2)))
     with pytest.raises(ValueError, match="--randaugment-m"):
-        loaders.check_augmentation(loaders.DataConfig(randaugment_m=31))
-    assert loaders.color_jitter3((0.4,)) == (0.4, 0.4, 0.4)
+        data_flags.check_augmentation(data_flags.DataConfig(randaugment_m=31))
+    assert data_flags.color_jitter3((0.4,)) == (0.4, 0.4, 0.4)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -50,7 +50,7 @@ def test_the_image_grid_shows_the_batch_as_fed(tmp_path, layout):
     normalised = (pixels - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
     batch = normalised if layout == "NHWC" else normalised.transpose(0, 3, 1, 2)
     path = str(tmp_path / "grid.png")
-    loaders.save_image_grid(mx.nd.array(batch), path, MEAN, STD, layout, columns=4)
+    io_timing.save_image_grid(mx.nd.array(batch), path, MEAN, STD, layout, columns=4)
     grid = cv2.imread(path)[:, :, ::-1]
     assert grid.shape == (3 * 12, 4 * 14, 3)
     for i in range(10):
@@ -301,7 +301,7 @@ def test_a_reading_error_is_raised_in_the_call_of_its_batch(unique_label_rec):
 
 def test_bad_sizes_name_the_flags():
     with pytest.raises(ValueError, match="--train-size-epochs"):
-        loaders.check_train_size(loaders.DataConfig(train_size=(16, 32)))
+        data_flags.check_train_size(data_flags.DataConfig(train_size=(16, 32)))
     with pytest.raises(ValueError, match="--train-size"):
-        loaders.check_train_size(loaders.DataConfig(train_size=(0,)))
-    loaders.check_train_size(loaders.DataConfig(train_size=(16, 32), train_size_epochs=(1, 3)))
+        data_flags.check_train_size(data_flags.DataConfig(train_size=(0,)))
+    data_flags.check_train_size(data_flags.DataConfig(train_size=(16, 32), train_size_epochs=(1, 3)))

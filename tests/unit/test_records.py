@@ -7,7 +7,7 @@ import pytest
 
 import train
 from rn50kit.config import train_config
-from rn50kit.data import loaders, records
+from rn50kit.data import loaders, record_files, records
 from rn50kit.training import distributed, epoch_data
 from support.datasets import NUM_CLASSES, NUM_RECORDS, write_record_file
 from support.runs import parse_ordered
@@ -152,6 +152,6 @@ def test_a_label_that_is_not_a_class_is_refused_naming_file_and_record(tmp_path,
                                                                            struct.pack("<f", label)))
     args = train.parse_args(["--data-backend", "dali-cpu", "--data-val", rec, "--data-val-idx", idx,
                              "--num-classes", "3", "--image-shape", "3,32,32"])
-    message = loaders.label_problem(train_config.from_args(args).data, 3)
+    message = record_files.label_problem(train_config.from_args(args).data, 3)
     assert words in message and f"{rec} record 5 (byte {offsets[5]})" in message, message
     assert "\n" not in message

@@ -7,9 +7,8 @@ import pytest
 
 import train
 from rn50kit.common import backends, rules
-from rn50kit.config import cli, lr_schedules
+from rn50kit.config import cli, data_flags, lr_schedules
 from rn50kit.config import recipe as recipes
-from rn50kit.data import loaders
 from rn50kit.launch.machine import Machine
 from rn50kit.launch.plan import plan_launch
 from support.runs import TINY_RUN, plan_refusal, train_refusal
@@ -91,8 +90,9 @@ def test_schedules_are_named_functions_checked_against_their_formulas():
 
 def test_the_data_check_leaves_the_gpu_rule_to_rules():
     """check_data_files names missing files only (the rule about GPUs is worded once, in rules.py)."""
-    cfg = loaders.DataConfig(data_backend="dali-gpu", data_train="/nonexistent.rec", data_train_idx="/nonexistent.idx")
-    assert "does not exist" in loaders.check_data_files(cfg)
+    cfg = data_flags.DataConfig(data_backend="dali-gpu", data_train="/nonexistent.rec",
+                                data_train_idx="/nonexistent.idx")
+    assert "does not exist" in data_flags.check_data_files(cfg)
 
 
 @pytest.mark.parametrize("argv, expected", [

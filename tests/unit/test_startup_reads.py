@@ -8,7 +8,7 @@ import check_dataset
 import numpy as np
 import pytest
 
-from rn50kit.data import backend_mxnet, loaders, record_source, records
+from rn50kit.data import backend_mxnet, protocol, record_source, records
 
 COUNT, SAMPLE, BLOCK = 300, 32, 8  # a file ten times the (shrunk) sample
 
@@ -155,5 +155,5 @@ def test_label_order_is_still_seen_in_the_sample_of_a_large_file(tmp_path, monke
         assert len(record_file.labels) == 64
         assert records.label_runs(record_file.labels)["ordered"] is expected, name
         if expected:
-            with pytest.raises(loaders.DataError, match="label order"):
+            with pytest.raises(protocol.DataError, match="label order"):
                 backend_mxnet.check_mxnet_shards(record_file, 2)

@@ -65,7 +65,7 @@ def step_seconds(layout, channels, batch, steps=10, warmup=3, reserve=0):
 
     import fit
     import models
-    from rn50kit.data import loaders
+    from rn50kit.data import backend_synthetic
     from rn50kit.training import optimizers
     from rn50kit.training.distributed import Distributed
     ctx = mx.gpu(0)
@@ -74,8 +74,8 @@ def step_seconds(layout, channels, batch, steps=10, warmup=3, reserve=0):
                            in_channels=channels, dtype="float16")
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
-    iterator = loaders.SyntheticIterator(batch, (channels, 224, 224), 1000, steps + warmup, ctx, dtype="float16",
-                                         layout=layout, pool=1)
+    iterator = backend_synthetic.SyntheticIterator(batch, (channels, 224, 224), 1000, steps + warmup, ctx,
+                                                   dtype="float16", layout=layout, pool=1)
     trainer = optimizers.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
     trainer.set_learning_rate(0.01)
     scaler = fit.make_loss_scaler(None, "float16")

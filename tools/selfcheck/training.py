@@ -9,14 +9,15 @@ def train_steps(ctx, dtype, layout, channels, size, layers, steps, batch, lr):
 
     import fit
     import models
-    from rn50kit.data import loaders
+    from rn50kit.data import backend_synthetic
     from rn50kit.training import optimizers
     from rn50kit.training.distributed import Distributed
     net = models.get_model(f"resnet{layers}_v1.5", num_classes=10, layout=layout, input_layout=layout,
                            in_channels=channels, dtype=dtype)
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
-    iterator = loaders.SyntheticIterator(batch, (channels, size, size), 10, steps, ctx, dtype=dtype, layout=layout)
+    iterator = backend_synthetic.SyntheticIterator(batch, (channels, size, size), 10, steps, ctx, dtype=dtype,
+                                                   layout=layout)
     trainer = optimizers.make_trainer(net, Distributed(None), None, "sgd", 5e-5, 0.9)
     trainer.set_learning_rate(lr)
     scaler = fit.make_loss_scaler(None, dtype)

@@ -184,7 +184,7 @@ def through_reader(case, num_classes, split):
     import train
     from rn50kit.config import train_config
     from rn50kit.config.cli import UsageError
-    from rn50kit.data import loaders
+    from rn50kit.data import loaders, protocol
     from rn50kit.training import announce
     args = train.parse_args(["--mode", "val" if split == "val" else "train", "--data-backend", "dali-cpu",
                              f"--data-{split}", case["rec"], f"--data-{split}-idx", case["idx"], "--batch-size", "4",
@@ -199,7 +199,7 @@ def through_reader(case, num_classes, split):
         for batch in iterators[0 if split == "train" else 1]:
             labels += batch.label[0].asnumpy()[:batch.data[0].shape[0] - batch.pad].tolist()
         return {"labels": labels if split == "val" else sorted(labels)}
-    except (UsageError, loaders.DataError) as error:
+    except (UsageError, protocol.DataError) as error:
         return {"error": str(error)}
 
 
