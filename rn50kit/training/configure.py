@@ -65,7 +65,7 @@ def complete(args, given, num_gpus):
     if args.mode == "pred" and not workspace_given:  # the default predictions.csv goes beside the checkpoint, not
         args.workspace = os.path.dirname(os.path.abspath(path))  # into the default model's runs/resnet50_v1.5
     if args.report is None and args.mode == "val":
-        args.report = os.path.abspath(settings.score_report_beside(path, settings.score_tag(args.dtype, args.calib_mode,
-                                                                          args.calib_batches) +
-                                                          settings.score_variant(args.val_tta, args.data_val, state)))
+        tag = settings.score_tag(args.dtype, args.calib_mode, args.calib_batches) + \
+            settings.score_variant(args.val_tta, args.data_val, state)
+        args.report = os.path.abspath(settings.score_report_beside(path, tag))
     return path

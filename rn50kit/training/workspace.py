@@ -1,5 +1,6 @@
 """The folders a run writes into, made before it starts, and the workspace a training run holds: rank 0 locks it
-for this run, so a second run there is refused at once; from then on a stop signal means: save and stop."""
+for this run, so a second run there is refused at once; from then on a stop signal means: save and stop. A run
+that does not continue the latest checkpoint moves the earlier run's files aside first (set_aside_superseded)."""
 import glob
 import logging
 import os
