@@ -370,10 +370,7 @@ def check_loadable(params_path):
     problem = not_parameters(params_path)
     if problem:
         raise CheckpointError(problem)
-    name = params_path[:-len(".params")] if params_path.endswith(".params") else None
-    if name and name.endswith("-ema"):
-        name = name[:-len("-ema")]
-    state_path = name + STATE_SUFFIX if name and re.search(TAG + "$", name) else None
+    state_path = state_beside(params_path)
     if state_path and os.path.exists(state_path):
         state, why = inspect(state_path, verify=True)
         if state is None and os.path.abspath(params_path) in os.path.abspath(why.split(" is ")[0]):
@@ -436,15 +433,19 @@ def prune(prefix, keep_last):
 def trained_settings(params_path):
     """The state (with its "args") saved with a checkpoint's parameters: beside <prefix>-NNNN[-stepS][-ema].params,
     or, for <prefix>-best.params, the latest of the same run. None for a file without one (another kit's)."""
-    name = os.path.basename(params_path)
-    directory = os.path.dirname(params_path)
-    tagged = re.match(r"^(.*-\d{4}(?:-step\d{6})?)(?:-ema)?\.params$", name)
-    if tagged:
-        return read_state(os.path.join(directory, tagged.group(1) + STATE_SUFFIX))
-    best = re.match(r"^(.*)-best\.params$", name)
+    state_path = state_beside(params_path)
+    if state_path:
+        return read_state(state_path)
+    best = re.match(r"^(.*)-best\.params$", params_path)
     if best:
-        return find_latest(os.path.join(directory, best.group(1)))
+        return find_latest(best.group(1))
     return None
+
+
+def state_beside(params_path):
+    """The state file of a tagged ``<prefix>-<tag>[-ema].params``, or None (a -best, foreign or untagged file)."""
+    tagged = re.match(r"^(.*" + TAG + r")(?:-ema)?\.params$", params_path)
+    return tagged.group(1) + STATE_SUFFIX if tagged else None
 
 
 def why_not_resumable(path):

@@ -86,8 +86,8 @@ def relay_stderr(stream, found, seen):
             seen["rank"] = int(exited[1])
         elif code and "rank" in seen and "status" not in seen:
             seen["status"] = int(code[1])
-        elif faults.worker_error(line) is not None:
-            seen.setdefault("said", []).append(faults.worker_error(line))
+        elif (said := faults.worker_error(line)) is not None:
+            seen.setdefault("said", []).append(said)
 
 
 def run_mpirun(command):

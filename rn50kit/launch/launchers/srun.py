@@ -125,8 +125,8 @@ def relay_stderr(stream, said):
     for line in stream:
         sys.stderr.write(line)
         sys.stderr.flush()
-        if faults.worker_error(line) is not None:
-            said.append(faults.worker_error(line))
+        if (message := faults.worker_error(line)) is not None:
+            said.append(message)
 
 
 def report_step_failure(folder, rank, status, pid, said=None):
